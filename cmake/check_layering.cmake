@@ -1,0 +1,17 @@
+# Fails when ir/ or lowering/ include a vendor header (HIP, CUDA, LLVM, Clang):
+# those folders must stay free of any GPU stack. Run as: cmake -DROOT=<src> -P this.
+set(bad "")
+foreach(dir ir lowering)
+  file(GLOB_RECURSE files ${ROOT}/${dir}/*.h ${ROOT}/${dir}/*.cpp ${ROOT}/${dir}/*.def)
+  foreach(f ${files})
+    file(STRINGS ${f} lines REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"](hip/|cuda|nvrtc|hiprtc|llvm/|llvm-c/|clang/|lld/|amd_comgr)")
+    foreach(l ${lines})
+      list(APPEND bad "${f}: ${l}")
+    endforeach()
+  endforeach()
+endforeach()
+if(bad)
+  list(JOIN bad "\n  " msg)
+  message(FATAL_ERROR "vendor headers included where the layering forbids them (ir/ and lowering/ must not know HIP/CUDA/LLVM):\n  ${msg}")
+endif()
+message(STATUS "layering ok: ir/ and lowering/ include no vendor headers")

@@ -1,0 +1,7 @@
+#include "compiler/compiler.h"
+
+namespace flashjit::compiler {
+
+Compiler::~Compiler() = default;
+
+} // namespace flashjit::compiler

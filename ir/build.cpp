@@ -1,0 +1,202 @@
+// build_attention(): FlashAttention-2's forward pass as a tile-IR program.
+//
+//   q = load Q[q_block]                          (BM x Dqk, padded to pad_k)
+//   m = -inf, l = 0, acc = 0
+//   for kb in kv blocks visible to q_block:       (fully masked blocks skipped)
+//     s     = mask(scale(q * k^T, scale*log2 e))   (log2 domain)
+//     m_new = max(m, row_max(s));  m0 = m_new with -inf -> 0
+//     p     = exp2(s - m0);        alpha = exp2(m - m0)
+//     l     = l * alpha + row_sum(p)
+//     acc   = acc * alpha + convert(p) * v
+//   O   = acc / l                                  (0 for a fully masked row)
+//   LSE = (m + log2 l) * ln 2                      (-inf for a fully masked row)
+#include "ir/build.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+namespace flashjit::ir {
+
+std::string Config::summary() const {
+  return fmt::format("block_m={} block_n={} waves={} stages={} q_in={} pad_k={}", block_m, block_n,
+                     waves, stages, q_in_lds ? "lds" : "regs", pad_k);
+}
+
+Status validate(const Config &c) {
+  auto positive = [](const char *name, int64_t v) -> Status {
+    if (v < 1 || v > 4096)
+      return Status::error("config {} = {} is out of range: expected 1..4096", name, v);
+    return Status::ok();
+  };
+  FJ_RETURN_IF_ERROR(positive("block_m", c.block_m));
+  FJ_RETURN_IF_ERROR(positive("block_n", c.block_n));
+  FJ_RETURN_IF_ERROR(positive("waves", c.waves));
+  FJ_RETURN_IF_ERROR(positive("stages", c.stages));
+  FJ_RETURN_IF_ERROR(positive("pad_k", c.pad_k));
+  return Status::ok();
+}
+
+bool visible(int64_t i, int64_t j, int64_t seqlen_q, int64_t seqlen_k, bool causal, Window w) {
+  if (i < 0 || i >= seqlen_q || j < 0 || j >= seqlen_k)
+    return false;
+  const int64_t diag = i + (seqlen_k - seqlen_q); // the key on query i's bottom-right diagonal
+  if (causal && j > diag)
+    return false;
+  if (w.left >= 0 && j < diag - w.left)
+    return false;
+  if (w.right >= 0 && j > diag + w.right)
+    return false;
+  return true;
+}
+
+BlockRange kv_block_range(int64_t qb, int64_t block_m, int64_t block_n, int64_t seqlen_q,
+                          int64_t seqlen_k, bool causal, Window w) {
+  const int64_t first = qb * block_m;
+  const int64_t last = std::min(first + block_m, seqlen_q) - 1;
+  if (last < first)
+    return {0, 0};
+  const int64_t off = seqlen_k - seqlen_q;
+  // The visible keys of row i form [lo(i), hi(i)], both nondecreasing in i, so the
+  // block's keys lie in [lo(first), hi(last)].
+  int64_t lo = 0;
+  if (w.left >= 0)
+    lo = std::max<int64_t>(lo, first + off - w.left);
+  int64_t hi = seqlen_k - 1;
+  if (causal)
+    hi = std::min(hi, last + off);
+  if (w.right >= 0)
+    hi = std::min(hi, last + off + w.right);
+  if (hi < lo)
+    return {0, 0};
+  return {lo / block_n, hi / block_n + 1};
+}
+
+namespace {
+
+struct Builder {
+  Program &p;
+  ValueId emit(OpKind k, std::vector<ValueId> operands, Type result, Attrs attrs = {}) {
+    ValueId r = p.add_value(result);
+    current().push_back(Op{k, {r}, std::move(operands), std::move(attrs), {}, {}});
+    return r;
+  }
+  void emit_void(OpKind k, std::vector<ValueId> operands, Attrs attrs = {}) {
+    current().push_back(Op{k, {}, std::move(operands), std::move(attrs), {}, {}});
+  }
+  std::vector<Op> &current() { return body_stack.back() ? *body_stack.back() : p.body; }
+  std::vector<std::vector<Op> *> body_stack{nullptr};
+};
+
+TensorParam tensor(const char *name, DType t, int64_t b, int64_t h, int64_t s, int64_t d,
+                   Strides st) {
+  return TensorParam{name, t, b, h, s, d, st};
+}
+
+} // namespace
+
+Expected<Program> build_attention(const AttentionSpec &spec, const Config &config) {
+  FJ_RETURN_IF_ERROR(spec.validate());
+  FJ_RETURN_IF_ERROR(validate(config));
+
+  const DType dt = spec.dtype;
+  const int64_t bm = config.block_m, bn = config.block_n;
+  const int64_t dqk = padded(spec.head_dim_qk, config.pad_k);
+  const int64_t dv = padded(spec.head_dim_v, config.pad_k);
+
+  Program p;
+  p.name = fmt::format("fa_fwd_{}_d{}_{}{}", dtype_name(dt), spec.head_dim_qk, spec.head_dim_v,
+                       spec.causal ? "_causal" : "");
+  p.tensors.push_back(
+      tensor("Q", dt, spec.batch, spec.heads, spec.seqlen_q, spec.head_dim_qk, spec.q));
+  p.tensors.push_back(
+      tensor("K", dt, spec.batch, spec.kv_heads, spec.seqlen_k, spec.head_dim_qk, spec.k));
+  p.tensors.push_back(
+      tensor("V", dt, spec.batch, spec.kv_heads, spec.seqlen_k, spec.head_dim_v, spec.v));
+  p.tensors.push_back(
+      tensor("O", dt, spec.batch, spec.heads, spec.seqlen_q, spec.head_dim_v, spec.o));
+  if (spec.lse)
+    p.tensors.push_back(tensor("LSE", DType::f32, spec.batch, spec.heads, spec.seqlen_q, 0,
+                               Strides{spec.heads * spec.seqlen_q, spec.seqlen_q, 1, 0}));
+  p.grid_q_blocks = (spec.seqlen_q + bm - 1) / bm;
+  p.grid_heads = spec.heads;
+  p.grid_batch = spec.batch;
+  p.group = spec.group();
+  p.config = {{"block_m", bm},
+              {"block_n", bn},
+              {"waves", config.waves},
+              {"stages", config.stages},
+              {"q_in_lds", int64_t(config.q_in_lds)},
+              {"pad_k", config.pad_k}};
+  const ValueId q_block = p.add_value(Type::index(), "q_block");
+  p.grid_args = {q_block, p.add_value(Type::index(), "head"), p.add_value(Type::index(), "batch")};
+
+  const Type row = Type::vec(bm, DType::f32);
+  const Type s_type = Type::tile(bm, bn, DType::f32, TileLayout::mma_acc);
+  const Type acc_type = Type::tile(bm, dv, DType::f32, TileLayout::mma_acc);
+  const double inf = std::numeric_limits<double>::infinity();
+  const Attrs mask_attrs = {{"causal", int64_t(spec.causal)},
+                            {"window_left", spec.window.left},
+                            {"window_right", spec.window.right}};
+
+  Builder b{p};
+  const ValueId q = b.emit(OpKind::Load, {q_block}, Type::tile(bm, dqk, dt, TileLayout::mma_a),
+                           {{"tensor", Symbol{"Q"}}});
+  const ValueId m0 = b.emit(OpKind::Fill, {}, row, {{"value", -inf}});
+  const ValueId l0 = b.emit(OpKind::Fill, {}, row, {{"value", 0.0}});
+  const ValueId acc0 = b.emit(OpKind::Fill, {}, acc_type, {{"value", 0.0}});
+
+  // The loop over KV blocks; its results are the final m, l and acc.
+  Op loop{OpKind::For, {}, {q_block, m0, l0, acc0}, mask_attrs, {}, {}};
+  loop.attrs["block_m"] = bm;
+  loop.attrs["block_n"] = bn;
+  const ValueId m = p.add_value(row, "m"), l = p.add_value(row, "l"),
+                acc = p.add_value(acc_type, "acc");
+  loop.results = {m, l, acc};
+  const ValueId kb = p.add_value(Type::index(), "kb");
+  const ValueId m_i = p.add_value(row, "m_i"), l_i = p.add_value(row, "l_i"),
+                acc_i = p.add_value(acc_type, "acc_i");
+  loop.region_args = {kb, m_i, l_i, acc_i};
+  b.body_stack.push_back(&loop.body);
+  {
+    const ValueId k = b.emit(OpKind::Load, {kb}, Type::tile(bn, dqk, dt, TileLayout::mma_b),
+                             {{"tensor", Symbol{"K"}}});
+    const ValueId zero = b.emit(OpKind::Fill, {}, s_type, {{"value", 0.0}});
+    const ValueId qk = b.emit(OpKind::MmaABt, {q, k, zero}, s_type);
+    const ValueId s = b.emit(OpKind::Scale, {qk}, s_type,
+                             {{"factor", spec.softmax_scale() * std::numbers::log2e}});
+    const ValueId sm = b.emit(OpKind::Mask, {s, q_block, kb}, s_type, mask_attrs);
+    const ValueId rmax = b.emit(OpKind::RowMax, {sm}, row);
+    const ValueId m_new = b.emit(OpKind::Max, {m_i, rmax}, row);
+    const ValueId m_safe = b.emit(OpKind::ZeroIfNegInf, {m_new}, row);
+    const ValueId p_f32 =
+        b.emit(OpKind::Exp2, {b.emit(OpKind::SubRow, {sm, m_safe}, s_type)}, s_type);
+    const ValueId alpha = b.emit(OpKind::Exp2, {b.emit(OpKind::Sub, {m_i, m_safe}, row)}, row);
+    const ValueId l_new =
+        b.emit(OpKind::Add,
+               {b.emit(OpKind::Mul, {l_i, alpha}, row), b.emit(OpKind::RowSum, {p_f32}, row)}, row);
+    const ValueId acc_scaled = b.emit(OpKind::MulRow, {acc_i, alpha}, acc_type);
+    const ValueId p_lo =
+        b.emit(OpKind::Convert, {p_f32}, Type::tile(bm, bn, dt, TileLayout::mma_acc));
+    const ValueId p_a =
+        b.emit(OpKind::ConvertLayout, {p_lo}, Type::tile(bm, bn, dt, TileLayout::mma_a));
+    const ValueId v = b.emit(OpKind::Load, {kb}, Type::tile(bn, dv, dt, TileLayout::mma_b),
+                             {{"tensor", Symbol{"V"}}});
+    const ValueId acc_new = b.emit(OpKind::MmaAB, {p_a, v, acc_scaled}, acc_type);
+    b.emit_void(OpKind::Yield, {m_new, l_new, acc_new});
+  }
+  b.body_stack.pop_back();
+  p.body.push_back(std::move(loop));
+
+  const ValueId o = b.emit(OpKind::DivRow, {acc, l}, acc_type);
+  const ValueId o_lo = b.emit(OpKind::Convert, {o}, Type::tile(bm, dv, dt, TileLayout::mma_acc));
+  b.emit_void(OpKind::Store, {o_lo, q_block}, {{"tensor", Symbol{"O"}}});
+  if (spec.lse) {
+    const ValueId lse2 = b.emit(OpKind::Add, {m, b.emit(OpKind::Log2, {l}, row)}, row);
+    const ValueId lse = b.emit(OpKind::Scale, {lse2}, row, {{"factor", std::numbers::ln2}});
+    b.emit_void(OpKind::Store, {lse, q_block}, {{"tensor", Symbol{"LSE"}}});
+  }
+  return p;
+}
+
+} // namespace flashjit::ir

@@ -1,0 +1,39 @@
+// build_attention(): the FlashAttention-2 forward program for a spec.
+#pragma once
+
+#include "ir/ir.h"
+
+namespace flashjit::ir {
+
+/// Tuning knobs. Later issues search over these; every field changes the program
+/// or its lowering, so all of them are printed into the IR and the cache key.
+struct Config {
+  int64_t block_m = 64;  // query rows per workgroup
+  int64_t block_n = 64;  // keys per KV block
+  int64_t waves = 4;     // waves per workgroup (query rows split across them)
+  int64_t stages = 1;    // K/V pipeline depth
+  bool q_in_lds = false; // keep the Q tile in LDS instead of registers
+  int64_t pad_k = 16;    // head dims padded (in registers only) to a multiple of this
+  bool operator==(const Config &) const = default;
+  std::string summary() const;
+};
+
+/// Checks the knobs alone (positive, powers of two where the lowering needs them).
+Status validate(const Config &c);
+
+/// Head dim rounded up to the config's padding.
+inline int64_t padded(int64_t d, int64_t pad) { return (d + pad - 1) / pad * pad; }
+
+Expected<Program> build_attention(const AttentionSpec &spec, const Config &config);
+
+/// The KV blocks [begin, end) that hold at least one key visible to some query of
+/// q block `qb` (causal and window removed blocks are skipped, never masked).
+struct BlockRange {
+  int64_t begin, end;
+};
+BlockRange kv_block_range(int64_t qb, int64_t block_m, int64_t block_n, int64_t seqlen_q,
+                          int64_t seqlen_k, bool causal, Window window);
+/// Whether query row i may see key j (bounds, bottom-right causal, window).
+bool visible(int64_t i, int64_t j, int64_t seqlen_q, int64_t seqlen_k, bool causal, Window window);
+
+} // namespace flashjit::ir

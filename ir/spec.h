@@ -1,0 +1,75 @@
+// AttentionSpec: everything a user says about the attention they need.
+// Tensors are addressed by strides (in elements), so BSHD, BHSD and the
+// interleaved (fused QKV projection) layouts are all expressible.
+#pragma once
+
+#include "ir/dtype.h"
+#include "ir/status.h"
+
+#include <cstdint>
+#include <string>
+
+namespace flashjit {
+
+/// Strides, in elements, of a logical [batch, head, seq, dim] tensor.
+struct Strides {
+  int64_t batch = 0, head = 0, seq = 0, dim = 1;
+  bool operator==(const Strides &) const = default;
+};
+
+/// Named layouts. `interleaved` is the output of a fused QKV projection:
+/// one row of `[batch, seq, Hq*Dqk + Hkv*Dqk + Hkv*Dv]` per token holds the Q,
+/// K and V heads side by side, so each tensor's seq stride is the whole row.
+enum class Layout { bshd, bhsd, interleaved };
+std::string_view layout_name(Layout l);
+Expected<Layout> parse_layout(std::string_view name);
+
+struct Window {
+  int64_t left = -1, right = -1; // -1: unbounded on that side
+  bool operator==(const Window &) const = default;
+};
+
+struct AttentionSpec {
+  int64_t batch = 1;
+  int64_t heads = 1;    // query heads
+  int64_t kv_heads = 1; // key/value heads; heads % kv_heads == 0 (GQA/MQA)
+  int64_t seqlen_q = 1;
+  int64_t seqlen_k = 1;
+  int64_t head_dim_qk = 64;
+  int64_t head_dim_v = 64;
+  DType dtype = DType::bf16; // of Q, K, V and O; accumulation is f32
+  double scale = 0;          // softmax scale; 0 means 1/sqrt(head_dim_qk)
+  bool causal = false;       // bottom-right aligned when seqlen_q != seqlen_k
+  Window window;             // sliding window around the (bottom-right) diagonal
+  bool lse = false;          // also write LSE, f32 [batch, heads, seqlen_q]
+  Strides q, k, v, o;        // element strides of each tensor
+  Layout layout = Layout::bshd; // the named layout the strides came from (for .npy files)
+
+  bool operator==(const AttentionSpec &) const = default;
+
+  double softmax_scale() const;
+  int64_t group() const { return heads / kv_heads; }
+  /// Column of the key that sits on the diagonal of query row `i` (bottom-right alignment).
+  int64_t diagonal_offset() const { return seqlen_k - seqlen_q; }
+  /// Elements a buffer must hold for a tensor with the given strides and extents.
+  static int64_t extent(const Strides &s, int64_t b, int64_t h, int64_t n, int64_t d);
+  int64_t q_elements() const { return extent(q, batch, heads, seqlen_q, head_dim_qk); }
+  int64_t k_elements() const { return extent(k, batch, kv_heads, seqlen_k, head_dim_qk); }
+  int64_t v_elements() const { return extent(v, batch, kv_heads, seqlen_k, head_dim_v); }
+  int64_t o_elements() const { return extent(o, batch, heads, seqlen_q, head_dim_v); }
+  int64_t lse_elements() const { return batch * heads * seqlen_q; }
+
+  /// Sets q/k/v/o strides for a named layout from the sizes already set.
+  void set_layout(Layout l);
+  /// Every impossible spec gets an error that names the field and the fix.
+  Status validate() const;
+  /// One line, e.g. "b=1 hq=16 hkv=4 sq=113 sk=203 d=80/80 bf16 causal bshd".
+  std::string summary() const;
+};
+
+/// Returns a spec with sizes set and strides from `layout` (not validated).
+AttentionSpec make_spec(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seqlen_q,
+                        int64_t seqlen_k, int64_t head_dim_qk, int64_t head_dim_v, DType dtype,
+                        Layout layout = Layout::bshd);
+
+} // namespace flashjit

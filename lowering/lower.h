@@ -1,0 +1,44 @@
+// Lowering: a verified tile-IR Program + a Target -> one self-contained HIP
+// source (prelude + kernel) and the launch geometry the runtime needs.
+#pragma once
+
+#include "ir/build.h"
+#include "ir/ir.h"
+#include "lowering/matrix_table.h"
+#include "lowering/target.h"
+
+#include <string>
+
+namespace flashjit::lowering {
+
+struct Lowered {
+  std::string source;      // the HIP text; same program + target -> byte-identical text
+  /// The source minus the target prelude and the fj_mma wrapper: the emulator
+  /// runs this same text under its CPU prelude.
+  std::string kernel_text;
+  std::string kernel_name; // the extern "C" symbol
+  int64_t grid[3] = {1, 1, 1};
+  int block_threads = 0;
+  int lds_bytes = 0; // static LDS the kernel declares
+  const MatrixInstr *mma = nullptr;
+  std::string rules; // the rule set that lowered it, e.g. "gfx12"
+  /// Launch requirement: base pointers aligned to this many bytes (128-bit loads).
+  int pointer_alignment = 2;
+};
+
+/// The default tuning config for a spec on a target (the one `flashjit emit`
+/// uses unless told otherwise): block sizes chosen so K/V tiles fit in LDS and
+/// the accumulators in VGPRs.
+ir::Config default_config(const AttentionSpec &spec, const Target &target);
+
+/// Checks that a spec and config can run on the target (LDS bytes, registers,
+/// workgroup size) with errors that name the limit and the value.
+Status check_fits(const AttentionSpec &spec, const ir::Config &config, const Target &target);
+
+Expected<Lowered> lower(const ir::Program &program, const Target &target);
+
+/// The whole pipeline: validate, build, verify, lower.
+Expected<Lowered> generate(const AttentionSpec &spec, const ir::Config &config,
+                           const Target &target);
+
+} // namespace flashjit::lowering

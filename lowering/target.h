@@ -1,0 +1,78 @@
+// The GPU a kernel is generated for, parsed once from an AMD target ID such as
+// "gfx1201" or "gfx90a:sramecc+:xnack-". Everything the lowering needs to know
+// about the hardware is a field or a query here (habit 3: rows, not
+// `if (arch == ...)` ladders); the wave size in particular is always
+// `target.wave_size`, never a literal.
+#pragma once
+
+#include "ir/status.h"
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace flashjit::lowering {
+
+struct MatrixInstr;
+
+/// Matrix-instruction families. A family shares the matrix instructions, their
+/// lane layouts and the wave size; the names match the prefixes of the AMD
+/// Matrix Instruction Calculator data (tests/data/amd_matrix_layouts.json).
+enum class Family {
+  gfx11, ///< RDNA3 / RDNA3.5: gfx1100-1103, gfx1150-1151. WMMA, wave32.
+  gfx12, ///< RDNA4: gfx1200, gfx1201. WMMA (`_gfx12` builtins), wave32.
+  cdna2, ///< gfx90a (MI200). MFMA, wave64.
+  cdna3, ///< gfx942 (MI300). MFMA, wave64.
+  cdna4, ///< gfx950 (MI350). MFMA with the K32/K16 shapes, wave64.
+};
+
+std::string_view family_name(Family f);
+
+struct Target {
+  /// Processor name, e.g. "gfx1201".
+  std::string arch;
+  /// Target-ID features, normalized: sorted by name, ':'-separated, each with
+  /// its sign, e.g. "sramecc+:xnack-"; empty when none were given.
+  std::string features;
+  /// The features as parsed: nullopt = not specified ("any" in LLVM's terms).
+  std::optional<bool> xnack;
+  std::optional<bool> sramecc;
+
+  Family family = Family::gfx12;
+
+  /// Lanes per wave: 32 on RDNA (flashjit compiles RDNA as wave32, the HIP
+  /// default), 64 on CDNA.
+  int wave_size = 0;
+  /// LDS a workgroup can address, in bytes.
+  int lds_bytes = 0;
+  /// VGPRs one lane of one wave can address (RDNA: 256; CDNA: 512, the unified
+  /// ArchVGPR + AccVGPR file of gfx90a and later).
+  int max_vgprs = 0;
+  /// VGPRs per lane in one SIMD's register file, shared by the waves resident
+  /// on it (for occupancy).
+  int vgpr_file_per_simd = 0;
+  /// VGPRs are allocated to a wave in blocks of this many.
+  int vgpr_alloc_granule = 0;
+  /// Most work-items in a workgroup.
+  int max_workgroup_size = 0;
+  /// Most waves resident on one SIMD, whatever their register use.
+  int max_waves_per_simd = 0;
+  /// The matrix instructions this target can run, rows of matrix_table().
+  std::vector<const MatrixInstr *> matrix_instrs;
+
+  std::string_view family_name() const { return lowering::family_name(family); }
+  /// The target ID to hand to the compiler: arch, then ":features" if any.
+  std::string target_id() const;
+  /// Waves that fit on one SIMD when each uses `vgprs` VGPRs (LLVM's
+  /// getNumWavesPerEUWithNumVGPRs; on CDNA count ArchVGPRs + AccVGPRs).
+  int max_waves_for_vgprs(int vgprs) const;
+};
+
+/// Parses "gfxNNNN" with optional ":feature+" / ":feature-" suffixes.
+Expected<Target> parse_target(std::string_view target_id);
+
+/// Every processor parse_target accepts, in a fixed order.
+std::vector<std::string_view> supported_archs();
+
+} // namespace flashjit::lowering

@@ -1,0 +1,60 @@
+// ---- flashjit prelude: AMDGPU (hip-clang device code, no HIP headers) ----
+// Every builtin the kernel body uses goes through one of the fj_* wrappers
+// below; the CPU emulator provides the same wrappers with exact semantics.
+#define FJ_GLOBAL extern "C" __attribute__((global))
+#define FJ_DEVICE static inline __attribute__((device, always_inline))
+#define FJ_WORKGROUP_SIZE(n) __attribute__((amdgpu_flat_work_group_size(n, n)))
+#define FJ_LDS_ARRAY(type, name, count) __attribute__((shared)) type name[count]
+
+typedef unsigned short fj_bits;                                 // one bf16/f16 element
+typedef unsigned short fj_bits8 __attribute__((ext_vector_type(8))); // 8 elements, 128 bits
+typedef float fj_float8 __attribute__((ext_vector_type(8)));    // a WMMA accumulator fragment
+typedef short fj_short8 __attribute__((ext_vector_type(8)));    // bf16 operand of the builtins
+typedef _Float16 fj_half8 __attribute__((ext_vector_type(8)));  // f16 operand of the builtins
+
+// ---- work-item ids (1-D workgroups) ----
+FJ_DEVICE int fj_thread_id() { return __builtin_amdgcn_workitem_id_x(); }
+FJ_DEVICE int fj_group_id_x() { return __builtin_amdgcn_workgroup_id_x(); }
+FJ_DEVICE int fj_group_id_y() { return __builtin_amdgcn_workgroup_id_y(); }
+FJ_DEVICE int fj_group_id_z() { return __builtin_amdgcn_workgroup_id_z(); }
+
+// ---- synchronisation and cross-lane ----
+FJ_DEVICE void fj_barrier() {
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
+  __builtin_amdgcn_s_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
+}
+// x from lane (lane ^ mask) of the same wave.
+FJ_DEVICE float fj_shfl_xor(float x, int lane, int mask) {
+  return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute((lane ^ mask) << 2,
+                                                                __builtin_bit_cast(int, x)));
+}
+
+// ---- math ----
+FJ_DEVICE float fj_exp2(float x) { return __builtin_amdgcn_exp2f(x); }
+FJ_DEVICE float fj_log2(float x) { return __builtin_amdgcn_logf(x); }
+FJ_DEVICE float fj_max(float a, float b) { return __builtin_fmaxf(a, b); }
+FJ_DEVICE float fj_rcp(float x) { return __builtin_amdgcn_rcpf(x); }
+
+// ---- element conversions (round to nearest even, as the hardware types) ----
+FJ_DEVICE float fj_bf16_to_f32(fj_bits b) { return __builtin_bit_cast(float, (unsigned)b << 16); }
+FJ_DEVICE fj_bits fj_f32_to_bf16(float x) {
+  unsigned u = __builtin_bit_cast(unsigned, x);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return (fj_bits)((u >> 16) | 0x40); // NaN stays NaN
+  return (fj_bits)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+FJ_DEVICE float fj_f16_to_f32(fj_bits b) { return (float)__builtin_bit_cast(_Float16, b); }
+FJ_DEVICE fj_bits fj_f32_to_f16(float x) { return __builtin_bit_cast(fj_bits, (_Float16)x); }
+
+// ---- global memory (the emulator checks every access against the buffers) ----
+FJ_DEVICE fj_bits8 fj_global_load8(const fj_bits *p) { return *(const fj_bits8 *)p; }
+FJ_DEVICE fj_bits fj_global_load1(const fj_bits *p) { return *p; }
+FJ_DEVICE void fj_global_store8(fj_bits *p, fj_bits8 v) { *(fj_bits8 *)p = v; }
+FJ_DEVICE void fj_global_store1(fj_bits *p, fj_bits v) { *p = v; }
+FJ_DEVICE void fj_global_store_f32(float *p, float v) { *p = v; }
+
+// ---- LDS (the emulator checks bounds and reads of bytes never written) ----
+FJ_DEVICE fj_bits8 fj_lds_load8(const fj_bits *p) { return *(const fj_bits8 *)p; }
+FJ_DEVICE void fj_lds_store8(fj_bits *p, fj_bits8 v) { *(fj_bits8 *)p = v; }
+FJ_DEVICE void fj_lds_store1(fj_bits *p, fj_bits v) { *p = v; }

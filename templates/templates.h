@@ -1,0 +1,17 @@
+// The embedded templates/*.hip files (see cmake/embed.cmake).
+#pragma once
+
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace flashjit::templates {
+
+extern const std::string_view amdgcn_prelude;
+extern const std::string_view attention_common;
+/// The CPU emulator's prelude: the fj_* wrappers over runtime/emulator.cpp's hooks.
+/// SHA-256 over every embedded template: part of the kernel cache key.
+extern const std::string_view bundle_hash;
+const std::vector<std::pair<std::string_view, std::string_view>> &all();
+
+} // namespace flashjit::templates

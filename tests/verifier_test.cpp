@@ -1,0 +1,459 @@
+// verify(): a valid kernel passes; each broken rule is reported with the op's
+// place, its name and the specific problem.
+#include "ir/ir.h"
+
+#include <gtest/gtest.h>
+
+namespace flashjit::ir {
+namespace {
+
+// Op numbers (as the verifier counts them) are in the comments.
+constexpr std::string_view kValid = R"(kernel @fa_fwd {
+  tensor @Q : bf16 [batch = 1, heads = 4, seq = 113, dim = 80] strides [batch = 36160, heads = 80, seq = 320, dim = 1]
+  tensor @K : bf16 [batch = 1, heads = 2, seq = 150, dim = 80] strides [batch = 24000, heads = 80, seq = 160, dim = 1]
+  tensor @V : bf16 [batch = 1, heads = 2, seq = 150, dim = 80] strides [batch = 24000, heads = 80, seq = 160, dim = 1]
+  tensor @O : bf16 [batch = 1, heads = 4, seq = 113, dim = 80] strides [batch = 36160, heads = 80, seq = 320, dim = 1]
+  tensor @LSE : f32 [batch = 1, heads = 4, seq = 113, dim = 0] strides [batch = 452, heads = 113, seq = 1, dim = 0]
+  grid (%q_block = 2, %head = 4, %batch = 1) group = 2
+  %q = load %q_block {tensor = @Q} : tile<64x80xbf16, #mma_a>                                     // 0
+  %m0 = fill {value = -inf} : tile<64xf32, #rows>                                                 // 1
+  %l0 = fill {value = 0.0} : tile<64xf32, #rows>                                                  // 2
+  %acc0 = fill {value = 0.0} : tile<64x80xf32, #mma_acc>                                          // 3
+  %m, %l, %acc = for %q_block, %m0, %l0, %acc0 {block_m = 64, block_n = 64, causal = 1, window_left = -1, window_right = -1} : tile<64xf32, #rows>, tile<64xf32, #rows>, tile<64x80xf32, #mma_acc> (%kb, %m_i, %l_i, %acc_i) {
+    %k = load %kb {tensor = @K} : tile<64x80xbf16, #mma_b>                                        // 4.0
+    %zero = fill {value = 0.0} : tile<64x64xf32, #mma_acc>                                        // 4.1
+    %s = mma_abt %q, %k, %zero : tile<64x64xf32, #mma_acc>                                        // 4.2
+    %s2 = scale %s {factor = 0.16129870323320085} : tile<64x64xf32, #mma_acc>                     // 4.3
+    %s3 = mask %s2, %q_block, %kb {causal = 1, window_left = -1, window_right = -1} : tile<64x64xf32, #mma_acc>
+    %mx = row_max %s3 : tile<64xf32, #rows>                                                       // 4.5
+    %m_new = max %m_i, %mx : tile<64xf32, #rows>                                                  // 4.6
+    %m_safe = zero_if_neg_inf %m_new : tile<64xf32, #rows>                                        // 4.7
+    %d = sub_row %s3, %m_safe : tile<64x64xf32, #mma_acc>                                         // 4.8
+    %p = exp2 %d : tile<64x64xf32, #mma_acc>                                                      // 4.9
+    %dm = sub %m_i, %m_safe : tile<64xf32, #rows>                                                 // 4.10
+    %alpha = exp2 %dm : tile<64xf32, #rows>                                                       // 4.11
+    %la = mul %l_i, %alpha : tile<64xf32, #rows>                                                  // 4.12
+    %ps = row_sum %p : tile<64xf32, #rows>                                                        // 4.13
+    %l_new = add %la, %ps : tile<64xf32, #rows>                                                   // 4.14
+    %acc_s = mul_row %acc_i, %alpha : tile<64x80xf32, #mma_acc>                                   // 4.15
+    %p16 = convert %p : tile<64x64xbf16, #mma_acc>                                                // 4.16
+    %pa = convert_layout %p16 : tile<64x64xbf16, #mma_a>                                          // 4.17
+    %v = load %kb {tensor = @V} : tile<64x80xbf16, #mma_b>                                        // 4.18
+    %acc_new = mma_ab %pa, %v, %acc_s : tile<64x80xf32, #mma_acc>                                 // 4.19
+    yield %m_new, %l_new, %acc_new                                                                // 4.20
+  }
+  %o32 = div_row %acc, %l : tile<64x80xf32, #mma_acc>                                             // 5
+  %o = convert %o32 : tile<64x80xbf16, #mma_acc>                                                  // 6
+  store %o, %q_block {tensor = @O}                                                                // 7
+  %log_l = log2 %l : tile<64xf32, #rows>                                                          // 8
+  %lse = add %log_l, %m : tile<64xf32, #rows>                                                     // 9
+  store %lse, %q_block {tensor = @LSE}                                                            // 10
+}
+)";
+
+Program valid() {
+  Expected<Program> p = parse(kValid);
+  EXPECT_TRUE(p) << p.status().message();
+  return p ? p.take() : Program{};
+}
+
+/// verify()'s message for `p`, or "ok".
+std::string message(const Program &p) {
+  Status s = verify(p);
+  return s ? "ok" : s.message();
+}
+
+struct Edit {
+  std::string_view from, to;
+};
+
+/// The message for the valid kernel with each edit's one occurrence of `from` replaced by `to`.
+std::string rejection(std::initializer_list<Edit> edits) {
+  std::string text(kValid);
+  for (const Edit &e : edits) {
+    size_t at = text.find(e.from);
+    if (at == std::string::npos || text.find(e.from, at + 1) != std::string::npos)
+      return fmt::format("test bug: '{}' does not occur exactly once", e.from);
+    text.replace(at, e.from.size(), e.to);
+  }
+  Expected<Program> p = parse(text);
+  if (!p)
+    return "test bug: the variant does not parse: " + p.status().message();
+  return message(*p);
+}
+std::string rejection(std::string_view from, std::string_view to) {
+  return rejection({Edit{from, to}});
+}
+
+testing::AssertionResult has(const std::string &message, std::string_view part) {
+  if (message.find(part) != std::string::npos)
+    return testing::AssertionSuccess();
+  return testing::AssertionFailure() << "message:  " << message << "\nlacks:    " << part;
+}
+
+/// The first op in `body` (searching loop bodies) whose result is named `name`.
+Op *find_op(std::vector<Op> &body, const Program &p, std::string_view name) {
+  for (Op &op : body) {
+    for (ValueId r : op.results)
+      if (p.values[r].name == name)
+        return &op;
+    if (Op *inner = find_op(op.body, p, name))
+      return inner;
+  }
+  return nullptr;
+}
+
+TEST(Verifier, AcceptsValidKernel) { EXPECT_EQ(message(valid()), "ok"); }
+
+TEST(Verifier, AcceptsBlockedTilesAndRoundTrippedText) {
+  Program p = valid();
+  EXPECT_EQ(message(*parse(print(p))), "ok");
+  std::string text = R"(kernel @k {
+  tensor @Q : f16 [batch = 1, heads = 1, seq = 8, dim = 16] strides [batch = 128, heads = 16, seq = 16, dim = 1]
+  tensor @K : f16 [batch = 1, heads = 1, seq = 8, dim = 16] strides [batch = 128, heads = 16, seq = 16, dim = 1]
+  tensor @V : f16 [batch = 1, heads = 1, seq = 8, dim = 16] strides [batch = 128, heads = 16, seq = 16, dim = 1]
+  tensor @O : f16 [batch = 1, heads = 1, seq = 8, dim = 16] strides [batch = 128, heads = 16, seq = 16, dim = 1]
+  grid (%0 = 1, %1 = 1, %2 = 1) group = 1
+  %3 = load %0 {tensor = @Q} : tile<8x16xf16, #blocked>
+  %4 = convert %3 : tile<8x16xf32, #blocked>
+  %5 = row_max %4 : tile<8xf32, #blocked>
+  %6 = sub_row %4, %5 : tile<8x16xf32, #blocked>
+  %7 = convert %6 : tile<8x16xf16, #blocked>
+  store %7, %0 {tensor = @O}
+}
+)";
+  Expected<Program> blocked = parse(text);
+  ASSERT_TRUE(blocked) << blocked.status().message();
+  EXPECT_EQ(message(*blocked), "ok");
+}
+
+// ---- mma ------------------------------------------------------------------------------
+
+TEST(Verifier, MmaOperandLayout) {
+  std::string m = rejection("%k = load %kb {tensor = @K} : tile<64x80xbf16, #mma_b>",
+                            "%k = load %kb {tensor = @K} : tile<64x80xbf16, #mma_acc>");
+  EXPECT_TRUE(has(m, "op #4.2 `mma_abt`: operand 1 has layout #mma_acc, expected #mma_b (%k : "
+                     "tile<64x80xbf16, #mma_acc>)"));
+}
+
+TEST(Verifier, MmaAbtReductionDimension) {
+  // K (one row per key) must share Q's head dim: NxK with K = 80.
+  std::string m = rejection("%k = load %kb {tensor = @K} : tile<64x80xbf16",
+                            "%k = load %kb {tensor = @K} : tile<64x96xbf16");
+  EXPECT_TRUE(has(m, "op #4.2 `mma_abt`: operand 1 has shape 64x96, expected 64x80 (N x K, K = "
+                     "80 from operand 0)"));
+}
+
+TEST(Verifier, MmaAbTakesBAsKxN) {
+  // P (64x64) times V: V's rows are the 64 keys, its columns the 80 output dims.
+  std::string m = rejection("%v = load %kb {tensor = @V} : tile<64x80xbf16",
+                            "%v = load %kb {tensor = @V} : tile<32x80xbf16");
+  EXPECT_TRUE(has(m, "op #4.19 `mma_ab`: operand 1 has shape 32x80, expected 64x80 (K x N"));
+}
+
+TEST(Verifier, MmaAccumulatorShapeAndDtype) {
+  std::string m = rejection("%zero = fill {value = 0.0} : tile<64x64xf32",
+                            "%zero = fill {value = 0.0} : tile<64x32xf32");
+  EXPECT_TRUE(has(m, "op #4.2 `mma_abt`: operand 2 has shape 64x32, expected 64x64 (M x N"));
+  m = rejection("%zero = fill {value = 0.0} : tile<64x64xf32, #mma_acc>",
+                "%zero = fill {value = 0.0} : tile<64x64xbf16, #mma_acc>");
+  EXPECT_TRUE(has(m, "op #4.2 `mma_abt`: operand 2 has dtype bf16, expected f32"));
+}
+
+TEST(Verifier, MmaOperandDtypes) {
+  std::string m = rejection({{"tensor @K : bf16", "tensor @K : f16"},
+                             {"%k = load %kb {tensor = @K} : tile<64x80xbf16",
+                              "%k = load %kb {tensor = @K} : tile<64x80xf16"}});
+  EXPECT_TRUE(has(m, "op #4.2 `mma_abt`: operand 1 has dtype f16, expected bf16 (%k : "
+                     "tile<64x80xf16, #mma_b>)"));
+  m = rejection({{"tensor @Q : bf16", "tensor @Q : f32"},
+                 {"%q = load %q_block {tensor = @Q} : tile<64x80xbf16",
+                  "%q = load %q_block {tensor = @Q} : tile<64x80xf32"}});
+  EXPECT_TRUE(has(m, "op #4.2 `mma_abt`: operand 0 has dtype f32, expected bf16 or f16"));
+}
+
+TEST(Verifier, MmaResultMustMatchAccumulator) {
+  std::string m = rejection("%s = mma_abt %q, %k, %zero : tile<64x64xf32, #mma_acc>",
+                            "%s = mma_abt %q, %k, %zero : tile<64x64xf32, #blocked>");
+  EXPECT_TRUE(has(m, "op #4.2 `mma_abt`: result 0 (%s) has type tile<64x64xf32, #blocked>, "
+                     "expected tile<64x64xf32, #mma_acc> (the accumulator's type)"));
+}
+
+// ---- load, store, fill ------------------------------------------------------------------
+
+TEST(Verifier, LoadUnknownTensor) {
+  std::string m = rejection("{tensor = @K}", "{tensor = @Kv}");
+  EXPECT_TRUE(has(m, "op #4.0 `load`: attr `tensor` names @Kv, which is not a tensor of the "
+                     "kernel (tensors: @Q, @K, @V, @O, @LSE)"));
+}
+
+TEST(Verifier, LoadDtypeAndColumns) {
+  std::string m = rejection("%q = load %q_block {tensor = @Q} : tile<64x80xbf16",
+                            "%q = load %q_block {tensor = @Q} : tile<64x80xf16");
+  EXPECT_TRUE(has(m, "op #0 `load`: result 0 has dtype f16, but @Q is bf16"));
+  m = rejection("%q = load %q_block {tensor = @Q} : tile<64x80xbf16",
+                "%q = load %q_block {tensor = @Q} : tile<64x64xbf16");
+  EXPECT_TRUE(has(m, "op #0 `load`: result 0 has 64 columns, fewer than the dim = 80 of @Q"));
+  // Padding beyond the head dim is allowed (all through the kernel).
+  EXPECT_EQ(rejection("tile<64x80xbf16, #mma_a>", "tile<64x96xbf16, #mma_a>"),
+            "op #4.2 `mma_abt`: operand 1 has shape 64x80, expected 64x96 (N x K, K = 96 from "
+            "operand 0) (%k : tile<64x80xbf16, #mma_b>)");
+}
+
+TEST(Verifier, LoadNeedsIndexOperand) {
+  std::string m = rejection("%k = load %kb", "%k = load %m_i");
+  EXPECT_TRUE(has(m, "op #4.0 `load`: operand 0 has type tile<64xf32, #rows>, expected index"));
+}
+
+TEST(Verifier, StoreVectorNeedsVectorTensor) {
+  std::string m =
+      rejection("store %lse, %q_block {tensor = @LSE}", "store %lse, %q_block {tensor = @O}");
+  EXPECT_TRUE(has(m, "op #10 `store`: stores a vector to @O, which has dim = 80; a vector goes to "
+                     "a tensor with dim = 0"));
+  m = rejection("tensor @LSE : f32", "tensor @LSE : bf16");
+  EXPECT_TRUE(has(m, "op #10 `store`: stores a vector to @LSE, which is bf16, expected an f32 "
+                     "tensor"));
+}
+
+TEST(Verifier, StoreMatrixChecks) {
+  std::string m =
+      rejection("store %o, %q_block {tensor = @O}", "store %o32, %q_block {tensor = @O}");
+  EXPECT_TRUE(has(m, "op #7 `store`: operand 0 has dtype f32, but @O is bf16"));
+  m = rejection("store %o, %q_block {tensor = @O}", "store %o, %q_block {tensor = @LSE}");
+  EXPECT_TRUE(has(m, "op #7 `store`: stores a 2D tile to @LSE, which has dim = 0"));
+  m = rejection("tensor @O : bf16 [batch = 1, heads = 4, seq = 113, dim = 80]",
+                "tensor @O : bf16 [batch = 1, heads = 4, seq = 113, dim = 96]");
+  EXPECT_TRUE(has(m, "op #7 `store`: operand 0 has 80 columns, fewer than the dim = 96 of @O"));
+  m = rejection("store %o, %q_block {tensor = @O}", "store %o, %o {tensor = @O}");
+  EXPECT_TRUE(has(m, "op #7 `store`: operand 1 has type tile<64x80xbf16, #mma_acc>, expected "
+                     "index"));
+}
+
+TEST(Verifier, FillNeedsFloatValue) {
+  std::string m = rejection("%l0 = fill {value = 0.0}", "%l0 = fill {value = 0}");
+  EXPECT_TRUE(has(m, "op #2 `fill`: attr `value` is an integer, expected a float"));
+  m = rejection("%l0 = fill {value = 0.0}", "%l0 = fill");
+  EXPECT_TRUE(has(m, "op #2 `fill`: missing attr `value` (a float)"));
+}
+
+// ---- elementwise and row ops ----------------------------------------------------------------
+
+TEST(Verifier, ScaleNeedsFactorAndKeepsType) {
+  std::string m = rejection("{factor = 0.16129870323320085}", "{scale = 0.16129870323320085}");
+  EXPECT_TRUE(has(m, "op #4.3 `scale`: missing attr `factor` (a float)"));
+  m = rejection("%s2 = scale %s {factor = 0.16129870323320085} : tile<64x64xf32",
+                "%s2 = scale %s {factor = 0.16129870323320085} : tile<64x64xbf16");
+  EXPECT_TRUE(has(m, "op #4.3 `scale`: result 0 (%s2) has type tile<64x64xbf16, #mma_acc>, "
+                     "expected tile<64x64xf32, #mma_acc>"));
+}
+
+TEST(Verifier, MaskOperandsAndAttrs) {
+  std::string m = rejection("mask %s2, %q_block, %kb", "mask %s2, %q_block, %m_i");
+  EXPECT_TRUE(has(m, "op #4.4 `mask`: operand 2 has type tile<64xf32, #rows>, expected index"));
+  m = rejection("{causal = 1, window_left = -1, window_right = -1} : tile<64x64xf32",
+                "{causal = 1, window_left = -1} : tile<64x64xf32");
+  EXPECT_TRUE(has(m, "op #4.4 `mask`: missing attr `window_right` (an integer)"));
+  Program p = valid();
+  p.body[4].body[4].operands[0] = find_op(p.body, p, "mx")->results[0]; // defined by op 4.5
+  EXPECT_TRUE(has(message(p), "op #4.4 `mask`: operand 0 (%mx) is not in scope here: it is "
+                              "defined by op #4.5 `row_max`, which comes later"));
+}
+
+TEST(Verifier, RowReductionResult) {
+  std::string m = rejection("%mx = row_max %s3 : tile<64xf32, #rows>",
+                            "%mx = row_max %s3 : tile<64xf32, #blocked>");
+  EXPECT_TRUE(has(m, "op #4.5 `row_max`: result 0 (%mx) has type tile<64xf32, #blocked>, "
+                     "expected tile<64xf32, #rows> (one f32 per row of operand 0, #rows for a "
+                     "#mma_acc tile)"));
+  m = rejection("%ps = row_sum %p : tile<64xf32, #rows>",
+                "%ps = row_sum %alpha : tile<64xf32, #rows>");
+  EXPECT_TRUE(has(m, "op #4.13 `row_sum`: operand 0 is a vector, expected a 2D tile (%alpha"));
+  m = rejection("%mx = row_max %s3", "%mx = row_max %q");
+  EXPECT_TRUE(has(m, "op #4.5 `row_max`: operand 0 has dtype bf16, expected f32"));
+}
+
+TEST(Verifier, ElementwiseOperandsMatch) {
+  std::string m = rejection("%la = mul %l_i, %alpha", "%la = mul %l_i, %d");
+  EXPECT_TRUE(has(m, "op #4.12 `mul`: operand 1 (%d) has type tile<64x64xf32, #mma_acc>, "
+                     "expected tile<64xf32, #rows> (the type of operand 0)"));
+  m = rejection("%l_new = add %la, %ps : tile<64xf32, #rows>",
+                "%l_new = add %la, %ps : tile<64xf32, #blocked>");
+  EXPECT_TRUE(has(m, "op #4.14 `add`: result 0 (%l_new) has type tile<64xf32, #blocked>"));
+}
+
+TEST(Verifier, Exp2NeedsF32) {
+  Program p = valid();
+  Op *pe = find_op(p.body, p, "p");
+  ValueId p16 = find_op(p.body, p, "p16")->results[0];
+  pe->operands[0] = p16; // defined later in the body
+  EXPECT_TRUE(has(message(p), "op #4.9 `exp2`: operand 0 (%p16) is not in scope here: it is "
+                              "defined by op #4.16 `convert`"));
+  std::string m = rejection("%log_l = log2 %l", "%log_l = log2 %o");
+  EXPECT_TRUE(has(m, "op #8 `log2`: operand 0 has dtype bf16, expected f32"));
+}
+
+TEST(Verifier, RowBroadcastOperand) {
+  std::string m = rejection("%d = sub_row %s3, %m_safe", "%d = sub_row %s3, %s2");
+  EXPECT_TRUE(has(m, "op #4.8 `sub_row`: operand 1 is a 2D tile, expected a vector"));
+  // A #mma_acc tile's rows come as #rows vectors, not #blocked ones.
+  m = rejection({{"%dm = sub %m_i, %m_safe : tile<64xf32, #rows>",
+                  "%dm = fill {value = 1.0} : tile<64xf32, #blocked>"},
+                 {"%la = mul %l_i, %alpha", "%la = mul %l_i, %l_i"}});
+  EXPECT_TRUE(has(m, "op #4.11 `exp2`: result 0 (%alpha) has type tile<64xf32, #rows>"));
+  m = rejection(
+      {{"%dm = sub %m_i, %m_safe : tile<64xf32, #rows>",
+        "%dm = fill {value = 1.0} : tile<64xf32, #blocked>"},
+       {"%alpha = exp2 %dm : tile<64xf32, #rows>", "%alpha = exp2 %dm : tile<64xf32, #blocked>"},
+       {"%la = mul %l_i, %alpha", "%la = mul %l_i, %l_i"}});
+  EXPECT_TRUE(has(m, "op #4.15 `mul_row`: operand 1 has layout #blocked, expected #rows (%alpha : "
+                     "tile<64xf32, #blocked>)"));
+}
+
+TEST(Verifier, DivRowRowsMustMatch) {
+  Program p = valid();
+  ValueId r = p.add_value(Type::vec(32, DType::f32), "r32");
+  p.body.insert(p.body.begin() + 5, Op{OpKind::Fill, {r}, {}, {{"value", 1.0}}, {}, {}});
+  p.body[6].operands[1] = r; // div_row %acc, %r32
+  EXPECT_TRUE(has(message(p), "op #6 `div_row`: operand 1 has 32 rows, expected 64 (the rows of "
+                              "operand 0)"));
+}
+
+TEST(Verifier, ConvertKeepsShapeAndLayout) {
+  std::string m = rejection("%p16 = convert %p : tile<64x64xbf16, #mma_acc>",
+                            "%p16 = convert %p : tile<64x64xbf16, #mma_a>");
+  EXPECT_TRUE(has(m, "op #4.16 `convert`: result 0 (%p16) has type tile<64x64xbf16, #mma_a>, "
+                     "expected tile<64x64xbf16, #mma_acc> (convert keeps shape and layout"));
+}
+
+TEST(Verifier, ConvertLayoutChangesOnlyTheLayout) {
+  std::string m = rejection("%pa = convert_layout %p16 : tile<64x64xbf16, #mma_a>",
+                            "%pa = convert_layout %p16 : tile<64x64xbf16, #mma_acc>");
+  EXPECT_TRUE(has(m, "op #4.17 `convert_layout`: converts to the layout it already has "
+                     "(#mma_acc)"));
+  m = rejection("%pa = convert_layout %p16 : tile<64x64xbf16, #mma_a>",
+                "%pa = convert_layout %p16 : tile<64x64xf16, #mma_a>");
+  EXPECT_TRUE(has(m, "op #4.17 `convert_layout`: result 0 (%pa) has type tile<64x64xf16, "
+                     "#mma_a>, expected tile<64x64xbf16, #mma_a>"));
+}
+
+// ---- for and yield --------------------------------------------------------------------
+
+TEST(Verifier, ForAttrs) {
+  std::string m =
+      rejection("{block_m = 64, block_n = 64, causal = 1,", "{block_m = 64, causal = 1,");
+  EXPECT_TRUE(has(m, "op #4 `for`: missing attr `block_n` (an integer)"));
+}
+
+TEST(Verifier, ForOperandZeroIsTheQBlock) {
+  std::string m = rejection("for %q_block, %m0", "for %m0, %m0");
+  // The parser checks only counts: the for now has 4 operands and 3 results.
+  EXPECT_TRUE(has(m, "op #4 `for`: operand 0 has type tile<64xf32, #rows>, expected index"));
+}
+
+TEST(Verifier, ForRegionArgumentTypes) {
+  Program p = valid();
+  p.values[p.body[4].region_args[3]].type = Type::tile(64, 80, DType::f32, TileLayout::blocked);
+  EXPECT_TRUE(has(message(p), "op #4 `for`: region argument 3 (%acc_i) has type tile<64x80xf32, "
+                              "#blocked>, expected tile<64x80xf32, #mma_acc>"));
+  Program q = valid();
+  q.body[4].region_args.pop_back();
+  EXPECT_TRUE(has(message(q), "op #4 `for`: has 3 region arguments, expected 4"));
+}
+
+TEST(Verifier, YieldTypesMatchResults) {
+  std::string m = rejection("yield %m_new, %l_new, %acc_new", "yield %m_new, %acc_new, %l_new");
+  EXPECT_TRUE(has(m, "op #4.20 `yield`: operand 1 (%acc_new) has type tile<64x80xf32, "
+                     "#mma_acc>, expected tile<64xf32, #rows> (the type of result 1 of the for)"));
+  m = rejection("yield %m_new, %l_new, %acc_new", "yield %m_new, %l_new");
+  EXPECT_TRUE(has(m, "op #4.20 `yield`: yields 2 values, but the enclosing for has 3 results"));
+}
+
+TEST(Verifier, YieldPlacement) {
+  Program p = valid();
+  std::vector<Op> &body = p.body[4].body;
+  std::swap(body[19], body[20]); // yield before the last mma
+  EXPECT_TRUE(has(message(p), "op #4 `for`: body must end with `yield`"));
+  Program q = valid();
+  q.body[4].body.insert(q.body[4].body.begin() + 3, q.body[4].body.back());
+  EXPECT_TRUE(has(message(q), "op #4.3 `yield`: `yield` must be the last op of the for body, but "
+                              "18 more follow"));
+  Program r = valid();
+  r.body.push_back(Op{OpKind::Yield, {}, {}, {}, {}, {}});
+  EXPECT_TRUE(has(message(r), "op #11 `yield`: `yield` outside a for body"));
+}
+
+// ---- scoping, counts, program structure ----------------------------------------------------
+
+TEST(Verifier, LoopBodyValuesAreNotVisibleAfterTheLoop) {
+  Program p = valid();
+  ValueId mx = find_op(p.body, p, "mx")->results[0];
+  p.body[8].operands[0] = mx; // log2 %mx after the loop
+  EXPECT_TRUE(has(message(p), "op #8 `log2`: operand 0 (%mx) is not in scope here: it is defined "
+                              "by op #4.5 `row_max`"));
+  Program q = valid();
+  q.body[8].operands[0] = q.body[4].region_args[2]; // %l_i after the loop
+  EXPECT_TRUE(has(message(q), "op #8 `log2`: operand 0 (%l_i) is not in scope here: it is "
+                              "defined by op #4 `for` (region argument)"));
+}
+
+TEST(Verifier, UndefinedAndMissingValues) {
+  Program p = valid();
+  ValueId orphan = p.add_value(Type::vec(64, DType::f32), "orphan");
+  p.body[8].operands[0] = orphan;
+  EXPECT_TRUE(has(message(p), "op #8 `log2`: operand 0 (%?orphan) is never defined"));
+  p.body[8].operands[0] = 999;
+  EXPECT_TRUE(has(message(p), "op #8 `log2`: operand 0 refers to value 999, which does not exist"));
+}
+
+TEST(Verifier, OperandAndResultCounts) {
+  Program p = valid();
+  p.body[8].operands.push_back(p.body[8].operands[0]);
+  EXPECT_TRUE(has(message(p), "op #8 `log2`: has 2 operands, expected 1"));
+  Program q = valid();
+  q.body[7].results.push_back(q.add_value(Type::vec(64, DType::f32), "extra"));
+  EXPECT_TRUE(has(message(q), "op #7 `store`: has 1 results, expected 0"));
+  Program r = valid();
+  r.body[4].results.pop_back();
+  EXPECT_TRUE(has(message(r), "op #4 `for`: has 2 results, expected 3 (one per initial value)"));
+}
+
+TEST(Verifier, ValueDefinedTwice) {
+  Program p = valid();
+  p.body[2].results[0] = p.body[1].results[0];
+  EXPECT_TRUE(has(message(p), "op #2 `fill`: redefines %m0, already defined by op #1 `fill`"));
+}
+
+TEST(Verifier, OnlyForHasARegion) {
+  Program p = valid();
+  p.body[5].body.push_back(p.body[4].body.back());
+  EXPECT_TRUE(has(message(p), "op #5 `div_row`: has a region, but only `for` has one"));
+}
+
+TEST(Verifier, GridAndTensors) {
+  Program p = valid();
+  p.grid_args.pop_back();
+  EXPECT_TRUE(has(message(p), "the grid has 2 arguments, expected 3 (q block, head, batch)"));
+  Program q = valid();
+  q.values[q.grid_args[1]].type = Type::vec(64, DType::f32);
+  EXPECT_TRUE(has(message(q), "grid argument 1 (%head) has type tile<64xf32, #rows>, expected "
+                              "index"));
+  std::string m = rejection("  tensor @V : bf16 [batch = 1, heads = 2, seq = 150, dim = 80] "
+                            "strides [batch = 24000, heads = 80, seq = 160, dim = 1]\n",
+                            "");
+  EXPECT_TRUE(has(m, "missing tensor @V (a kernel needs @Q, @K, @V and @O)"));
+  Program r = valid();
+  r.tensors.push_back(r.tensors[0]);
+  EXPECT_TRUE(has(message(r), "tensor @Q is declared twice"));
+}
+
+TEST(Verifier, NamesMustPrintAndParse) {
+  Program p = valid();
+  p.values[p.body[0].results[0]].name = "1q";
+  EXPECT_TRUE(has(message(p), "has name '1q', which is not an identifier"));
+  Program q = valid();
+  q.name = "";
+  EXPECT_TRUE(has(message(q), "kernel name '' is not an identifier"));
+}
+
+} // namespace
+} // namespace flashjit::ir

@@ -1,0 +1,302 @@
+// The flashjit command line: emit, run (and, as the backends land, compile, archs).
+#include "compiler/code_object.h"
+#include "ir/build.h"
+#include "lowering/lower.h"
+#include "ir/interpreter.h"
+#include "ir/reference.h"
+#include "runtime/npy.h"
+#include "tools/cli.h"
+#include "tools/spec_flags.h"
+#ifdef FLASHJIT_HAVE_LLVM
+#include "compiler/llvm_compiler.h"
+#endif
+
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <fstream>
+#include <filesystem>
+#include <iostream>
+
+namespace fs = std::filesystem;
+using namespace flashjit;
+
+namespace {
+
+int fail(const Status &s) {
+  fmt::print(stderr, "flashjit: error: {}\n", s.message());
+  return 1;
+}
+
+std::vector<cli::FlagSpec> with_spec(std::vector<cli::FlagSpec> extra) {
+  std::vector<cli::FlagSpec> f = cli::spec_flags();
+  for (auto &c : cli::config_flags())
+    f.push_back(c);
+  f.insert(f.end(), extra.begin(), extra.end());
+  return f;
+}
+
+// The spec, target and config from the flags; the config defaults to the
+// lowering's choice for the target, and flags override single knobs.
+struct Job {
+  AttentionSpec spec;
+  ir::Config config;
+  std::optional<lowering::Target> target;
+};
+
+Expected<Job> job_from(const cli::Args &a) {
+  Job job;
+  auto s = cli::spec_from(a);
+  if (!s)
+    return s.status();
+  job.spec = *s;
+  if (a.has("--arch")) {
+    auto t = lowering::parse_target(a.get("--arch"));
+    if (!t)
+      return t.status();
+    job.target = *t;
+  }
+  const ir::Config base = job.target ? lowering::default_config(job.spec, *job.target) : ir::Config{};
+  auto c = cli::config_from(a, base);
+  if (!c)
+    return c.status();
+  job.config = *c;
+  return job;
+}
+
+Status write_file(const std::string &path, std::string_view bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out)
+    return Status::error("cannot open {} for writing: {}", path, std::strerror(errno));
+  out.write(bytes.data(), std::streamsize(bytes.size()));
+  if (!out)
+    return Status::error("writing {} failed: {}", path, std::strerror(errno));
+  return Status::ok();
+}
+
+int cmd_emit(const cli::Args &a) {
+  auto job = job_from(a);
+  if (!job)
+    return fail(job.status());
+  if (!a.has("--print-ir") && !job->target)
+    return fail(Status::error("nothing to emit: pass --arch ARCH for HIP source and/or --print-ir "
+                              "for the tile IR"));
+  auto p = ir::build_attention(job->spec, job->config);
+  if (!p)
+    return fail(p.status());
+  if (a.has("--print-ir"))
+    fmt::print("{}", ir::print(*p));
+  if (!job->target)
+    return 0;
+  if (Status s = lowering::check_fits(job->spec, job->config, *job->target); !s)
+    return fail(s);
+  auto k = lowering::lower(*p, *job->target);
+  if (!k)
+    return fail(k.status());
+  if (!a.has("-o")) {
+    fmt::print("{}", k->source);
+    return 0;
+  }
+  if (Status s = write_file(a.get("-o"), k->source); !s)
+    return fail(s);
+  fmt::print(stderr, "wrote {} ({} for {}, {}; grid {}x{}x{}, {} threads, {} bytes LDS)\n", a.get("-o"),
+             k->kernel_name, job->target->target_id(), job->config.summary(), k->grid[0], k->grid[1],
+             k->grid[2], k->block_threads, k->lds_bytes);
+  return 0;
+}
+
+int cmd_compile(const cli::Args &a) {
+  auto job = job_from(a);
+  if (!job)
+    return fail(job.status());
+  if (!job->target)
+    return fail(Status::error("compile needs --arch (e.g. --arch gfx1201)"));
+  const lowering::Target &t = *job->target;
+  auto k = lowering::generate(job->spec, job->config, t);
+  if (!k)
+    return fail(k.status());
+#ifdef FLASHJIT_HAVE_LLVM
+  compiler::LlvmCompiler llvm;
+  compiler::CompileOptions options;
+  options.arch = t.arch;
+  options.features = t.features;
+  options.wave_size = t.wave_size;
+  auto code = llvm.compile(k->source, options);
+  if (!code)
+    return fail(code.status());
+  if (a.has("-o")) {
+    if (Status s = write_file(a.get("-o"), {reinterpret_cast<const char *>(code->bytes.data()), code->bytes.size()}); !s)
+      return fail(s);
+    fmt::print(stderr, "wrote {} ({} bytes, {} for {})\n", a.get("-o"), code->bytes.size(), code->compiler, t.target_id());
+  }
+  if (a.has("--isa")) {
+    auto isa = compiler::disassemble(*code);
+    if (!isa)
+      return fail(isa.status());
+    fmt::print("{}", *isa);
+  }
+  if (a.has("--resources") || a.has("--json") || (!a.has("-o") && !a.has("--isa"))) {
+    // RDNA's LDS belongs to a workgroup processor (two CUs): twice a workgroup's share.
+    const int lds_per_unit = t.wave_size == 32 ? 2 * t.lds_bytes : t.lds_bytes;
+    auto r = compiler::read_resources(*code, t.vgpr_file_per_simd, t.max_waves_per_simd, lds_per_unit);
+    if (!r)
+      return fail(r.status());
+    for (const auto &report : *r) {
+      if (a.has("--json"))
+        fmt::print("{}\n", report.to_json());
+      else
+        fmt::print("config: {}\n{}\n", job->config.summary(), report.to_text());
+    }
+  }
+  return 0;
+#else
+  return fail(Status::error("this flashjit was built without LLVM 22, so it cannot compile AMD code "
+                            "in-process: rebuild with -DFLASHJIT_WITH_LLVM=ON (apt-get install "
+                            "llvm-22-dev libclang-22-dev liblld-22-dev)"));
+#endif
+}
+
+// Loads q/k/v from DIR (.npy in the spec's layout) into t.
+Status load_inputs(const std::string &dir, const AttentionSpec &s, HostTensors &t) {
+  struct In {
+    const char *file;
+    std::vector<float> *buf;
+    const Strides *st;
+    int64_t h, n, d;
+  } ins[] = {{"q.npy", &t.q, &s.q, s.heads, s.seqlen_q, s.head_dim_qk},
+             {"k.npy", &t.k, &s.k, s.kv_heads, s.seqlen_k, s.head_dim_qk},
+             {"v.npy", &t.v, &s.v, s.kv_heads, s.seqlen_k, s.head_dim_v}};
+  for (const In &in : ins) {
+    const std::string path = (fs::path(dir) / in.file).string();
+    auto arr = npy::read(path);
+    if (!arr)
+      return arr.status();
+    FJ_RETURN_IF_ERROR(npy::scatter(*arr, *in.buf, *in.st, s.layout, s.dtype, s.batch, in.h, in.n, in.d, path));
+  }
+  return Status::ok();
+}
+
+Status save_tensors(const std::string &dir, const AttentionSpec &s, const HostTensors &t) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec)
+    return Status::error("cannot create --save-dir {}: {}", dir, ec.message());
+  struct Out {
+    const char *file;
+    const std::vector<float> *buf;
+    const Strides *st;
+    int64_t h, n, d;
+  } outs[] = {{"q.npy", &t.q, &s.q, s.heads, s.seqlen_q, s.head_dim_qk},
+              {"k.npy", &t.k, &s.k, s.kv_heads, s.seqlen_k, s.head_dim_qk},
+              {"v.npy", &t.v, &s.v, s.kv_heads, s.seqlen_k, s.head_dim_v},
+              {"out.npy", &t.o, &s.o, s.heads, s.seqlen_q, s.head_dim_v}};
+  for (const Out &o : outs)
+    FJ_RETURN_IF_ERROR(npy::write((fs::path(dir) / o.file).string(),
+                                  npy::gather(*o.buf, *o.st, s.layout, s.dtype, s.batch, o.h, o.n, o.d)));
+  if (s.lse) {
+    npy::Array lse{{s.batch, s.heads, s.seqlen_q}, "<f4", {t.lse.begin(), t.lse.end()}};
+    FJ_RETURN_IF_ERROR(npy::write((fs::path(dir) / "lse.npy").string(), lse));
+  }
+  return Status::ok();
+}
+
+int cmd_run(const cli::Args &a) {
+  auto job = job_from(a);
+  if (!job)
+    return fail(job.status());
+  const AttentionSpec &spec = job->spec;
+  auto p = ir::build_attention(spec, job->config);
+  if (!p)
+    return fail(p.status());
+  const std::string device = a.get("--device", "interpreter");
+  if (device != "interpreter")
+    return fail(Status::error("--device {} is not available in this build: use --device interpreter", device));
+  auto seed = a.get_int("--seed", 0);
+  if (!seed)
+    return fail(seed.status());
+  if (a.has("--save-dir") && a.has("--load-dir") &&
+      fs::equivalent(a.get("--save-dir"), a.get("--load-dir")))
+    return fail(Status::error("--save-dir and --load-dir name the same folder: saving would overwrite "
+                              "your inputs; choose another --save-dir"));
+  HostTensors t = make_random_inputs(spec, uint64_t(*seed));
+  if (a.has("--load-dir"))
+    if (Status s = load_inputs(a.get("--load-dir"), spec, t); !s)
+      return fail(s);
+  if (Status s = ir::interpret(*p, t); !s)
+    return fail(s);
+  const ReferenceResult ref = reference_attention(spec, t);
+  const ErrorStats err = compare(spec, t, ref);
+  const Tolerance tol = tolerance_for(spec.dtype);
+  const bool ok = err.within(tol.abs, tol.rel);
+  fmt::print("spec:   {}\ndevice: {}\nerror vs float64 reference: max_abs {:.3e}  rel_l2 {:.3e}  "
+             "nonfinite {}  (tolerance {}: abs {:.0e}, rel {:.0e}) -> {}\n",
+             spec.summary(), device, err.max_abs, err.rel_l2, err.nonfinite, dtype_name(spec.dtype),
+             tol.abs, tol.rel, ok ? "PASS" : "FAIL");
+  if (a.has("--save-dir")) {
+    if (Status s = save_tensors(a.get("--save-dir"), spec, t); !s)
+      return fail(s);
+    fmt::print("saved q.npy k.npy v.npy out.npy{} to {}\n", spec.lse ? " lse.npy" : "", a.get("--save-dir"));
+  }
+  return ok ? 0 : 2;
+}
+
+std::vector<cli::Command> commands() {
+  return {
+      {"emit", "Build the tile-IR program for an attention spec; print it and/or the HIP source for an arch.",
+       "[--arch ARCH] [spec flags] [-o k.hip] [--print-ir]",
+       with_spec({{"--arch", "ARCH", "target, e.g. gfx1201 or gfx1200:xnack- (see the supported list in errors)", ""},
+                  {"-o", "FILE", "write the HIP source to FILE instead of stdout", ""},
+                  {"--print-ir", "", "print the tile IR", ""}}),
+       cmd_emit},
+      {"compile", "Generate the HIP for an arch and compile it in-process with LLVM 22 into an AMDGPU code object.",
+       "--arch ARCH [spec flags] [-o k.co] [--isa] [--resources] [--json]",
+       with_spec({{"--arch", "ARCH", "target, e.g. gfx1201", ""},
+                  {"-o", "FILE", "write the code object (ELF) to FILE", ""},
+                  {"--isa", "", "print the disassembly", ""},
+                  {"--resources", "", "print the resource report (default when nothing else is asked)", ""},
+                  {"--json", "", "print the resource report as JSON", ""}}),
+       cmd_compile},
+      {"run",
+       "Run the kernel for a spec on random (or loaded) inputs, compare with the float64 "
+       "reference and print the error; exits 2 past the dtype's tolerance.",
+       "--device interpreter [spec flags] [--seed N] [--save-dir DIR] [--load-dir DIR]",
+       with_spec({{"--device", "NAME", "where to run: interpreter (the IR's own semantics on the CPU)", "interpreter"},
+                  {"--arch", "ARCH", "target whose default config to use", ""},
+                  {"--seed", "N", "seed of the random inputs", "0"},
+                  {"--save-dir", "DIR", "write q/k/v/out(/lse).npy in the spec's layout (bf16 widened to f32)", ""},
+                  {"--load-dir", "DIR", "read q/k/v.npy from DIR instead of random inputs", ""}}),
+       cmd_run},
+  };
+}
+
+void print_main_help(const std::vector<cli::Command> &cmds) {
+  fmt::print("flashjit: a JIT FlashAttention kernel generator for AMD (and NVIDIA) GPUs\n\n"
+             "usage: flashjit <command> [options]\n\ncommands:\n");
+  for (const auto &c : cmds)
+    fmt::print("  {:<10} {}\n", c.name, c.summary);
+  fmt::print("\nflashjit <command> --help shows a command's options.\n");
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  const auto cmds = commands();
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+    print_main_help(cmds);
+    return argc < 2 ? 1 : 0;
+  }
+  for (const auto &c : cmds) {
+    if (c.name != argv[1])
+      continue;
+    auto args = cli::parse_args(c, std::vector<std::string>(argv + 2, argv + argc));
+    if (!args)
+      return fail(args.status());
+    if (args->has("--help")) {
+      fmt::print("{}", c.help_text());
+      return 0;
+    }
+    return c.run(*args);
+  }
+  print_main_help(cmds);
+  return fail(Status::error("unknown command '{}'", argv[1]));
+}

@@ -1,0 +1,95 @@
+#include "tools/spec_flags.h"
+
+namespace flashjit::cli {
+
+std::vector<FlagSpec> spec_flags() {
+  return {
+      {"--batch", "N", "batch size", "1"},
+      {"--heads", "N", "query heads", "1"},
+      {"--kv-heads", "N", "key/value heads (heads must be a multiple: GQA/MQA)", "same as --heads"},
+      {"--seqlen-q", "N", "query sequence length", "128"},
+      {"--seqlen-k", "N", "key/value sequence length", "same as --seqlen-q"},
+      {"--head-dim", "N", "head dim of Q and K (1..512)", "64"},
+      {"--head-dim-v", "N", "head dim of V and O (1..512)", "same as --head-dim"},
+      {"--dtype", "bf16|f16", "element type of Q, K, V and O (f32 accumulation)", "bf16"},
+      {"--layout", "bshd|bhsd|interleaved", "memory layout of Q/K/V/O", "bshd"},
+      {"--causal", "", "causal mask, bottom-right aligned when seqlen-q != seqlen-k", ""},
+      {"--window", "L,R", "sliding window: keys in [i-L, i+R] around the diagonal; -1 = unbounded", "-1,-1"},
+      {"--scale", "X", "softmax scale", "1/sqrt(head-dim)"},
+      {"--lse", "", "also write the log-sum-exp per query row", ""},
+  };
+}
+
+std::vector<FlagSpec> config_flags() {
+  return {
+      {"--block-m", "N", "query rows per workgroup", "the target's choice, 64"},
+      {"--block-n", "N", "keys per KV block", "the target's choice by head dim"},
+      {"--waves", "N", "waves per workgroup", "4"},
+  };
+}
+
+Expected<AttentionSpec> spec_from(const Args &a) {
+  AttentionSpec s;
+  auto geti = [&](const char *flag, int64_t fallback, int64_t &out) -> Status {
+    auto v = a.get_int(flag, fallback);
+    if (!v)
+      return v.status();
+    out = *v;
+    return Status::ok();
+  };
+  FJ_RETURN_IF_ERROR(geti("--batch", 1, s.batch));
+  FJ_RETURN_IF_ERROR(geti("--heads", 1, s.heads));
+  FJ_RETURN_IF_ERROR(geti("--kv-heads", s.heads, s.kv_heads));
+  FJ_RETURN_IF_ERROR(geti("--seqlen-q", 128, s.seqlen_q));
+  FJ_RETURN_IF_ERROR(geti("--seqlen-k", s.seqlen_q, s.seqlen_k));
+  FJ_RETURN_IF_ERROR(geti("--head-dim", 64, s.head_dim_qk));
+  FJ_RETURN_IF_ERROR(geti("--head-dim-v", s.head_dim_qk, s.head_dim_v));
+  auto dt = parse_dtype(a.get("--dtype", "bf16"));
+  if (!dt)
+    return dt.status().with_context("--dtype");
+  s.dtype = *dt;
+  auto layout = parse_layout(a.get("--layout", "bshd"));
+  if (!layout)
+    return layout.status().with_context("--layout");
+  s.causal = a.has("--causal");
+  s.lse = a.has("--lse");
+  auto scale = a.get_double("--scale", 0.0);
+  if (!scale)
+    return scale.status();
+  s.scale = *scale;
+  if (a.has("--scale") && s.scale == 0)
+    return Status::error("--scale 0 would make every score 0: give a positive scale or leave it out");
+  if (a.has("--window")) {
+    const std::string w = a.get("--window");
+    const size_t comma = w.find(',');
+    Args tmp;
+    tmp.values_ = {{"--window left", w.substr(0, comma)},
+                   {"--window right", comma == std::string::npos ? "" : w.substr(comma + 1)}};
+    auto l = tmp.get_int("--window left", 0), r = tmp.get_int("--window right", 0);
+    if (comma == std::string::npos || !l || !r)
+      return Status::error("--window expects L,R (two integers, -1 = unbounded), got '{}'", w);
+    s.window = Window{*l, *r};
+  }
+  s.set_layout(*layout);
+  FJ_RETURN_IF_ERROR(s.validate());
+  return s;
+}
+
+Expected<ir::Config> config_from(const Args &a, ir::Config base) {
+  ir::Config c = base;
+  auto bm = a.get_int("--block-m", c.block_m), bn = a.get_int("--block-n", c.block_n),
+       w = a.get_int("--waves", c.waves);
+  if (!bm)
+    return bm.status();
+  if (!bn)
+    return bn.status();
+  if (!w)
+    return w.status();
+  c.block_m = *bm;
+  c.block_n = *bn;
+  c.waves = *w;
+  FJ_RETURN_IF_ERROR(ir::validate(c));
+  return c;
+}
+
+} // namespace flashjit::cli
