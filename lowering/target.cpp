@@ -29,6 +29,8 @@ namespace {
 //            kernel-resource-usage remark gives the occupancies that
 //            target_test.cpp checks; "gfx1201:xnack-" and "gfx1100:sramecc+" are
 //            rejected as invalid target IDs, the gfx9 ones accept both features.
+//            flashjit accepts "feature-" on a chip without the feature (it is
+//            true) and drops it from the compiler's target ID.
 
 constexpr int kMaxWorkgroupSize = 1024; // [BaseInfo] getMaxFlatWorkGroupSize
 
@@ -169,10 +171,16 @@ Expected<Target> parse_target(std::string_view target_id) {
                            "'+' or '-'",
                            name, target_id, join(known));
     }
-    if (!(row->*feature->supported))
-      return Status::error("{} has no '{}' target feature, so '{}' is not a valid target ID "
-                           "(clang rejects it too); use '{}'",
-                           arch, name, target_id, arch);
+    if (!(row->*feature->supported)) {
+      // "xnack-" on a chip without XNACK states what is true anyway: accept it,
+      // but keep it out of the target ID handed to the compiler (clang rejects
+      // "gfx1201:xnack-"). Asking for the feature is an error.
+      if (part.back() == '-')
+        continue;
+      return Status::error("{} has no '{}' target feature, so '{}' cannot be honoured; use '{}' "
+                           "(or '{}:{}-')",
+                           arch, name, target_id, arch, arch, name);
+    }
     std::optional<bool> &value = t.*feature->value;
     if (value.has_value())
       return Status::error("target feature '{}' given twice in '{}'", name, target_id);

@@ -20,5 +20,5 @@ if ((${#missing[@]})); then
 fi
 
 jobs=$(nproc)
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo ${FLASHJIT_CMAKE_ARGS:-} >/dev/null
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLASHJIT_WITH_LLVM=ON ${FLASHJIT_CMAKE_ARGS:-} >/dev/null
 ninja -C build -j"$jobs" "$@"
