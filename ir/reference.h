@@ -31,14 +31,15 @@ struct ReferenceResult {
 ReferenceResult reference_attention(const AttentionSpec &spec, const HostTensors &in);
 
 struct ErrorStats {
-  double max_abs = 0;   // max |out - ref| over O (and LSE where finite)
-  double rel_l2 = 0;    // ||out - ref||_2 / ||ref||_2 over O
+  double max_abs = 0;    // max |out - ref| over O (and LSE where finite)
+  double rel_l2 = 0;     // ||out - ref||_2 / ||ref||_2 over O
   int64_t nonfinite = 0; // NaN/inf in O or a mismatch of LSE's -inf
   bool within(double tol_abs, double tol_rel) const {
     return nonfinite == 0 && max_abs <= tol_abs && rel_l2 <= tol_rel;
   }
 };
-ErrorStats compare(const AttentionSpec &spec, const HostTensors &result, const ReferenceResult &ref);
+ErrorStats compare(const AttentionSpec &spec, const HostTensors &result,
+                   const ReferenceResult &ref);
 
 /// The tolerances stated for a dtype: bf16 (8 bits of mantissa) is looser than f16.
 struct Tolerance {

@@ -37,12 +37,12 @@ struct AttentionSpec {
   int64_t seqlen_k = 1;
   int64_t head_dim_qk = 64;
   int64_t head_dim_v = 64;
-  DType dtype = DType::bf16; // of Q, K, V and O; accumulation is f32
-  double scale = 0;          // softmax scale; 0 means 1/sqrt(head_dim_qk)
-  bool causal = false;       // bottom-right aligned when seqlen_q != seqlen_k
-  Window window;             // sliding window around the (bottom-right) diagonal
-  bool lse = false;          // also write LSE, f32 [batch, heads, seqlen_q]
-  Strides q, k, v, o;        // element strides of each tensor
+  DType dtype = DType::bf16;    // of Q, K, V and O; accumulation is f32
+  double scale = 0;             // softmax scale; 0 means 1/sqrt(head_dim_qk)
+  bool causal = false;          // bottom-right aligned when seqlen_q != seqlen_k
+  Window window;                // sliding window around the (bottom-right) diagonal
+  bool lse = false;             // also write LSE, f32 [batch, heads, seqlen_q]
+  Strides q, k, v, o;           // element strides of each tensor
   Layout layout = Layout::bshd; // the named layout the strides came from (for .npy files)
 
   bool operator==(const AttentionSpec &) const = default;

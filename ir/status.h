@@ -16,8 +16,7 @@ class [[nodiscard]] Status {
 public:
   Status() = default;
   static Status ok() { return Status(); }
-  template <typename... Args>
-  static Status error(fmt::format_string<Args...> f, Args &&...args) {
+  template <typename... Args> static Status error(fmt::format_string<Args...> f, Args &&...args) {
     Status s;
     s.message_ = fmt::format(f, std::forward<Args>(args)...);
     s.failed_ = true;

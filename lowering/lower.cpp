@@ -27,6 +27,7 @@
 #include "templates/templates.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <map>
 #include <set>
@@ -97,20 +98,27 @@ class KernelEmitter {
 public:
   KernelEmitter(const ir::Program &p, const Target &t, const Rules &r, const MatrixInstr &mi,
                 std::vector<int> share_masks)
-      : p_(p), target_(t), rules_(r), mi_(mi), share_masks_(std::move(share_masks)) {}
+      : p_(p), target_(t), rules_(r), mi_(mi), share_masks_(std::move(share_masks)),
+        printed_(ir::value_names(p)) {}
 
   Expected<Lowered> run();
 
 private:
   // ---- value naming and shapes ----
+  // The C identifier of a value: its printed IR name (`%6` -> t6, `%m` -> m), so
+  // the comments in the HIP match `flashjit emit --print-ir`.
   std::string name(ValueId v) const {
-    const std::string &n = p_.values[v].name;
-    return n.empty() ? fmt::format("t{}", v) : n;
+    const std::string &n = printed_[v];
+    return std::isdigit(static_cast<unsigned char>(n[0])) ? "t" + n : n;
   }
   const Type &type(ValueId v) const { return p_.type_of(v); }
   int tiles(int64_t extent) const { return int(extent / kFrag); }
-  static std::string seq_const(const ir::TensorParam &t) { return t.name == "Q" || t.name == "O" || t.name == "LSE" ? "kSeqQ" : "kSeqK"; }
-  static std::string dim_const(const ir::TensorParam &t) { return t.name == "Q" || t.name == "K" ? "kDimQK" : "kDimV"; }
+  static std::string seq_const(const ir::TensorParam &t) {
+    return t.name == "Q" || t.name == "O" || t.name == "LSE" ? "kSeqQ" : "kSeqK";
+  }
+  static std::string dim_const(const ir::TensorParam &t) {
+    return t.name == "Q" || t.name == "K" ? "kDimQK" : "kDimV";
+  }
 
   Status declare_params();
   // Adds a named constant once (the loop body is emitted twice, see emit_for).
@@ -140,12 +148,13 @@ private:
   const Rules &rules_;
   const MatrixInstr &mi_;
   std::vector<int> share_masks_;
+  std::vector<std::string> printed_;
   HipWriter w_;
   int64_t block_m_ = 0, block_n_ = 0, q_tiles_ = 0, waves_ = 0;
   int lds_bytes_ = 0;
   int scale_constants_ = 0;
-  std::map<ValueId, std::string> lds_of_;       // #mma_b tiles live in LDS
-  std::map<std::string, std::string> lds_role_; // buffer -> "rows" | "transposed"
+  std::map<ValueId, std::string> lds_of_;          // #mma_b tiles live in LDS
+  std::map<std::string, std::string> lds_role_;    // buffer -> "rows" | "transposed"
   std::map<std::string, std::string> lds_strides_; // buffer -> its stride constant
   std::set<std::string> read_since_barrier_;
   std::map<ValueId, const Op *> def_of_;
@@ -255,8 +264,10 @@ void KernelEmitter::emit_constants() {
   c(fmt::format("constexpr int kGroup = {};", p_.group), "query heads per KV head (GQA/MQA)");
   c(fmt::format("constexpr bool kCausal = {};", mask_.int_attr("causal") ? "true" : "false"),
     "bottom-right aligned when seqlen_q != seqlen_k");
-  c(fmt::format("constexpr int kWindowLeft = {};", mask_.int_attr("window_left", -1)), "-1: unbounded");
-  c(fmt::format("constexpr int kWindowRight = {};", mask_.int_attr("window_right", -1)), "-1: unbounded");
+  c(fmt::format("constexpr int kWindowLeft = {};", mask_.int_attr("window_left", -1)),
+    "-1: unbounded");
+  c(fmt::format("constexpr int kWindowRight = {};", mask_.int_attr("window_right", -1)),
+    "-1: unbounded");
   c(fmt::format("constexpr bool kVecLoads = {};", vec_ok_ ? "true" : "false"),
     "rows are 16-byte aligned runs: 128-bit global loads and stores");
   for (const ir::TensorParam &t : p_.tensors)
@@ -318,8 +329,10 @@ Expected<Lowered> KernelEmitter::run() {
   HipWriter kernel;
   std::swap(w_, kernel);
   w_.line("// ---- the element type ({}) ----", dtype_name(q.dtype));
-  w_.line("FJ_DEVICE float fj_to_f32(fj_bits x) {{ return fj_{}_to_f32(x); }}", dtype_name(q.dtype));
-  w_.line("FJ_DEVICE fj_bits fj_from_f32(float x) {{ return fj_f32_to_{}(x); }}", dtype_name(q.dtype));
+  w_.line("FJ_DEVICE float fj_to_f32(fj_bits x) {{ return fj_{}_to_f32(x); }}",
+          dtype_name(q.dtype));
+  w_.line("FJ_DEVICE fj_bits fj_from_f32(float x) {{ return fj_f32_to_{}(x); }}",
+          dtype_name(q.dtype));
   w_.blank();
   w_.line("// ---- the spec and config, as named constants ----");
   for (const auto &[decl, comment] : constants_)
@@ -330,7 +343,8 @@ Expected<Lowered> KernelEmitter::run() {
   const char *out_t = "fj_bits *__restrict__";
   const char *in_t = "const fj_bits *__restrict__";
   w_.line("FJ_GLOBAL FJ_WORKGROUP_SIZE({})", waves_ * target_.wave_size);
-  w_.line("void {}({} Q, {} K, {} V, {} O, float *__restrict__ LSE)", p_.name, in_t, in_t, in_t, out_t);
+  w_.line("void {}({} Q, {} K, {} V, {} O, float *__restrict__ LSE)", p_.name, in_t, in_t, in_t,
+          out_t);
   w_.open("{{");
   for (const std::string &decl : lds_decls_)
     w_.line("{}", decl);
@@ -388,11 +402,17 @@ Status KernelEmitter::emit_op(const Op &op) {
   if (op.kind != OpKind::For && op.kind != OpKind::Yield) {
     std::string res;
     for (ValueId r : op.results)
-      res += (res.empty() ? "%" : ", %") + name(r);
+      res += (res.empty() ? "%" : ", %") + printed_[r];
     std::string args;
     for (ValueId a : op.operands)
-      args += (args.empty() ? "%" : ", %") + name(a);
-    w_.line("// IR: {}{} {}", res.empty() ? "" : res + " = ", what, args);
+      args += (args.empty() ? "%" : ", %") + printed_[a];
+    for (const auto &[key, attr] : op.attrs)
+      if (key == "value" || key == "tensor")
+        args += fmt::format("{}{{{} = {}}}", args.empty() ? "" : " ", key,
+                            std::holds_alternative<ir::Symbol>(attr)
+                                ? "@" + std::get<ir::Symbol>(attr).name
+                                : fmt::format("{}", std::get<double>(attr)));
+    w_.line("// IR: {}{}{}{}", res.empty() ? "" : res + " = ", what, args.empty() ? "" : " ", args);
   }
   auto elementwise = [&](const std::string &expr_fmt) -> Status {
     // expr_fmt uses {0} for operand 0's element and {1} for operand 1's.
@@ -441,7 +461,7 @@ Status KernelEmitter::emit_op(const Op &op) {
     w_.line("#pragma unroll");
     w_.open("for (int k = 0; k < {}; ++k) {{", kt);
     w_.line("const fj_bits8 a = fj_lds_load8(&{}[(c * 16 + col) * {} + k * 16 + 8 * half]);",
-            it->second, type(op.operands[1]).cols + kLdsPad);
+            it->second, lds_strides_.at(it->second));
     w_.line("acc = fj_mma(a, {}[qt][k], acc);", name(op.operands[0]));
     w_.close();
     w_.line("{}[qt][c] = acc;", name(op.results[0]));
@@ -466,7 +486,7 @@ Status KernelEmitter::emit_op(const Op &op) {
     w_.line("#pragma unroll");
     w_.open("for (int k = 0; k < {}; ++k) {{", kt);
     w_.line("const fj_bits8 a = fj_lds_load8(&{}[(c * 16 + col) * {} + k * 16 + 8 * half]);",
-            it->second, type(op.operands[1]).rows + kLdsPad);
+            it->second, lds_strides_.at(it->second));
     w_.line("acc = fj_mma(a, {}[qt][k], acc);", name(op.operands[0]));
     w_.close();
     w_.line("{}[qt][c] = acc;", name(op.results[0]));
@@ -477,9 +497,8 @@ Status KernelEmitter::emit_op(const Op &op) {
   }
   case OpKind::Scale: {
     const std::string k = fmt::format("kScale{}", scale_constants_++);
-    add_constant(
-        fmt::format("constexpr float {} = {};", k, float_literal(op.float_attr("factor"))),
-        fmt::format("factor of IR op `scale` (%{})", name(op.results[0])));
+    add_constant(fmt::format("constexpr float {} = {};", k, float_literal(op.float_attr("factor"))),
+                 fmt::format("factor of IR op `scale` (%{})", name(op.results[0])));
     return elementwise("{0} * " + k);
   }
   case OpKind::Mask: {
@@ -539,7 +558,7 @@ Status KernelEmitter::emit_op(const Op &op) {
   case OpKind::MulRow:
     return elementwise("{0} * {1}");
   case OpKind::DivRow:
-    return elementwise("{1} == 0.0f ? 0.0f : {0} / {1}");
+    return elementwise("{1} == 0.0f ? 0.0f : {0} * fj_rcp({1})");
   case OpKind::Convert: {
     const Type &t = type(op.results[0]);
     if (t.dtype == DType::f32 || type(op.operands[0]).dtype != DType::f32)
@@ -588,12 +607,12 @@ Status KernelEmitter::emit_load(const Op &op) {
     w_.line("const fj_bits *src = {}_base + long(row) * k{}Stride[2];", name(op.results[0]),
             t.name);
     w_.line("fj_bits8 frag = {{0, 0, 0, 0, 0, 0, 0, 0}};");
-    w_.open("if (row < {}) {{", t.seq);
-    w_.line("if (kVecLoads && d0 + 8 <= {})", t.dim);
+    w_.open("if (row < {}) {{", seq_const(t));
+    w_.line("if (kVecLoads && d0 + 8 <= {})", dim_const(t));
     w_.line("  frag = fj_global_load8(src + d0);");
     w_.line("else");
     w_.line("  for (int e = 0; e < 8; ++e)");
-    w_.line("    if (d0 + e < {}) frag[e] = fj_global_load1(src + long(d0 + e){});", t.dim,
+    w_.line("    if (d0 + e < {}) frag[e] = fj_global_load1(src + long(d0 + e){});", dim_const(t),
             dim_stride);
     w_.close();
     w_.line("{}[qt][c] = frag;", name(op.results[0]));
@@ -622,9 +641,10 @@ Status KernelEmitter::emit_load(const Op &op) {
   const std::string stride_name = fmt::format("kLds{}Stride", t.name + (transposed ? "t" : ""));
   if (!lds_role_.count(buf)) {
     lds_role_[buf] = transposed ? "transposed" : "rows";
-    constants_.emplace_back(fmt::format("constexpr int {} = {};", stride_name, stride),
-                            fmt::format("LDS row stride of the {} tile (elements, padded by {} against bank conflicts)",
-                                        t.name, kLdsPad));
+    constants_.emplace_back(
+        fmt::format("constexpr int {} = {};", stride_name, stride),
+        fmt::format("LDS row stride of the {} tile (elements, padded by {} against bank conflicts)",
+                    t.name, kLdsPad));
     lds_strides_[buf] = stride_name;
     lds_bytes_ += int(elems * 2);
     lds_decls_.push_back(
@@ -633,18 +653,19 @@ Status KernelEmitter::emit_load(const Op &op) {
   }
   barrier_if_read(buf);
   w_.line("const fj_bits *{}_src = {};", name(op.results[0]), base);
-  w_.line("// {} rows x {} chunks of 8 elements, one 128-bit load each where aligned", rows, cols / 8);
+  w_.line("// {} rows x {} chunks of 8 elements, one 128-bit load each where aligned", rows,
+          cols / 8);
   w_.open("for (int i = fj_thread_id(); i < {} * {}; i += kThreads) {{", rows, cols / 8);
   w_.line("const int r = i / {}, d0 = (i % {}) * 8;", cols / 8, cols / 8);
   w_.line("const int row = {} * {} + r;", idx, rows == block_n_ ? "kBlockN" : std::to_string(rows));
   w_.line("const fj_bits *src = {}_src + long(row) * k{}Stride[2];", name(op.results[0]), t.name);
   w_.line("fj_bits8 chunk = {{0, 0, 0, 0, 0, 0, 0, 0}};");
-  w_.open("if (row < {}) {{", t.seq);
-  w_.line("if (kVecLoads && d0 + 8 <= {})", t.dim);
+  w_.open("if (row < {}) {{", seq_const(t));
+  w_.line("if (kVecLoads && d0 + 8 <= {})", dim_const(t));
   w_.line("  chunk = fj_global_load8(src + d0);");
   w_.line("else");
   w_.line("  for (int e = 0; e < 8; ++e)");
-  w_.line("    if (d0 + e < {}) chunk[e] = fj_global_load1(src + long(d0 + e){});", t.dim,
+  w_.line("    if (d0 + e < {}) chunk[e] = fj_global_load1(src + long(d0 + e){});", dim_const(t),
           dim_stride);
   w_.close();
   if (transposed) {
@@ -675,7 +696,7 @@ Status KernelEmitter::emit_store(const Op &op) {
     w_.line("const int row = query_row(qt);");
     w_.line(
         "if (half == 0 && row < {}) fj_global_store_f32({} + long(row) * k{}Stride[2], {}[qt]);",
-        t.seq, base, t.name, v);
+        seq_const(t), base, t.name, v);
     w_.close();
     return Status::ok();
   }
@@ -693,12 +714,12 @@ Status KernelEmitter::emit_store(const Op &op) {
   w_.line("#pragma unroll");
   w_.open("for (int c = 0; c < {}; ++c) {{", tiles(ty.cols));
   w_.line("const int d0 = c * 16 + 8 * half;");
-  w_.line("if (kVecLoads && d0 + 8 <= {})", t.dim);
+  w_.line("if (kVecLoads && d0 + 8 <= {})", dim_const(t));
   w_.line("  fj_global_store8(dst + d0, {}[qt][c]);", v);
   w_.line("else");
   w_.line("  for (int e = 0; e < 8; ++e)");
-  w_.line("    if (d0 + e < {}) fj_global_store1(dst + long(d0 + e){}, {}[qt][c][e]);", t.dim,
-          dim_stride, v);
+  w_.line("    if (d0 + e < {}) fj_global_store1(dst + long(d0 + e){}, {}[qt][c][e]);",
+          dim_const(t), dim_stride, v);
   w_.close();
   w_.close();
   return Status::ok();

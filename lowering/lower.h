@@ -12,7 +12,7 @@
 namespace flashjit::lowering {
 
 struct Lowered {
-  std::string source;      // the HIP text; same program + target -> byte-identical text
+  std::string source; // the HIP text; same program + target -> byte-identical text
   /// The source minus the target prelude and the fj_mma wrapper: the emulator
   /// runs this same text under its CPU prelude.
   std::string kernel_text;

@@ -10,7 +10,9 @@ namespace flashjit::npy {
 
 namespace {
 
-int descr_bytes(const std::string &d) { return d == "<f2" ? 2 : d == "<f4" ? 4 : d == "<f8" ? 8 : 0; }
+int descr_bytes(const std::string &d) {
+  return d == "<f2" ? 2 : d == "<f4" ? 4 : d == "<f8" ? 8 : 0;
+}
 
 // Visits every logical element (b, h, s, d) in the dense order of `layout`.
 template <typename F>
@@ -67,7 +69,8 @@ Status scatter(const Array &a, std::vector<float> &buf, const Strides &st, Layou
       got += fmt::format("{},", x);
     for (int64_t x : tensor_shape(layout, B, H, S, D))
       want += fmt::format("{},", x);
-    return Status::error("{} has shape ({}) but the spec ({} layout) needs ({})", what, got, layout_name(layout), want);
+    return Status::error("{} has shape ({}) but the spec ({} layout) needs ({})", what, got,
+                         layout_name(layout), want);
   }
   Status bad = Status::ok();
   for_each_dense(layout, B, H, S, D, [&](int64_t i, int64_t b, int64_t h, int64_t s, int64_t d) {
@@ -92,8 +95,8 @@ Status write(const std::string &path, const Array &a) {
     shape.resize(shape.size() - 2);
   else if (a.shape.size() == 1)
     shape.resize(shape.size() - 1); // "(n,)"
-  std::string header = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': ({}), }}",
-                                   a.descr, shape);
+  std::string header =
+      fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': ({}), }}", a.descr, shape);
   const size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');
   header += '\n';
@@ -158,7 +161,8 @@ Expected<Array> read(const std::string &path) {
                          "or float64 ('<f8'), little-endian",
                          path, a.descr);
   if (field("fortran_order").find("True") < field("fortran_order").find(','))
-    return Status::error("{}: Fortran-order arrays are not supported: save with np.ascontiguousarray", path);
+    return Status::error(
+        "{}: Fortran-order arrays are not supported: save with np.ascontiguousarray", path);
   std::string shape = field("shape");
   size_t open = shape.find('('), close = shape.find(')');
   if (open == std::string::npos || close == std::string::npos)
@@ -176,7 +180,8 @@ Expected<Array> read(const std::string &path) {
   std::vector<char> raw(count * bytes);
   in.read(raw.data(), raw.size());
   if (in.gcount() != std::streamsize(raw.size()))
-    return Status::error("{}: truncated: expected {} bytes of data, found {}", path, raw.size(), in.gcount());
+    return Status::error("{}: truncated: expected {} bytes of data, found {}", path, raw.size(),
+                         in.gcount());
   a.values.resize(count);
   for (int64_t i = 0; i < count; ++i) {
     const char *p = raw.data() + i * bytes;

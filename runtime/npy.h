@@ -14,7 +14,7 @@ namespace flashjit::npy {
 
 struct Array {
   std::vector<int64_t> shape;
-  std::string descr; // '<f2', '<f4' or '<f8'
+  std::string descr;          // '<f2', '<f4' or '<f8'
   std::vector<double> values; // C order
 };
 

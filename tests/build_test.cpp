@@ -14,7 +14,8 @@ std::vector<AttentionSpec> specs() {
     for (DType t : {DType::bf16, DType::f16})
       for (int64_t d : {1, 40, 80, 100, 128, 200, 256, 512})
         for (bool causal : {false, true}) {
-          AttentionSpec s = make_spec(2, 8, causal ? 2 : 8, 113, 203, d, d == 512 ? 64 : d, t, layout);
+          AttentionSpec s =
+              make_spec(2, 8, causal ? 2 : 8, 113, 203, d, d == 512 ? 64 : d, t, layout);
           s.causal = causal;
           s.lse = causal;
           if (!causal)
@@ -27,7 +28,8 @@ std::vector<AttentionSpec> specs() {
 TEST(BuildAttention, EveryProgramVerifiesAndRoundTrips) {
   int n = 0;
   for (const AttentionSpec &spec : specs())
-    for (ir::Config c : {ir::Config{}, ir::Config{32, 16, 2, 1, false, 16}, ir::Config{128, 64, 8, 2, false, 32}}) {
+    for (ir::Config c : {ir::Config{}, ir::Config{32, 16, 2, 1, false, 16},
+                         ir::Config{128, 64, 8, 2, false, 32}}) {
       auto p = ir::build_attention(spec, c);
       ASSERT_TRUE(p) << spec.summary() << ": " << p.status().message();
       ASSERT_TRUE(ir::verify(*p)) << ir::verify(*p).message();

@@ -23,8 +23,8 @@ struct Case {
 };
 
 std::string name_of(const Case &c) {
-  return fmt::format("b{}_h{}x{}_s{}x{}_d{}x{}_{}_{}{}{}{}", c.b, c.hq, c.hkv, c.sq, c.sk, c.dqk, c.dv,
-                     dtype_name(c.dtype), layout_name(c.layout), c.causal ? "_causal" : "",
+  return fmt::format("b{}_h{}x{}_s{}x{}_d{}x{}_{}_{}{}{}{}", c.b, c.hq, c.hkv, c.sq, c.sk, c.dqk,
+                     c.dv, dtype_name(c.dtype), layout_name(c.layout), c.causal ? "_causal" : "",
                      c.window.left >= 0 || c.window.right >= 0
                          ? fmt::format("_w{}_{}", c.window.left, c.window.right)
                          : "",
@@ -125,9 +125,9 @@ TEST(KvBlockRange, MatchesBruteForce) {
                     for (int64_t j = kb * bn; j < std::min(sk, kb * bn + bn); ++j)
                       any = any || ir::visible(i, j, sq, sk, causal, w);
                   const bool in_range = kb >= r.begin && kb < r.end;
-                  ASSERT_EQ(any, in_range)
-                      << "sq " << sq << " sk " << sk << " causal " << causal << " window " << w.left
-                      << "," << w.right << " bm " << bm << " bn " << bn << " qb " << qb << " kb " << kb;
+                  ASSERT_EQ(any, in_range) << "sq " << sq << " sk " << sk << " causal " << causal
+                                           << " window " << w.left << "," << w.right << " bm " << bm
+                                           << " bn " << bn << " qb " << qb << " kb " << kb;
                 }
               }
         }

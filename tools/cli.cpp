@@ -64,7 +64,8 @@ Expected<Args> parse_args(const Command &c, const std::vector<std::string> &argv
       if (f.name == a)
         spec = &f;
     if (!spec)
-      return Status::error("flashjit {}: unknown option '{}' (see flashjit {} --help)", c.name, a, c.name);
+      return Status::error("flashjit {}: unknown option '{}' (see flashjit {} --help)", c.name, a,
+                           c.name);
     if (spec->value.empty()) {
       if (inline_value)
         return Status::error("flashjit {}: {} takes no value", c.name, a);

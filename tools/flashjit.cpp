@@ -1,9 +1,9 @@
 // The flashjit command line: emit, run (and, as the backends land, compile, archs).
 #include "compiler/code_object.h"
 #include "ir/build.h"
-#include "lowering/lower.h"
 #include "ir/interpreter.h"
 #include "ir/reference.h"
+#include "lowering/lower.h"
 #include "runtime/npy.h"
 #include "tools/cli.h"
 #include "tools/spec_flags.h"
@@ -13,10 +13,10 @@
 
 #include <cstdio>
 #include <cstring>
-#include <optional>
-#include <fstream>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <optional>
 
 namespace fs = std::filesystem;
 using namespace flashjit;
@@ -56,7 +56,8 @@ Expected<Job> job_from(const cli::Args &a) {
       return t.status();
     job.target = *t;
   }
-  const ir::Config base = job.target ? lowering::default_config(job.spec, *job.target) : ir::Config{};
+  const ir::Config base =
+      job.target ? lowering::default_config(job.spec, *job.target) : ir::Config{};
   auto c = cli::config_from(a, base);
   if (!c)
     return c.status();
@@ -99,9 +100,9 @@ int cmd_emit(const cli::Args &a) {
   }
   if (Status s = write_file(a.get("-o"), k->source); !s)
     return fail(s);
-  fmt::print(stderr, "wrote {} ({} for {}, {}; grid {}x{}x{}, {} threads, {} bytes LDS)\n", a.get("-o"),
-             k->kernel_name, job->target->target_id(), job->config.summary(), k->grid[0], k->grid[1],
-             k->grid[2], k->block_threads, k->lds_bytes);
+  fmt::print(stderr, "wrote {} ({} for {}, {}; grid {}x{}x{}, {} threads, {} bytes LDS)\n",
+             a.get("-o"), k->kernel_name, job->target->target_id(), job->config.summary(),
+             k->grid[0], k->grid[1], k->grid[2], k->block_threads, k->lds_bytes);
   return 0;
 }
 
@@ -125,9 +126,12 @@ int cmd_compile(const cli::Args &a) {
   if (!code)
     return fail(code.status());
   if (a.has("-o")) {
-    if (Status s = write_file(a.get("-o"), {reinterpret_cast<const char *>(code->bytes.data()), code->bytes.size()}); !s)
+    if (Status s = write_file(
+            a.get("-o"), {reinterpret_cast<const char *>(code->bytes.data()), code->bytes.size()});
+        !s)
       return fail(s);
-    fmt::print(stderr, "wrote {} ({} bytes, {} for {})\n", a.get("-o"), code->bytes.size(), code->compiler, t.target_id());
+    fmt::print(stderr, "wrote {} ({} bytes, {} for {})\n", a.get("-o"), code->bytes.size(),
+               code->compiler, t.target_id());
   }
   if (a.has("--isa")) {
     auto isa = compiler::disassemble(*code);
@@ -138,7 +142,8 @@ int cmd_compile(const cli::Args &a) {
   if (a.has("--resources") || a.has("--json") || (!a.has("-o") && !a.has("--isa"))) {
     // RDNA's LDS belongs to a workgroup processor (two CUs): twice a workgroup's share.
     const int lds_per_unit = t.wave_size == 32 ? 2 * t.lds_bytes : t.lds_bytes;
-    auto r = compiler::read_resources(*code, t.vgpr_file_per_simd, t.max_waves_per_simd, lds_per_unit);
+    auto r =
+        compiler::read_resources(*code, t.vgpr_file_per_simd, t.max_waves_per_simd, lds_per_unit);
     if (!r)
       return fail(r.status());
     for (const auto &report : *r) {
@@ -150,9 +155,10 @@ int cmd_compile(const cli::Args &a) {
   }
   return 0;
 #else
-  return fail(Status::error("this flashjit was built without LLVM 22, so it cannot compile AMD code "
-                            "in-process: rebuild with -DFLASHJIT_WITH_LLVM=ON (apt-get install "
-                            "llvm-22-dev libclang-22-dev liblld-22-dev)"));
+  return fail(
+      Status::error("this flashjit was built without LLVM 22, so it cannot compile AMD code "
+                    "in-process: rebuild with -DFLASHJIT_WITH_LLVM=ON (apt-get install "
+                    "llvm-22-dev libclang-22-dev liblld-22-dev)"));
 #endif
 }
 
@@ -171,7 +177,8 @@ Status load_inputs(const std::string &dir, const AttentionSpec &s, HostTensors &
     auto arr = npy::read(path);
     if (!arr)
       return arr.status();
-    FJ_RETURN_IF_ERROR(npy::scatter(*arr, *in.buf, *in.st, s.layout, s.dtype, s.batch, in.h, in.n, in.d, path));
+    FJ_RETURN_IF_ERROR(
+        npy::scatter(*arr, *in.buf, *in.st, s.layout, s.dtype, s.batch, in.h, in.n, in.d, path));
   }
   return Status::ok();
 }
@@ -191,8 +198,9 @@ Status save_tensors(const std::string &dir, const AttentionSpec &s, const HostTe
               {"v.npy", &t.v, &s.v, s.kv_heads, s.seqlen_k, s.head_dim_v},
               {"out.npy", &t.o, &s.o, s.heads, s.seqlen_q, s.head_dim_v}};
   for (const Out &o : outs)
-    FJ_RETURN_IF_ERROR(npy::write((fs::path(dir) / o.file).string(),
-                                  npy::gather(*o.buf, *o.st, s.layout, s.dtype, s.batch, o.h, o.n, o.d)));
+    FJ_RETURN_IF_ERROR(
+        npy::write((fs::path(dir) / o.file).string(),
+                   npy::gather(*o.buf, *o.st, s.layout, s.dtype, s.batch, o.h, o.n, o.d)));
   if (s.lse) {
     npy::Array lse{{s.batch, s.heads, s.seqlen_q}, "<f4", {t.lse.begin(), t.lse.end()}};
     FJ_RETURN_IF_ERROR(npy::write((fs::path(dir) / "lse.npy").string(), lse));
@@ -210,14 +218,16 @@ int cmd_run(const cli::Args &a) {
     return fail(p.status());
   const std::string device = a.get("--device", "interpreter");
   if (device != "interpreter")
-    return fail(Status::error("--device {} is not available in this build: use --device interpreter", device));
+    return fail(Status::error(
+        "--device {} is not available in this build: use --device interpreter", device));
   auto seed = a.get_int("--seed", 0);
   if (!seed)
     return fail(seed.status());
   if (a.has("--save-dir") && a.has("--load-dir") &&
       fs::equivalent(a.get("--save-dir"), a.get("--load-dir")))
-    return fail(Status::error("--save-dir and --load-dir name the same folder: saving would overwrite "
-                              "your inputs; choose another --save-dir"));
+    return fail(
+        Status::error("--save-dir and --load-dir name the same folder: saving would overwrite "
+                      "your inputs; choose another --save-dir"));
   HostTensors t = make_random_inputs(spec, uint64_t(*seed));
   if (a.has("--load-dir"))
     if (Status s = load_inputs(a.get("--load-dir"), spec, t); !s)
@@ -235,35 +245,44 @@ int cmd_run(const cli::Args &a) {
   if (a.has("--save-dir")) {
     if (Status s = save_tensors(a.get("--save-dir"), spec, t); !s)
       return fail(s);
-    fmt::print("saved q.npy k.npy v.npy out.npy{} to {}\n", spec.lse ? " lse.npy" : "", a.get("--save-dir"));
+    fmt::print("saved q.npy k.npy v.npy out.npy{} to {}\n", spec.lse ? " lse.npy" : "",
+               a.get("--save-dir"));
   }
   return ok ? 0 : 2;
 }
 
 std::vector<cli::Command> commands() {
   return {
-      {"emit", "Build the tile-IR program for an attention spec; print it and/or the HIP source for an arch.",
+      {"emit",
+       "Build the tile-IR program for an attention spec; print it and/or the HIP source for an "
+       "arch.",
        "[--arch ARCH] [spec flags] [-o k.hip] [--print-ir]",
-       with_spec({{"--arch", "ARCH", "target, e.g. gfx1201 or gfx1200:xnack- (see the supported list in errors)", ""},
+       with_spec({{"--arch", "ARCH",
+                   "target, e.g. gfx1201 or gfx1200:xnack- (see the supported list in errors)", ""},
                   {"-o", "FILE", "write the HIP source to FILE instead of stdout", ""},
                   {"--print-ir", "", "print the tile IR", ""}}),
        cmd_emit},
-      {"compile", "Generate the HIP for an arch and compile it in-process with LLVM 22 into an AMDGPU code object.",
+      {"compile",
+       "Generate the HIP for an arch and compile it in-process with LLVM 22 into an AMDGPU code "
+       "object.",
        "--arch ARCH [spec flags] [-o k.co] [--isa] [--resources] [--json]",
        with_spec({{"--arch", "ARCH", "target, e.g. gfx1201", ""},
                   {"-o", "FILE", "write the code object (ELF) to FILE", ""},
                   {"--isa", "", "print the disassembly", ""},
-                  {"--resources", "", "print the resource report (default when nothing else is asked)", ""},
+                  {"--resources", "",
+                   "print the resource report (default when nothing else is asked)", ""},
                   {"--json", "", "print the resource report as JSON", ""}}),
        cmd_compile},
       {"run",
        "Run the kernel for a spec on random (or loaded) inputs, compare with the float64 "
        "reference and print the error; exits 2 past the dtype's tolerance.",
        "--device interpreter [spec flags] [--seed N] [--save-dir DIR] [--load-dir DIR]",
-       with_spec({{"--device", "NAME", "where to run: interpreter (the IR's own semantics on the CPU)", "interpreter"},
+       with_spec({{"--device", "NAME",
+                   "where to run: interpreter (the IR's own semantics on the CPU)", "interpreter"},
                   {"--arch", "ARCH", "target whose default config to use", ""},
                   {"--seed", "N", "seed of the random inputs", "0"},
-                  {"--save-dir", "DIR", "write q/k/v/out(/lse).npy in the spec's layout (bf16 widened to f32)", ""},
+                  {"--save-dir", "DIR",
+                   "write q/k/v/out(/lse).npy in the spec's layout (bf16 widened to f32)", ""},
                   {"--load-dir", "DIR", "read q/k/v.npy from DIR instead of random inputs", ""}}),
        cmd_run},
   };

@@ -14,7 +14,8 @@ std::vector<FlagSpec> spec_flags() {
       {"--dtype", "bf16|f16", "element type of Q, K, V and O (f32 accumulation)", "bf16"},
       {"--layout", "bshd|bhsd|interleaved", "memory layout of Q/K/V/O", "bshd"},
       {"--causal", "", "causal mask, bottom-right aligned when seqlen-q != seqlen-k", ""},
-      {"--window", "L,R", "sliding window: keys in [i-L, i+R] around the diagonal; -1 = unbounded", "-1,-1"},
+      {"--window", "L,R", "sliding window: keys in [i-L, i+R] around the diagonal; -1 = unbounded",
+       "-1,-1"},
       {"--scale", "X", "softmax scale", "1/sqrt(head-dim)"},
       {"--lse", "", "also write the log-sum-exp per query row", ""},
   };
@@ -58,7 +59,8 @@ Expected<AttentionSpec> spec_from(const Args &a) {
     return scale.status();
   s.scale = *scale;
   if (a.has("--scale") && s.scale == 0)
-    return Status::error("--scale 0 would make every score 0: give a positive scale or leave it out");
+    return Status::error(
+        "--scale 0 would make every score 0: give a positive scale or leave it out");
   if (a.has("--window")) {
     const std::string w = a.get("--window");
     const size_t comma = w.find(',');

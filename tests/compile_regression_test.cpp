@@ -1,0 +1,185 @@
+// Every kernel the gfx12 rules generate with the default config compiles with
+// LLVM 22 into code that is what the lowering promised: for gfx1200 and
+// gfx1201, head dims 16..256 and the 192/128 pair, causal or not, bf16 or f16:
+// no VGPR/SGPR spills, no scratch, the LDS the kernel declares (within the
+// target's), wave32, and exactly one WMMA per 16x16x16 product of the two
+// matrix multiplies (no duplicated or dropped loop bodies).
+//
+// The log prints the config and the resource report of each case. The compiles
+// run on two threads: LlvmCompiler::compile() forks one child per compile and
+// the parent only waits on pipes, so concurrent calls are independent; the
+// code-object readers (LLVM MC) run on this thread after every compile is done,
+// so no fork can copy a lock another thread holds inside LLVM.
+#include "compiler/code_object.h"
+#include "compiler/llvm_compiler.h"
+#include "lowering/lower.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace flashjit {
+namespace {
+
+using compiler::CodeObject;
+using compiler::CompileOptions;
+using compiler::LlvmCompiler;
+using compiler::ResourceReport;
+using lowering::Lowered;
+using lowering::Target;
+
+struct Case {
+  int64_t dqk, dv;
+  DType dtype;
+  bool causal;
+
+  std::string name() const {
+    return fmt::format("d={}/{} {}{}", dqk, dv, dtype_name(dtype), causal ? " causal" : "");
+  }
+};
+
+std::vector<Case> all_cases() {
+  std::vector<std::pair<int64_t, int64_t>> dims;
+  for (int64_t d : {16, 40, 64, 72, 80, 96, 100, 128, 160, 192, 256})
+    dims.emplace_back(d, d);
+  dims.emplace_back(192, 128);
+  std::vector<Case> cases;
+  for (auto [dqk, dv] : dims)
+    for (DType dtype : {DType::bf16, DType::f16})
+      for (bool causal : {false, true})
+        cases.push_back({dqk, dv, dtype, causal});
+  return cases;
+}
+
+AttentionSpec spec_for(const Case &c) {
+  // GQA, seqlen_q != seqlen_k (bottom-right causal) and partial tail blocks.
+  AttentionSpec s = make_spec(/*batch=*/2, /*heads=*/4, /*kv_heads=*/2, /*seqlen_q=*/200,
+                              /*seqlen_k=*/333, c.dqk, c.dv, c.dtype);
+  s.causal = c.causal;
+  return s;
+}
+
+/// One WMMA per 16x16x16 product: S^T = K Q^T is (block_n/16) x (dqk/16) per
+/// 16-query tile, O^T += V^T P^T is (dv/16) x (block_n/16) per tile.
+int expected_wmma(const Case &c, const ir::Config &config) {
+  const int64_t q_tiles = config.block_m / (16 * config.waves);
+  const int64_t n = config.block_n / 16, dqk = ir::padded(c.dqk, config.pad_k) / 16,
+                dv = ir::padded(c.dv, config.pad_k) / 16;
+  return int(q_tiles * n * dqk + q_tiles * dv * n);
+}
+
+CompileOptions options_for(const Target &t) {
+  CompileOptions o;
+  o.arch = t.arch;
+  o.features = t.features;
+  o.wave_size = t.wave_size;
+  return o;
+}
+
+/// Compiles every source with `workers` threads; result i belongs to source i.
+std::vector<std::optional<Expected<CodeObject>>>
+compile_all(const std::vector<std::string> &sources, const CompileOptions &options,
+            unsigned workers) {
+  std::vector<std::optional<Expected<CodeObject>>> results(sources.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    LlvmCompiler compiler;
+    for (size_t i; (i = next++) < sources.size();)
+      results[i].emplace(compiler.compile(sources[i], options));
+  };
+  std::vector<std::future<void>> running;
+  for (unsigned w = 0; w < workers; ++w)
+    running.push_back(std::async(std::launch::async, work));
+  for (auto &f : running)
+    f.get();
+  return results;
+}
+
+class CompileRegression : public ::testing::TestWithParam<const char *> {};
+
+TEST_P(CompileRegression, DefaultConfigsCompileCleanlyWithTheExpectedWmmaCount) {
+  Expected<Target> parsed = lowering::parse_target(GetParam());
+  ASSERT_TRUE(parsed) << parsed.status().message();
+  const Target &t = *parsed;
+  compiler::initialize_amdgpu_target(); // once, before any thread forks
+
+  // Lower every case here; only the compiles run in parallel.
+  const std::vector<Case> cases = all_cases();
+  std::vector<ir::Config> configs;
+  std::vector<Lowered> lowered;
+  std::vector<std::string> sources;
+  for (const Case &c : cases) {
+    const AttentionSpec spec = spec_for(c);
+    configs.push_back(lowering::default_config(spec, t));
+    Expected<Lowered> l = lowering::generate(spec, configs.back(), t);
+    ASSERT_TRUE(l) << t.arch << " " << c.name() << ": " << l.status().message();
+    sources.push_back(l->source);
+    lowered.push_back(l.take());
+  }
+
+  const unsigned workers = std::clamp(std::thread::hardware_concurrency(), 1u, 2u);
+  const auto start = std::chrono::steady_clock::now();
+  auto codes = compile_all(sources, options_for(t), workers);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cout << fmt::format("{}: {} kernels compiled in {:.1f} s on {} threads\n", t.arch,
+                           cases.size(), seconds, workers);
+
+  // RDNA: a WGP's two CUs share its LDS, twice what one workgroup may address
+  // (the figure `flashjit compile --resources` uses).
+  const int lds_per_unit = t.wave_size == 32 ? 2 * t.lds_bytes : t.lds_bytes;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case &c = cases[i];
+    SCOPED_TRACE(fmt::format("{} {} ({})", t.arch, c.name(), configs[i].summary()));
+    ASSERT_TRUE(codes[i].has_value());
+    const Expected<CodeObject> &code = *codes[i];
+    ASSERT_TRUE(code) << code.status().message();
+    auto reports =
+        compiler::read_resources(*code, t.vgpr_file_per_simd, t.max_waves_per_simd, lds_per_unit);
+    ASSERT_TRUE(reports) << reports.status().message();
+    ASSERT_EQ(reports->size(), 1u);
+    const ResourceReport &r = reports->front();
+    std::cout << fmt::format("{:<24} {:<58} | {}\n", t.arch + " " + c.name(), configs[i].summary(),
+                             r.to_text());
+
+    EXPECT_EQ(r.kernel, lowered[i].kernel_name);
+    EXPECT_FALSE(r.vgpr_spill);
+    EXPECT_FALSE(r.sgpr_spill);
+    EXPECT_EQ(r.vgpr_spill_count, 0);
+    EXPECT_EQ(r.sgpr_spill_count, 0);
+    EXPECT_EQ(r.private_segment_bytes, 0) << "scratch";
+    EXPECT_LE(r.vgprs, t.max_vgprs);
+    EXPECT_GT(r.occupancy_waves_per_simd, 0);
+    EXPECT_EQ(r.group_segment_bytes, lowered[i].lds_bytes);
+    EXPECT_LE(r.group_segment_bytes, t.lds_bytes);
+    EXPECT_EQ(r.wavefront_size, t.wave_size);
+    EXPECT_EQ(r.max_flat_workgroup_size, lowered[i].block_threads);
+    EXPECT_EQ(r.matrix_instructions, expected_wmma(c, configs[i]))
+        << "q_tiles x block_n/16 x dqk/16 + q_tiles x dv/16 x block_n/16 WMMAs";
+  }
+
+  // Concurrency changed nothing: compiled again alone, on this thread's
+  // schedule, two cases give the same bytes.
+  LlvmCompiler compiler;
+  for (size_t i : {size_t{0}, cases.size() - 1}) {
+    Expected<CodeObject> again = compiler.compile(sources[i], options_for(t));
+    ASSERT_TRUE(again) << again.status().message();
+    ASSERT_TRUE(codes[i].has_value() && *codes[i]);
+    EXPECT_EQ(again->bytes, (*codes[i])->bytes) << cases[i].name();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Rdna4, CompileRegression, ::testing::Values("gfx1200", "gfx1201"),
+                         [](const auto &info) { return std::string(info.param); });
+
+} // namespace
+} // namespace flashjit

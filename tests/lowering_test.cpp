@@ -1,0 +1,401 @@
+// The gfx12 lowering without a compiler: the same spec gives byte-identical
+// HIP; every target builtin goes through a prelude wrapper; both RDNA4
+// processors lower; unsupported targets and configs that do not fit fail with
+// errors naming the limit and the value; the launch geometry matches the
+// kernel; a program whose masks disagree is rejected.
+#include "lowering/lower.h"
+#include "templates/templates.h"
+
+#include <gtest/gtest.h>
+
+#include <numbers>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace flashjit::lowering {
+namespace {
+
+Target target(std::string_view id) {
+  Expected<Target> t = parse_target(id);
+  EXPECT_TRUE(t) << id << ": " << (t ? "" : t.status().message());
+  return t ? t.take() : Target{};
+}
+
+AttentionSpec spec_for(int64_t dqk, int64_t dv, DType dtype, bool causal = false) {
+  AttentionSpec s = make_spec(/*batch=*/2, /*heads=*/8, /*kv_heads=*/2, /*seqlen_q=*/113,
+                              /*seqlen_k=*/203, dqk, dv, dtype);
+  s.causal = causal;
+  return s;
+}
+
+Lowered generate_ok(const AttentionSpec &spec, const Target &t) {
+  Expected<Lowered> l = generate(spec, default_config(spec, t), t);
+  EXPECT_TRUE(l) << spec.summary() << " on " << t.arch << ": " << (l ? "" : l.status().message());
+  return l ? l.take() : Lowered{};
+}
+
+std::string generate_error(const AttentionSpec &spec, const ir::Config &config, const Target &t) {
+  Expected<Lowered> l = generate(spec, config, t);
+  EXPECT_FALSE(l) << spec.summary() << " on " << t.arch << " should not lower";
+  return l ? std::string() : l.status().message();
+}
+
+int count(const std::string &text, const std::string &what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1))
+    ++n;
+  return n;
+}
+
+std::vector<std::string> lines_of(const std::string &text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    lines.push_back(line);
+  return lines;
+}
+
+/// The functions defined with FJ_DEVICE (the wrappers) that call a
+/// `__builtin_amdgcn_` builtin, and the lines calling one outside any of them.
+struct BuiltinUse {
+  std::vector<std::string> wrappers;
+  std::vector<std::string> outside;
+};
+
+BuiltinUse builtin_use(const std::string &source) {
+  static const std::regex device_fn(R"(^FJ_DEVICE [^(]*\b(\w+)\()");
+  BuiltinUse use;
+  std::string function; // the FJ_DEVICE function being read, if any
+  int depth = 0;
+  for (const std::string &line : lines_of(source)) {
+    if (line.rfind("//", 0) == 0 || line.find_first_not_of(' ') == std::string::npos)
+      continue;
+    std::smatch m;
+    if (depth == 0) {
+      function.clear();
+      if (std::regex_search(line, m, device_fn))
+        function = m[1];
+    }
+    for (char c : line)
+      depth += c == '{' ? 1 : c == '}' ? -1 : 0;
+    if (line.find("__builtin_amdgcn_") == std::string::npos)
+      continue;
+    if (function.empty())
+      use.outside.push_back(line);
+    else if (use.wrappers.empty() || use.wrappers.back() != function)
+      use.wrappers.push_back(function);
+  }
+  return use;
+}
+
+// The specs most tests lower: bf16 and f16, even and odd head dims, Dqk != Dv.
+std::vector<AttentionSpec> sample_specs() {
+  return {spec_for(64, 64, DType::bf16), spec_for(80, 80, DType::bf16, /*causal=*/true),
+          spec_for(100, 100, DType::f16), spec_for(192, 128, DType::bf16, /*causal=*/true),
+          spec_for(40, 40, DType::f16, /*causal=*/true)};
+}
+
+TEST(Lowering, SameSpecGivesByteIdenticalSource) {
+  for (const char *arch : {"gfx1200", "gfx1201"})
+    for (const AttentionSpec &spec : sample_specs()) {
+      SCOPED_TRACE(std::string(arch) + " " + spec.summary());
+      const Lowered a = generate_ok(spec, target(arch));
+      const Lowered b = generate_ok(spec, target(arch)); // a freshly parsed target too
+      EXPECT_FALSE(a.source.empty());
+      EXPECT_EQ(a.source, b.source);
+      EXPECT_EQ(a.kernel_text, b.kernel_text);
+      EXPECT_EQ(a.kernel_name, b.kernel_name);
+      EXPECT_EQ(a.lds_bytes, b.lds_bytes);
+    }
+}
+
+TEST(Lowering, DifferentSpecsGiveDifferentSources) {
+  const Target t = target("gfx1201");
+  AttentionSpec causal = spec_for(64, 64, DType::bf16, /*causal=*/true);
+  AttentionSpec plain = spec_for(64, 64, DType::bf16);
+  EXPECT_NE(generate_ok(causal, t).source, generate_ok(plain, t).source);
+  plain.scale = 0.5;
+  const Lowered scaled = generate_ok(plain, t);
+  // The scale op folds log2(e) into the softmax scale: the kernel uses exp2.
+  EXPECT_NE(scaled.source.find(
+                fmt::format("constexpr float kScale0 = {:.9g}f;", 0.5 * std::numbers::log2e)),
+            std::string::npos);
+}
+
+TEST(Lowering, SourceIsHeaderPreludeMatrixWrapperThenKernelText) {
+  for (const AttentionSpec &spec : sample_specs()) {
+    SCOPED_TRACE(spec.summary());
+    const Lowered l = generate_ok(spec, target("gfx1201"));
+    ASSERT_GE(l.source.size(), l.kernel_text.size());
+    EXPECT_EQ(l.source.substr(l.source.size() - l.kernel_text.size()), l.kernel_text);
+    const size_t prelude = l.source.find(templates::amdgcn_prelude);
+    ASSERT_NE(prelude, std::string::npos);
+    EXPECT_LT(prelude, l.source.find("FJ_DEVICE fj_float8 fj_mma("));
+    EXPECT_EQ(l.kernel_text.find(templates::amdgcn_prelude), std::string::npos);
+    EXPECT_NE(l.kernel_text.find("FJ_GLOBAL"), std::string::npos);
+  }
+}
+
+TEST(Lowering, KernelTextCallsNoTargetBuiltin) {
+  // The emulator runs kernel_text under its own prelude: every target builtin
+  // must stay behind an fj_* wrapper.
+  for (const char *arch : {"gfx1200", "gfx1201"})
+    for (const AttentionSpec &spec : sample_specs()) {
+      SCOPED_TRACE(std::string(arch) + " " + spec.summary());
+      const Lowered l = generate_ok(spec, target(arch));
+      EXPECT_EQ(l.kernel_text.find("__builtin_amdgcn_"), std::string::npos);
+      EXPECT_EQ(l.kernel_text.find("__builtin_bit_cast"), std::string::npos);
+      EXPECT_EQ(l.kernel_text.find(l.mma->builtin), std::string::npos);
+    }
+}
+
+TEST(Lowering, EveryBuiltinCallIsInsideAnFjWrapper) {
+  for (const AttentionSpec &spec : sample_specs()) {
+    SCOPED_TRACE(spec.summary());
+    const Lowered l = generate_ok(spec, target("gfx1201"));
+    const BuiltinUse use = builtin_use(l.source);
+    EXPECT_TRUE(use.outside.empty()) << "builtin called outside a wrapper: " << use.outside[0];
+    ASSERT_FALSE(use.wrappers.empty());
+    for (const std::string &w : use.wrappers)
+      EXPECT_EQ(w.rfind("fj_", 0), 0u) << w;
+    // The matrix builtin is called from fj_mma only; the rest from the prelude.
+    EXPECT_NE(std::find(use.wrappers.begin(), use.wrappers.end(), "fj_mma"), use.wrappers.end());
+    EXPECT_EQ(builtin_use(std::string(templates::amdgcn_prelude)).wrappers.size() + 1,
+              use.wrappers.size());
+  }
+}
+
+TEST(Lowering, OperandsCrossIntoTheBuiltinOnlyThroughBitCast) {
+  for (const char *arch : {"gfx1200", "gfx1201"})
+    for (DType dt : {DType::bf16, DType::f16}) {
+      SCOPED_TRACE(std::string(arch) + " " + std::string(dtype_name(dt)));
+      const Lowered l = generate_ok(spec_for(64, 64, dt), target(arch));
+      ASSERT_NE(l.mma, nullptr);
+      const std::string builtin(l.mma->builtin);
+      const std::string vec = dt == DType::bf16 ? "fj_short8" : "fj_half8";
+      // Exactly one call, with both A and B bit-cast from the fj_bits8 storage.
+      EXPECT_EQ(count(l.source, builtin + "("), 1);
+      EXPECT_NE(l.source.find(builtin + "(__builtin_bit_cast(" + vec + ", a), __builtin_bit_cast(" +
+                              vec + ", b), c)"),
+                std::string::npos);
+      // No operand is ever built as the builtin's vector type directly.
+      const std::string kernel = l.kernel_text;
+      EXPECT_EQ(kernel.find("fj_short8"), std::string::npos);
+      EXPECT_EQ(kernel.find("fj_half8"), std::string::npos);
+      EXPECT_EQ(kernel.find("__bf16"), std::string::npos);
+    }
+}
+
+TEST(Lowering, BothRdna4ProcessorsLowerWithTheirWmmaBuiltins) {
+  for (const char *arch : {"gfx1200", "gfx1201"}) {
+    const Target t = target(arch);
+    for (DType dt : {DType::bf16, DType::f16}) {
+      SCOPED_TRACE(std::string(arch) + " " + std::string(dtype_name(dt)));
+      const Lowered l = generate_ok(spec_for(128, 128, dt, /*causal=*/true), t);
+      ASSERT_NE(l.mma, nullptr);
+      EXPECT_EQ(l.rules, "gfx12");
+      EXPECT_EQ(l.mma->family, Family::gfx12);
+      EXPECT_EQ(l.mma->ab_dtype, dt);
+      const std::string builtin = dt == DType::bf16
+                                      ? "__builtin_amdgcn_wmma_f32_16x16x16_bf16_w32_gfx12"
+                                      : "__builtin_amdgcn_wmma_f32_16x16x16_f16_w32_gfx12";
+      EXPECT_EQ(l.mma->builtin, builtin);
+      EXPECT_NE(l.source.find(fmt::format("// flashjit kernel {} for {} (gfx12 rules, wave32, {})",
+                                          l.kernel_name, arch, builtin)),
+                std::string::npos);
+      EXPECT_NE(l.source.find(fmt::format("constexpr int kWave = {};", t.wave_size)),
+                std::string::npos);
+    }
+  }
+}
+
+TEST(Lowering, UnsupportedFamiliesAreNamedWithTheSupportedOnes) {
+  const AttentionSpec spec = spec_for(64, 64, DType::bf16);
+  for (const char *arch : {"gfx1100", "gfx1151", "gfx90a", "gfx942", "gfx950"}) {
+    SCOPED_TRACE(arch);
+    const Target t = target(arch);
+    const std::string error = generate_error(spec, default_config(spec, t), t);
+    EXPECT_NE(error.find(arch), std::string::npos) << error;
+    EXPECT_NE(error.find(t.family_name()), std::string::npos) << error;
+    for (const char *supported : {"gfx12", "gfx1200", "gfx1201"})
+      EXPECT_NE(error.find(supported), std::string::npos) << error;
+  }
+}
+
+TEST(Lowering, UnknownArchListsTheSupportedOnes) {
+  for (const char *arch : {"gfx9999", "gfx1202", "sm_90"}) {
+    Expected<Target> t = parse_target(arch);
+    ASSERT_FALSE(t) << arch;
+    const std::string &error = t.status().message();
+    EXPECT_NE(error.find(arch), std::string::npos) << error;
+    for (std::string_view supported : supported_archs())
+      EXPECT_NE(error.find(supported), std::string::npos) << supported << " in: " << error;
+  }
+}
+
+/// The numbers an error names: "(\d+) <what>" and "<limit words> (\d+)".
+std::vector<int64_t> numbers_in(const std::string &text) {
+  std::vector<int64_t> out;
+  static const std::regex number(R"(\d+)");
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), number);
+       it != std::sregex_iterator(); ++it)
+    out.push_back(std::stoll(it->str()));
+  return out;
+}
+
+bool names(const std::string &error, int64_t value) {
+  const std::vector<int64_t> n = numbers_in(error);
+  return std::find(n.begin(), n.end(), value) != n.end();
+}
+
+TEST(Lowering, LdsOverflowNamesTheBytesAndTheLimit) {
+  const Target t = target("gfx1201");
+  const AttentionSpec spec = spec_for(512, 512, DType::bf16);
+  ir::Config c = default_config(spec, t);
+  c.block_n = 128;
+  const std::string error = generate_error(spec, c, t);
+  EXPECT_NE(error.find("LDS"), std::string::npos) << error;
+  // K tile 128 x (512 + 8) plus V^T tile 512 x (128 + 8), 2 bytes each.
+  EXPECT_TRUE(names(error, 2 * (128 * (512 + 8) + 512 * (128 + 8)))) << error;
+  EXPECT_TRUE(names(error, t.lds_bytes)) << error;
+  EXPECT_TRUE(names(error, 128)) << error; // the block_n to shrink
+  EXPECT_NE(error.find("gfx1201"), std::string::npos) << error;
+
+  // The same spec with block_n 16 fits in LDS (the VGPR check then decides).
+  c.block_n = 16;
+  EXPECT_TRUE(check_fits(spec_for(512, 64, DType::bf16), c, t).message().find("LDS") ==
+              std::string::npos);
+}
+
+TEST(Lowering, VgprBudgetNamesTheEstimateAndTheBudget) {
+  const Target t = target("gfx1201");
+  const AttentionSpec spec = spec_for(64, 512, DType::bf16);
+  const std::string error = generate_error(spec, default_config(spec, t), t);
+  static const std::regex shape(R"(need about (\d+) VGPRs.* budget of (\d+))");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(error, m, shape)) << error;
+  const int64_t need = std::stoll(m[1]), budget = std::stoll(m[2]);
+  EXPECT_GT(need, budget) << error;
+  EXPECT_LE(budget, t.max_vgprs) << error;
+  EXPECT_TRUE(names(error, 512)) << error; // the head dim at fault
+  EXPECT_NE(error.find("gfx1201"), std::string::npos) << error;
+}
+
+TEST(Lowering, WorkgroupLimitNamesTheWavesAndTheLimit) {
+  const Target t = target("gfx1201");
+  const AttentionSpec spec = spec_for(64, 64, DType::bf16);
+  ir::Config c = default_config(spec, t);
+  c.waves = 64;
+  c.block_m = 16 * c.waves;
+  const std::string error = generate_error(spec, c, t);
+  EXPECT_TRUE(names(error, 64)) << error;
+  EXPECT_TRUE(names(error, t.max_workgroup_size)) << error;
+  EXPECT_NE(error.find("workgroup"), std::string::npos) << error;
+}
+
+TEST(Lowering, DefaultConfigFitsEveryHeadDim) {
+  for (const char *arch : {"gfx1200", "gfx1201"})
+    for (int64_t d : {16, 40, 64, 72, 80, 96, 100, 128, 160, 192, 256}) {
+      const Target t = target(arch);
+      const AttentionSpec spec = spec_for(d, d, DType::bf16);
+      EXPECT_TRUE(check_fits(spec, default_config(spec, t), t).is_ok()) << arch << " d=" << d;
+    }
+}
+
+/// The static LDS the kernel declares: sum of FJ_LDS_ARRAY(fj_bits, name, count).
+int64_t declared_lds_bytes(const std::string &source) {
+  static const std::regex array(R"(FJ_LDS_ARRAY\(fj_bits, \w+, (\d+)\);)");
+  int64_t bytes = 0;
+  for (auto it = std::sregex_iterator(source.begin(), source.end(), array);
+       it != std::sregex_iterator(); ++it)
+    bytes += 2 * std::stoll((*it)[1]);
+  return bytes;
+}
+
+TEST(Lowering, LaunchGeometryMatchesTheKernel) {
+  struct Case {
+    int64_t seqlen_q, block_m, waves, head_dim;
+  };
+  // Head dims 64 (vector loads), 100 (scalar loads), 192/256 (large tiles,
+  // one 16-query tile per wave so the registers fit).
+  const Case cases[] = {{113, 64, 4, 64},  {64, 64, 4, 100},  {1, 64, 2, 64},   {300, 32, 1, 100},
+                        {257, 128, 4, 64}, {113, 64, 4, 192}, {77, 32, 2, 256}, {1000, 16, 1, 100}};
+  for (const char *arch : {"gfx1200", "gfx1201"})
+    for (const Case &k : cases) {
+      const Target t = target(arch);
+      AttentionSpec spec = make_spec(/*batch=*/3, /*heads=*/6, /*kv_heads=*/3, k.seqlen_q,
+                                     /*seqlen_k=*/77, k.head_dim, k.head_dim, DType::bf16);
+      ir::Config c = default_config(spec, t);
+      c.block_m = k.block_m;
+      c.waves = k.waves;
+      SCOPED_TRACE(fmt::format("{} {} {}", arch, spec.summary(), c.summary()));
+      Expected<Lowered> l = generate(spec, c, t);
+      ASSERT_TRUE(l) << l.status().message();
+      EXPECT_EQ(l->grid[0], (k.seqlen_q + k.block_m - 1) / k.block_m);
+      EXPECT_EQ(l->grid[1], 6);
+      EXPECT_EQ(l->grid[2], 3);
+      EXPECT_EQ(l->block_threads, k.waves * t.wave_size);
+      EXPECT_NE(l->source.find(fmt::format("FJ_WORKGROUP_SIZE({})", l->block_threads)),
+                std::string::npos);
+      EXPECT_NE(
+          l->source.find(fmt::format("constexpr int kQTiles = {};", k.block_m / (16 * k.waves))),
+          std::string::npos);
+      EXPECT_GT(l->lds_bytes, 0);
+      EXPECT_LE(l->lds_bytes, t.lds_bytes);
+      EXPECT_EQ(l->lds_bytes, declared_lds_bytes(l->source));
+      EXPECT_NE(l->source.find("void " + l->kernel_name + "("), std::string::npos);
+      // 128-bit loads need 16-byte aligned rows: 8-element multiples of bf16.
+      EXPECT_EQ(l->pointer_alignment, k.head_dim % 8 == 0 ? 16 : 2);
+    }
+}
+
+TEST(Lowering, OddHeadDimsTakeTheScalarPathAndPadInRegisters) {
+  const Lowered l = generate_ok(spec_for(100, 100, DType::bf16), target("gfx1201"));
+  EXPECT_NE(l.source.find("constexpr bool kVecLoads = false;"), std::string::npos);
+  EXPECT_NE(l.source.find("constexpr int kDimQK = 100;"), std::string::npos);
+  // 100 padded to 112 in registers: the Q operand is 7 fragments per 16-query tile.
+  static const std::regex q_fragments(R"(fj_bits8 \w+\[kQTiles\]\[7\];)");
+  EXPECT_TRUE(std::regex_search(l.source, q_fragments));
+  EXPECT_NE(l.source.find("K tile 64x112"), std::string::npos);
+  EXPECT_EQ(l.pointer_alignment, 2);
+}
+
+TEST(Lowering, DisagreeingMasksAreRejected) {
+  const Target t = target("gfx1201");
+  const AttentionSpec spec = spec_for(64, 64, DType::bf16, /*causal=*/true);
+  Expected<ir::Program> p = ir::build_attention(spec, default_config(spec, t));
+  ASSERT_TRUE(p) << p.status().message();
+  ASSERT_TRUE(lower(*p, t)) << "the unmodified program lowers";
+
+  // The loop skips blocks as causal, the mask op inside it says not causal.
+  int changed = 0;
+  for (ir::Op &op : p->body)
+    if (op.kind == ir::OpKind::For)
+      for (ir::Op &inner : op.body)
+        if (inner.kind == ir::OpKind::Mask) {
+          inner.attrs["causal"] = int64_t{0};
+          ++changed;
+        }
+  ASSERT_EQ(changed, 1);
+  ASSERT_TRUE(ir::verify(*p).is_ok()) << "the verifier does not check agreement; lower() must";
+  Expected<Lowered> l = lower(*p, t);
+  ASSERT_FALSE(l);
+  EXPECT_NE(l.status().message().find("masks disagree"), std::string::npos) << l.status().message();
+
+  // A window on the mask only is rejected the same way.
+  for (ir::Op &op : p->body)
+    if (op.kind == ir::OpKind::For)
+      for (ir::Op &inner : op.body)
+        if (inner.kind == ir::OpKind::Mask) {
+          inner.attrs["causal"] = int64_t{1};
+          inner.attrs["window_left"] = int64_t{32};
+        }
+  l = lower(*p, t);
+  ASSERT_FALSE(l);
+  EXPECT_NE(l.status().message().find("masks disagree"), std::string::npos) << l.status().message();
+}
+
+} // namespace
+} // namespace flashjit::lowering
