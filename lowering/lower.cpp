@@ -1,29 +1,14 @@
-// Lowering of the attention tile IR to HIP for wave32 WMMA targets (gfx12).
-//
-// The IR describes S = Q K^T and O = P V. The rules compute both products
-// transposed (layouts doc §6): S^T = K Q^T and O^T = V^T P^T. Then
-//
-//   * each lane owns one query (the accumulator's column, `col` = lane % 16) and
-//     8 consecutive keys / head-dim entries (`8 * half + e`, half = lane / 16);
-//   * per-query statistics (row max, row sum, rescale) live in the lanes that
-//     own the query: a row reduction is 8 in-lane steps plus one exchange with
-//     the partner lane that holds the same query (lane ^ 16);
-//   * the S^T accumulator, converted to bf16/f16, IS the P^T operand of the
-//     second product: no LDS round trip (convert_layout #mma_acc -> #mma_a is free).
-//
-// Operand K order: A and B of one WMMA use the same, contiguous labeling
-// (element e of lane L holds k = 8 * (L / 16) + e), a bijective relabeling of the
-// hardware order (doc §3.3) that makes every fragment a 128-bit load and makes
-// the accumulator usable as an operand. The lowering checks the accumulator map
-// of the table row against this assumption before it emits anything.
-//
-//   S^T accumulator (16 keys x 16 queries), lane L, element e:
-//             query 0   1  ...  15
-//     key 0..7   L=0   1  ...  15     e = key
-//     key 8..15  L=16 17  ...  31     e = key - 8
+// Lowering of the attention tile IR to HIP: the op walk shared by every
+// family. Values become per-lane register arrays (accumulator fragments of 16
+// query rows, per-row statistics), K and V tiles are staged through LDS by the
+// whole workgroup with 128-bit loads, and each IR op becomes one commented block
+// of loops over fragments. What differs between families (how a fragment maps
+// onto lanes, how operand fragments are read, the matrix instruction and the
+// prelude) comes from lowering/rules.h: rules_gfx12.cpp, rules_sm80.cpp.
 #include "lowering/lower.h"
 
 #include "lowering/hip_writer.h"
+#include "lowering/rules.h"
 #include "templates/templates.h"
 
 #include <algorithm>
@@ -42,48 +27,10 @@ using ir::TileLayout;
 using ir::Type;
 using ir::ValueId;
 
-constexpr int kFrag = 16; // the WMMA tile edge: M = N = K = 16
+constexpr int kFrag = 16; // rows of an accumulator fragment; k of an operand fragment
 
 // LDS row padding (elements) so consecutive rows start in different banks.
 constexpr int kLdsPad = 8;
-
-/// What a family's rules need to know beyond the table row.
-struct Rules {
-  std::string_view name;
-  Family family;
-};
-constexpr Rules kRules[] = {{"gfx12", Family::gfx12}};
-
-const Rules *rules_for(const Target &t) {
-  for (const Rules &r : kRules)
-    if (r.family == t.family)
-      return &r;
-  return nullptr;
-}
-
-/// Checks that the instruction's accumulator holds D[8 * (L / 16) + e][L % 16]
-/// (8 consecutive rows per half-wave, one column per lane): the map the
-/// transposed recipe relies on. Returns the xor masks of the lanes sharing a column.
-Expected<std::vector<int>> column_sharing_masks(const MatrixInstr &mi, int wave) {
-  const LaneLayout &l = *mi.layout;
-  const int halves = wave / l.n;
-  if (l.cd_elems * halves != l.m)
-    return Status::error("{}: accumulator is not {} rows per lane group", mi.mnemonic,
-                         l.m / halves);
-  for (int lane = 0; lane < wave; ++lane)
-    for (int e = 0; e < l.cd_elems; ++e) {
-      const MatrixCoord c = l.d(lane, e);
-      if (c.col != lane % l.n || c.row != l.cd_elems * (lane / l.n) + e)
-        return Status::error("{}: accumulator lane {} element {} holds ({}, {}); the gfx12 rules "
-                             "need ({}, {})",
-                             mi.mnemonic, lane, e, c.row, c.col, l.cd_elems * (lane / l.n) + e,
-                             lane % l.n);
-    }
-  std::vector<int> masks;
-  for (int h = 1; h < halves; h <<= 1)
-    masks.push_back(h * l.n);
-  return masks;
-}
 
 std::string float_literal(double x) {
   if (std::isinf(x))
@@ -96,10 +43,8 @@ std::string float_literal(double x) {
 
 class KernelEmitter {
 public:
-  KernelEmitter(const ir::Program &p, const Target &t, const Rules &r, const MatrixInstr &mi,
-                std::vector<int> share_masks)
-      : p_(p), target_(t), rules_(r), mi_(mi), share_masks_(std::move(share_masks)),
-        printed_(ir::value_names(p)) {}
+  KernelEmitter(const ir::Program &p, const Target &t, const Rules &r, const MatrixInstr &mi)
+      : p_(p), target_(t), rules_(r), mi_(mi), printed_(ir::value_names(p)) {}
 
   Expected<Lowered> run();
 
@@ -113,6 +58,8 @@ private:
   }
   const Type &type(ValueId v) const { return p_.type_of(v); }
   int tiles(int64_t extent) const { return int(extent / kFrag); }
+  // Accumulator fragments along a tile's columns.
+  int col_tiles(int64_t cols) const { return int(cols / rules_.n_tile()); }
   static std::string seq_const(const ir::TensorParam &t) {
     return t.name == "Q" || t.name == "O" || t.name == "LSE" ? "kSeqQ" : "kSeqK";
   }
@@ -136,6 +83,10 @@ private:
   Status emit_store(const Op &op);
   Status emit_for(const Op &op);
   void emit_copy(ValueId dst_name_of, const std::string &dst, ValueId src);
+  // Loads `len` elements at src + d0 into frag[first...]: one vector load where the
+  // run is in bounds and aligned, else element by element with bounds checks.
+  void emit_run_load(const std::string &frag, int first, int len, bool whole,
+                     const std::string &dim, const std::string &dim_stride);
   std::string declare(ValueId v);
   // Emits `for` headers over a value's fragments; returns the element expression.
   std::string open_elements(const Type &t, const std::string &var);
@@ -147,7 +98,6 @@ private:
   const Target &target_;
   const Rules &rules_;
   const MatrixInstr &mi_;
-  std::vector<int> share_masks_;
   std::vector<std::string> printed_;
   HipWriter w_;
   int64_t block_m_ = 0, block_n_ = 0, q_tiles_ = 0, waves_ = 0;
@@ -170,28 +120,32 @@ std::string KernelEmitter::declare(ValueId v) {
   if (t.is_index())
     return fmt::format("int {}", n);
   if (t.is_vector())
-    return fmt::format("float {}[kQTiles]", n);
-  const char *elem = t.dtype == DType::f32 ? "fj_float8" : "fj_bits8";
-  return fmt::format("{} {}[kQTiles][{}]", elem, n, tiles(t.cols));
+    return fmt::format("float {}[kQTiles][kRowSlots]", n);
+  if (t.layout == TileLayout::mma_a)
+    return fmt::format("{} {}[kQTiles][{}]", rules_.operand_type(), n, tiles(t.cols));
+  return fmt::format("{} {}[kQTiles][{}]",
+                     t.dtype == DType::f32 ? rules_.acc_type() : rules_.acc16_type(), n,
+                     col_tiles(t.cols));
 }
 
 std::string KernelEmitter::open_elements(const Type &t, const std::string &var) {
   w_.line("#pragma unroll");
   w_.open("for (int qt = 0; qt < kQTiles; ++qt) {{");
-  if (t.is_vector())
-    return var + "[qt]";
   w_.line("#pragma unroll");
-  w_.open("for (int c = 0; c < {}; ++c) {{", tiles(t.cols));
+  if (t.is_vector()) {
+    w_.open("for (int s = 0; s < kRowSlots; ++s) {{");
+    return var + "[qt][s]";
+  }
+  w_.open("for (int c = 0; c < {}; ++c) {{", col_tiles(t.cols));
   w_.line("#pragma unroll");
-  w_.open("for (int e = 0; e < 8; ++e) {{");
+  w_.open("for (int e = 0; e < kAccElems; ++e) {{");
   return var + "[qt][c][e]";
 }
 
 void KernelEmitter::close_elements(const Type &t) {
-  if (!t.is_vector()) {
+  if (!t.is_vector())
     w_.close();
-    w_.close();
-  }
+  w_.close();
   w_.close();
 }
 
@@ -225,7 +179,7 @@ Status KernelEmitter::find_mask(const std::vector<Op> &body) {
       else if (mask_.attrs != a)
         return Status::error("{} rules: the program's masks disagree (causal/window differ between "
                              "ops); one kernel implements one mask",
-                             rules_.name);
+                             rules_.name());
     }
     FJ_RETURN_IF_ERROR(find_mask(op.body));
   }
@@ -256,6 +210,12 @@ void KernelEmitter::emit_constants() {
   c(fmt::format("constexpr int kBlockM = {};", block_m_), "queries per workgroup");
   c(fmt::format("constexpr int kBlockN = {};", block_n_), "keys per KV block");
   c(fmt::format("constexpr int kQTiles = {};", q_tiles_), "16-query tiles per wave");
+  c(fmt::format("constexpr int kNTile = {};", rules_.n_tile()),
+    "columns of an accumulator fragment");
+  c(fmt::format("constexpr int kAccElems = {};", rules_.acc_elems()),
+    "accumulator elements per lane and fragment");
+  c(fmt::format("constexpr int kRowSlots = {};", rules_.row_slots()),
+    "query rows per lane and 16-row fragment");
   c(fmt::format("constexpr int kSeqQ = {};", q.seq), "seqlen_q");
   c(fmt::format("constexpr int kSeqK = {};", k.seq), "seqlen_k");
   c(fmt::format("constexpr int kDimQK = {};", q.dim),
@@ -271,9 +231,10 @@ void KernelEmitter::emit_constants() {
   c(fmt::format("constexpr bool kVecLoads = {};", vec_ok_ ? "true" : "false"),
     "rows are 16-byte aligned runs: 128-bit global loads and stores");
   for (const ir::TensorParam &t : p_.tensors)
-    c(fmt::format("constexpr long k{}Stride[3] = {{{}, {}, {}}};", t.name, t.strides.batch,
-                  t.strides.head, t.strides.seq),
-      fmt::format("{} strides (elements): batch, head, seq{}", t.name,
+    c(fmt::format(
+          "constexpr long k{0}BatchStride = {1}, k{0}HeadStride = {2}, k{0}SeqStride = {3};",
+          t.name, t.strides.batch, t.strides.head, t.strides.seq),
+      fmt::format("{} strides (elements){}", t.name,
                   t.dim ? fmt::format("; dim stride {}", t.strides.dim) : ""));
   for (const ir::TensorParam &t : p_.tensors)
     if (t.dim && t.strides.dim != 1)
@@ -288,12 +249,13 @@ Expected<Lowered> KernelEmitter::run() {
   waves_ = get("waves");
   if (get("q_in_lds"))
     return Status::error("{} rules: config q_in_lds=1 is not supported yet: keep Q in registers",
-                         rules_.name);
+                         rules_.name());
   if (waves_ < 1 || block_m_ % (kFrag * waves_) != 0)
     return Status::error("{} rules: block_m ({}) must be a multiple of 16 x waves ({})",
-                         rules_.name, block_m_, waves_);
+                         rules_.name(), block_m_, waves_);
   if (block_n_ % kFrag != 0)
-    return Status::error("{} rules: block_n ({}) must be a multiple of 16", rules_.name, block_n_);
+    return Status::error("{} rules: block_n ({}) must be a multiple of 16", rules_.name(),
+                         block_n_);
   if (waves_ * target_.wave_size > target_.max_workgroup_size)
     return Status::error("{} waves of {} lanes exceed {}'s workgroup limit of {} work-items",
                          waves_, target_.wave_size, target_.arch, target_.max_workgroup_size);
@@ -308,22 +270,18 @@ Expected<Lowered> KernelEmitter::run() {
   w_.indent(1);
   w_.line("const int lane = fj_thread_id() % kWave;");
   w_.line("const int wave = fj_thread_id() / kWave;");
-  w_.line("const int half = lane / 16; // which 8 keys / head-dim entries of a fragment this lane "
-          "holds");
-  w_.line("const int col = lane % 16;  // the query this lane owns within a 16-query tile");
+  rules_.emit_lane_vars(w_);
   w_.line("const int {} = fj_group_id_x();", name(p_.grid_args[0]));
   w_.line("const int {} = fj_group_id_y();", name(p_.grid_args[1]));
   w_.line("const int {} = fj_group_id_z();", name(p_.grid_args[2]));
-  w_.line("(void)half;");
-  w_.line("// The query row of tile qt that this lane owns.");
-  w_.line(
-      "auto query_row = [&](int qt) {{ return {} * kBlockM + (wave * kQTiles + qt) * 16 + col; }};",
-      name(p_.grid_args[0]));
+  w_.line("// The query at row r (0..15) of this wave's 16-query tile qt.");
+  w_.line("auto query_row = [&](int qt, int r) {{ return {} * kBlockM + (wave * kQTiles + qt) * 16 "
+          "+ r; }};",
+          name(p_.grid_args[0]));
   FJ_RETURN_IF_ERROR(emit_ops(p_.body));
   std::swap(w_, body);
 
   const ir::TensorParam &q = *p_.tensor("Q");
-  const bool bf16 = q.dtype == DType::bf16;
   // The kernel text: everything but the target prelude and the matrix wrapper,
   // so the emulator can run the same text under its own prelude.
   HipWriter kernel;
@@ -353,20 +311,14 @@ Expected<Lowered> KernelEmitter::run() {
   std::swap(w_, kernel);
 
   w_.line("// flashjit kernel {} for {} ({} rules, wave{}, {})", p_.name, target_.target_id(),
-          rules_.name, target_.wave_size, mi_.builtin);
+          rules_.name(), target_.wave_size, mi_.builtin.empty() ? mi_.mnemonic : mi_.builtin);
   w_.line("// Generated from the tile IR; `flashjit emit --print-ir` prints the program.");
   w_.line("// Each block below names the IR op it implements.");
   w_.blank();
-  w_.raw(templates::amdgcn_prelude);
+  w_.raw(rules_.prelude());
   w_.blank();
   w_.line("// ---- the matrix instruction ----");
-  w_.line("// {}: D = A * B + C, {}x{}x{}, {} x {} per lane for A and B, {} x f32 for C/D.",
-          mi_.mnemonic, mi_.m(), mi_.n(), mi_.k(), mi_.layout->a_elems, mi_.ab_elem_type,
-          mi_.layout->cd_elems);
-  w_.open("FJ_DEVICE fj_float8 fj_mma(fj_bits8 a, fj_bits8 b, fj_float8 c) {{");
-  w_.line("return {}(__builtin_bit_cast({}, a), __builtin_bit_cast({}, b), c);", mi_.builtin,
-          bf16 ? "fj_short8" : "fj_half8", bf16 ? "fj_short8" : "fj_half8");
-  w_.close();
+  rules_.emit_mma_wrapper(w_, mi_, q.dtype);
   w_.blank();
   w_.raw(kernel.str());
 
@@ -380,7 +332,7 @@ Expected<Lowered> KernelEmitter::run() {
   out.block_threads = int(waves_ * target_.wave_size);
   out.lds_bytes = lds_bytes_;
   out.mma = &mi_;
-  out.rules = std::string(rules_.name);
+  out.rules = std::string(rules_.name());
   out.pointer_alignment = vec_ok_ ? 16 : 2;
   return out;
 }
@@ -397,7 +349,7 @@ Status KernelEmitter::emit_ops(const std::vector<Op> &body) {
 Status KernelEmitter::emit_op(const Op &op) {
   const std::string what = op_info(op.kind).name;
   auto unsupported = [&](const std::string &why) {
-    return Status::error("{} rules cannot lower `{}`: {}", rules_.name, what, why);
+    return Status::error("{} rules cannot lower `{}`: {}", rules_.name(), what, why);
   };
   if (op.kind != OpKind::For && op.kind != OpKind::Yield) {
     std::string res;
@@ -414,19 +366,20 @@ Status KernelEmitter::emit_op(const Op &op) {
                                 : fmt::format("{}", std::get<double>(attr)));
     w_.line("// IR: {}{}{}{}", res.empty() ? "" : res + " = ", what, args.empty() ? "" : " ", args);
   }
+  // expr_fmt uses {0} for operand 0's element and {1} for operand 1's. A per-row
+  // vector operand of a tile op reads the row slot of the element.
+  auto element = [&](ValueId v, const Type &result) {
+    if (!type(v).is_vector())
+      return name(v) + "[qt][c][e]";
+    return result.is_vector() ? name(v) + "[qt][s]"
+                              : fmt::format("{}[qt][{}]", name(v), rules_.acc_slot("e"));
+  };
   auto elementwise = [&](const std::string &expr_fmt) -> Status {
-    // expr_fmt uses {0} for operand 0's element and {1} for operand 1's.
     const Type &t = type(op.results[0]);
     w_.line("{};", declare(op.results[0]));
     const std::string dst = open_elements(t, name(op.results[0]));
-    std::string a = op.operands.size() > 0 ? (t.is_vector() ? name(op.operands[0]) + "[qt]"
-                                                            : name(op.operands[0]) + "[qt][c][e]")
-                                           : "";
-    std::string b;
-    if (op.operands.size() > 1) {
-      const Type &tb = type(op.operands[1]);
-      b = tb.is_vector() ? name(op.operands[1]) + "[qt]" : name(op.operands[1]) + "[qt][c][e]";
-    }
+    const std::string a = element(op.operands[0], t);
+    const std::string b = op.operands.size() > 1 ? element(op.operands[1], t) : "";
     w_.line("{} = {};", dst, fmt::format(fmt::runtime(expr_fmt), a, b));
     close_elements(t);
     return Status::ok();
@@ -445,33 +398,11 @@ Status KernelEmitter::emit_op(const Op &op) {
     close_elements(t);
     return Status::ok();
   }
-  case OpKind::MmaABt: {
-    // S^T = K Q^T: A = the K tile (rows of LDS), B = Q (registers), per 16x16 tile.
-    auto it = lds_of_.find(op.operands[1]);
-    if (it == lds_of_.end() || type(op.operands[0]).layout != TileLayout::mma_a)
-      return unsupported("expects A in registers (#mma_a) and B^T staged in LDS");
-    const Type &t = type(op.results[0]);
-    const int kt = tiles(type(op.operands[0]).cols);
-    w_.line("{};", declare(op.results[0]));
-    w_.line("#pragma unroll");
-    w_.open("for (int qt = 0; qt < kQTiles; ++qt) {{");
-    w_.line("#pragma unroll");
-    w_.open("for (int c = 0; c < {}; ++c) {{", tiles(t.cols));
-    w_.line("fj_float8 acc = {}[qt][c];", name(op.operands[2]));
-    w_.line("#pragma unroll");
-    w_.open("for (int k = 0; k < {}; ++k) {{", kt);
-    w_.line("const fj_bits8 a = fj_lds_load8(&{}[(c * 16 + col) * {} + k * 16 + 8 * half]);",
-            it->second, lds_strides_.at(it->second));
-    w_.line("acc = fj_mma(a, {}[qt][k], acc);", name(op.operands[0]));
-    w_.close();
-    w_.line("{}[qt][c] = acc;", name(op.results[0]));
-    w_.close();
-    w_.close();
-    read_since_barrier_.insert(it->second);
-    return Status::ok();
-  }
+  case OpKind::MmaABt:
   case OpKind::MmaAB: {
-    // O^T += V^T P^T: A = V^T (LDS, stored transposed), B = P^T (the converted S^T accumulator).
+    // S = Q K^T (mma_abt: K staged row-major) and O += P V (mma_ab: V staged
+    // transposed); the rules read the LDS fragment and order the operands.
+    const bool s_product = op.kind == OpKind::MmaABt;
     auto it = lds_of_.find(op.operands[1]);
     if (it == lds_of_.end() || type(op.operands[0]).layout != TileLayout::mma_a)
       return unsupported("expects A in registers (#mma_a) and B staged in LDS");
@@ -481,13 +412,18 @@ Status KernelEmitter::emit_op(const Op &op) {
     w_.line("#pragma unroll");
     w_.open("for (int qt = 0; qt < kQTiles; ++qt) {{");
     w_.line("#pragma unroll");
-    w_.open("for (int c = 0; c < {}; ++c) {{", tiles(t.cols));
-    w_.line("fj_float8 acc = {}[qt][c];", name(op.operands[2]));
+    w_.open("for (int c = 0; c < {}; ++c) {{", col_tiles(t.cols));
+    w_.line("{} acc = {}[qt][c];", rules_.acc_type(), name(op.operands[2]));
     w_.line("#pragma unroll");
     w_.open("for (int k = 0; k < {}; ++k) {{", kt);
-    w_.line("const fj_bits8 a = fj_lds_load8(&{}[(c * 16 + col) * {} + k * 16 + 8 * half]);",
-            it->second, lds_strides_.at(it->second));
-    w_.line("acc = fj_mma(a, {}[qt][k], acc);", name(op.operands[0]));
+    const std::string a_frag = name(op.operands[0]) + "[qt][k]";
+    if (s_product) {
+      rules_.emit_k_fragment(w_, it->second, lds_strides_.at(it->second));
+      w_.line("{}", rules_.mma_s(a_frag));
+    } else {
+      rules_.emit_v_fragment(w_, it->second, lds_strides_.at(it->second));
+      w_.line("{}", rules_.mma_o(a_frag));
+    }
     w_.close();
     w_.line("{}[qt][c] = acc;", name(op.results[0]));
     w_.close();
@@ -507,35 +443,48 @@ Status KernelEmitter::emit_op(const Op &op) {
     w_.line("const bool {}_full = fj_block_unmasked({}, {});", name(op.results[0]),
             name(op.operands[1]), name(op.operands[2]));
     const std::string dst = open_elements(t, name(op.results[0]));
-    w_.line("const int key = {} * kBlockN + c * 16 + 8 * half + e;", name(op.operands[2]));
-    w_.line("{} = {}_full || fj_visible(query_row(qt), key) ? {}[qt][c][e] : -__builtin_inff();",
-            dst, name(op.results[0]), name(op.operands[0]));
+    w_.line("const int key = {} * kBlockN + c * kNTile + {};", name(op.operands[2]),
+            rules_.acc_col("e"));
+    w_.line("{} = {}_full || fj_visible(query_row(qt, {}), key) ? {}[qt][c][e] : "
+            "-__builtin_inff();",
+            dst, name(op.results[0]), rules_.acc_row("e"), name(op.operands[0]));
     close_elements(t);
     return Status::ok();
   }
   case OpKind::RowMax:
   case OpKind::RowSum: {
+    // In-lane over the elements of each row slot, then across the lanes that
+    // hold the row's other columns.
     const bool is_max = op.kind == OpKind::RowMax;
     const Type &src = type(op.operands[0]);
     if (src.layout != TileLayout::mma_acc)
       return unsupported("row reductions need a #mma_acc tile");
     const std::string r = name(op.results[0]);
+    const std::string x = name(op.operands[0]);
     w_.line("{};", declare(op.results[0]));
     w_.line("#pragma unroll");
     w_.open("for (int qt = 0; qt < kQTiles; ++qt) {{");
-    w_.line("float r = {};", is_max ? "-__builtin_inff()" : "0.0f");
+    w_.line("float r[kRowSlots];");
     w_.line("#pragma unroll");
-    w_.open("for (int c = 0; c < {}; ++c) {{", tiles(src.cols));
+    w_.line("for (int s = 0; s < kRowSlots; ++s) r[s] = {};",
+            is_max ? "-__builtin_inff()" : "0.0f");
     w_.line("#pragma unroll");
-    w_.line("for (int e = 0; e < 8; ++e) r = {};",
-            is_max ? fmt::format("fj_max(r, {}[qt][c][e])", name(op.operands[0]))
-                   : fmt::format("r + {}[qt][c][e]", name(op.operands[0])));
+    w_.open("for (int c = 0; c < {}; ++c) {{", col_tiles(src.cols));
+    w_.line("#pragma unroll");
+    w_.open("for (int e = 0; e < kAccElems; ++e) {{");
+    w_.line("float &y = r[{}];", rules_.acc_slot("e"));
+    w_.line("y = {};", is_max ? fmt::format("fj_max(y, {}[qt][c][e])", x)
+                              : fmt::format("y + {}[qt][c][e]", x));
     w_.close();
-    for (int mask : share_masks_)
-      w_.line("r = {}; // the lane holding the same query's other keys",
-              is_max ? fmt::format("fj_max(r, fj_shfl_xor(r, lane, {}))", mask)
-                     : fmt::format("r + fj_shfl_xor(r, lane, {})", mask));
-    w_.line("{}[qt] = r;", r);
+    w_.close();
+    w_.line("#pragma unroll");
+    w_.open("for (int s = 0; s < kRowSlots; ++s) {{");
+    for (int mask : rules_.row_share_masks())
+      w_.line("r[s] = {}; // the lanes holding the row's other columns",
+              is_max ? fmt::format("fj_max(r[s], fj_shfl_xor(r[s], lane, {}))", mask)
+                     : fmt::format("r[s] + fj_shfl_xor(r[s], lane, {})", mask));
+    w_.line("{}[qt][s] = r[s];", r);
+    w_.close();
     w_.close();
     return Status::ok();
   }
@@ -569,11 +518,9 @@ Status KernelEmitter::emit_op(const Op &op) {
     const Type &from = type(op.operands[0]), &to = type(op.results[0]);
     if (!(from.layout == TileLayout::mma_acc && to.layout == TileLayout::mma_a &&
           to.dtype != DType::f32))
-      return unsupported(fmt::format("no {} rule converts #{} to #{}", rules_.name,
+      return unsupported(fmt::format("no {} rule converts #{} to #{}", rules_.name(),
                                      tile_layout_name(from.layout), tile_layout_name(to.layout)));
-    w_.line("// The S^T accumulator's lane map is the P^T operand's map: the same registers.");
-    w_.line("fj_bits8 (&{})[kQTiles][{}] = {};", name(op.results[0]), tiles(to.cols),
-            name(op.operands[0]));
+    rules_.emit_p_operand(w_, name(op.results[0]), name(op.operands[0]), tiles(to.cols));
     return Status::ok();
   }
   case OpKind::For:
@@ -590,45 +537,47 @@ Status KernelEmitter::emit_load(const Op &op) {
   const std::string idx = name(op.operands[0]);
   const std::string head = t.name == "K" || t.name == "V" ? "head / kGroup" : "head";
   const std::string base =
-      fmt::format("{0} + long({1}) * k{0}Stride[0] + long({2}) * k{0}Stride[1]", t.name,
+      fmt::format("{0} + long({1}) * k{0}BatchStride + long({2}) * k{0}HeadStride", t.name,
                   name(p_.grid_args[2]), head);
   const std::string dim_stride = t.strides.dim == 1 ? "" : fmt::format(" * k{}DimStride", t.name);
   if (ty.layout == TileLayout::mma_a) {
-    // Operand fragments straight from global memory: lane (half, col) reads 8
-    // consecutive head-dim entries of its query row.
+    // Operand fragments straight from global memory, run by run: each run is
+    // `len` consecutive head-dim entries of one query row.
+    const int len = rules_.operand_run_len();
+    const std::vector<FragmentRun> runs = rules_.operand_runs();
     w_.line("{};", declare(op.results[0]));
     w_.line("const fj_bits *{}_base = {};", name(op.results[0]), base);
     w_.line("#pragma unroll");
     w_.open("for (int qt = 0; qt < kQTiles; ++qt) {{");
-    w_.line("const int row = query_row(qt);");
     w_.line("#pragma unroll");
     w_.open("for (int c = 0; c < {}; ++c) {{", tiles(ty.cols));
-    w_.line("const int d0 = c * 16 + 8 * half;");
-    w_.line("const fj_bits *src = {}_base + long(row) * k{}Stride[2];", name(op.results[0]),
-            t.name);
-    w_.line("fj_bits8 frag = {{0, 0, 0, 0, 0, 0, 0, 0}};");
-    w_.open("if (row < {}) {{", seq_const(t));
-    w_.line("if (kVecLoads && d0 + 8 <= {})", dim_const(t));
-    w_.line("  frag = fj_global_load8(src + d0);");
-    w_.line("else");
-    w_.line("  for (int e = 0; e < 8; ++e)");
-    w_.line("    if (d0 + e < {}) frag[e] = fj_global_load1(src + long(d0 + e){});", dim_const(t),
-            dim_stride);
-    w_.close();
+    w_.line("{} frag = {{{}}};", rules_.operand_type(),
+            fmt::join(std::vector<int>(len * runs.size(), 0), ", "));
+    for (size_t r = 0; r < runs.size(); ++r) {
+      w_.open("{{");
+      w_.line("const int row = query_row(qt, {});", runs[r].row);
+      w_.line("const int d0 = c * 16 + {};", runs[r].col);
+      w_.line("const fj_bits *src = {}_base + long(row) * k{}SeqStride;", name(op.results[0]),
+              t.name);
+      w_.open("if (row < {}) {{", seq_const(t));
+      emit_run_load("frag", int(r) * len, len, runs.size() == 1, dim_const(t), dim_stride);
+      w_.close();
+      w_.close();
+    }
     w_.line("{}[qt][c] = frag;", name(op.results[0]));
     w_.close();
     w_.close();
     return Status::ok();
   }
   if (ty.layout != TileLayout::mma_b)
-    return Status::error("{} rules cannot lower `load` into #{}", rules_.name,
+    return Status::error("{} rules cannot lower `load` into #{}", rules_.name(),
                          tile_layout_name(ty.layout));
   // A B operand is staged in LDS by the whole workgroup with 128-bit loads. As
   // B^T (K, consumer mma_abt) it is stored row-major; as B (V, consumer mma_ab)
   // transposed, so that each lane's 8 consecutive keys are one 128-bit LDS read.
   const Op *use = consumer_of(op.results[0], p_.body);
   if (!use || (use->kind != OpKind::MmaABt && use->kind != OpKind::MmaAB))
-    return Status::error("{} rules: a #mma_b tile must feed mma_ab or mma_abt", rules_.name);
+    return Status::error("{} rules: a #mma_b tile must feed mma_ab or mma_abt", rules_.name());
   const bool transposed = use->kind == OpKind::MmaAB;
   const std::string buf = fmt::format("lds_{}", [&] {
     std::string s = t.name;
@@ -658,7 +607,7 @@ Status KernelEmitter::emit_load(const Op &op) {
   w_.open("for (int i = fj_thread_id(); i < {} * {}; i += kThreads) {{", rows, cols / 8);
   w_.line("const int r = i / {}, d0 = (i % {}) * 8;", cols / 8, cols / 8);
   w_.line("const int row = {} * {} + r;", idx, rows == block_n_ ? "kBlockN" : std::to_string(rows));
-  w_.line("const fj_bits *src = {}_src + long(row) * k{}Stride[2];", name(op.results[0]), t.name);
+  w_.line("const fj_bits *src = {}_src + long(row) * k{}SeqStride;", name(op.results[0]), t.name);
   w_.line("fj_bits8 chunk = {{0, 0, 0, 0, 0, 0, 0, 0}};");
   w_.open("if (row < {}) {{", seq_const(t));
   w_.line("if (kVecLoads && d0 + 8 <= {})", dim_const(t));
@@ -687,48 +636,79 @@ Status KernelEmitter::emit_store(const Op &op) {
   const Type &ty = type(op.operands[0]);
   const std::string v = name(op.operands[0]);
   const std::string base =
-      fmt::format("{0} + long({1}) * k{0}Stride[0] + long({2}) * k{0}Stride[1]", t.name,
+      fmt::format("{0} + long({1}) * k{0}BatchStride + long({2}) * k{0}HeadStride", t.name,
                   name(p_.grid_args[2]), name(p_.grid_args[1]));
   if (ty.is_vector()) {
-    // One value per query: written by the lanes of the first half-wave, which own it.
+    // One value per query row, written by the one lane the rules name for it.
     w_.line("#pragma unroll");
     w_.open("for (int qt = 0; qt < kQTiles; ++qt) {{");
-    w_.line("const int row = query_row(qt);");
-    w_.line(
-        "if (half == 0 && row < {}) fj_global_store_f32({} + long(row) * k{}Stride[2], {}[qt]);",
-        seq_const(t), base, t.name, v);
+    w_.line("#pragma unroll");
+    w_.open("for (int s = 0; s < kRowSlots; ++s) {{");
+    w_.line("const int row = query_row(qt, {});", rules_.slot_row("s"));
+    w_.line("if ({} && row < {}) fj_global_store_f32({} + long(row) * k{}SeqStride, {}[qt][s]);",
+            rules_.row_writer(), seq_const(t), base, t.name, v);
+    w_.close();
     w_.close();
     return Status::ok();
   }
   if (ty.layout != TileLayout::mma_acc || ty.dtype == DType::f32)
-    return Status::error("{} rules: `store` takes a converted #mma_acc tile", rules_.name);
+    return Status::error("{} rules: `store` takes a converted #mma_acc tile", rules_.name());
   const std::string dim_stride = t.strides.dim == 1 ? "" : fmt::format(" * k{}DimStride", t.name);
-  // O^T accumulator: lane (half, col) holds head-dim entries 8*half..8*half+7 of
-  // its query for every 16-wide column tile c.
+  // The accumulator fragment, run by run: `len` consecutive head-dim entries of one row.
+  const int len = rules_.acc_run_len();
+  const std::vector<FragmentRun> runs = rules_.acc_runs();
   w_.line("fj_bits *{}_dst = {};", v, base);
   w_.line("#pragma unroll");
   w_.open("for (int qt = 0; qt < kQTiles; ++qt) {{");
-  w_.line("const int row = query_row(qt);");
-  w_.line("if (row >= {}) continue;", seq_const(t));
-  w_.line("fj_bits *dst = {}_dst + long(row) * k{}Stride[2];", v, t.name);
   w_.line("#pragma unroll");
-  w_.open("for (int c = 0; c < {}; ++c) {{", tiles(ty.cols));
-  w_.line("const int d0 = c * 16 + 8 * half;");
-  w_.line("if (kVecLoads && d0 + 8 <= {})", dim_const(t));
-  w_.line("  fj_global_store8(dst + d0, {}[qt][c]);", v);
-  w_.line("else");
-  w_.line("  for (int e = 0; e < 8; ++e)");
-  w_.line("    if (d0 + e < {}) fj_global_store1(dst + long(d0 + e){}, {}[qt][c][e]);",
-          dim_const(t), dim_stride, v);
+  w_.open("for (int c = 0; c < {}; ++c) {{", col_tiles(ty.cols));
+  for (size_t r = 0; r < runs.size(); ++r) {
+    w_.open("{{");
+    w_.line("const int row = query_row(qt, {});", runs[r].row);
+    w_.line("const int d0 = c * kNTile + {};", runs[r].col);
+    w_.line("fj_bits *dst = {}_dst + long(row) * k{}SeqStride;", v, t.name);
+    w_.open("if (row < {}) {{", seq_const(t));
+    const int first = int(r) * len;
+    w_.line("if (kVecLoads && d0 + {} <= {})", len, dim_const(t));
+    if (runs.size() == 1 && len == 8)
+      w_.line("  fj_global_store8(dst + d0, {}[qt][c]);", v);
+    else if (len == 2)
+      w_.line("  fj_global_store2(dst + d0, {0}[qt][c][{1}], {0}[qt][c][{2}]);", v, first,
+              first + 1);
+    else
+      w_.line("  for (int i = 0; i < {}; ++i) fj_global_store1(dst + d0 + i, {}[qt][c][{} + i]);",
+              len, v, first);
+    w_.line("else");
+    w_.line("  for (int i = 0; i < {}; ++i)", len);
+    w_.line("    if (d0 + i < {}) fj_global_store1(dst + long(d0 + i){}, {}[qt][c][{}]);",
+            dim_const(t), dim_stride, v, first ? fmt::format("{} + i", first) : "i");
+    w_.close();
+    w_.close();
+  }
   w_.close();
   w_.close();
   return Status::ok();
 }
 
+void KernelEmitter::emit_run_load(const std::string &frag, int first, int len, bool whole,
+                                  const std::string &dim, const std::string &dim_stride) {
+  w_.line("if (kVecLoads && d0 + {} <= {})", len, dim);
+  if (whole)
+    w_.line("  {} = fj_global_load{}(src + d0);", frag, len);
+  else
+    w_.line("  {{ const fj_bits{0} v = fj_global_load{0}(src + d0); for (int i = 0; i < {0}; ++i) "
+            "{1}[{2} + i] = v[i]; }}",
+            len, frag, first);
+  w_.line("else");
+  w_.line("  for (int i = 0; i < {}; ++i)", len);
+  w_.line("    if (d0 + i < {}) {}[{}] = fj_global_load1(src + long(d0 + i){});", dim, frag,
+          first ? fmt::format("{} + i", first) : "i", dim_stride);
+}
+
 void KernelEmitter::emit_copy(ValueId, const std::string &dst, ValueId src) {
   const Type &t = type(src);
   const std::string d = open_elements(t, dst);
-  w_.line("{} = {};", d, t.is_vector() ? name(src) + "[qt]" : name(src) + "[qt][c][e]");
+  w_.line("{} = {};", d, t.is_vector() ? name(src) + "[qt][s]" : name(src) + "[qt][c][e]");
   close_elements(t);
 }
 
@@ -765,10 +745,11 @@ Status KernelEmitter::emit_for(const Op &op) {
   for (size_t i = 0; i < op.results.size(); ++i) {
     const Type &t = type(op.results[i]);
     if (t.is_vector())
-      w_.line("float (&{})[kQTiles] = {};", name(op.results[i]), name(op.region_args[i + 1]));
-    else
-      w_.line("fj_float8 (&{})[kQTiles][{}] = {};", name(op.results[i]), tiles(t.cols),
+      w_.line("float (&{})[kQTiles][kRowSlots] = {};", name(op.results[i]),
               name(op.region_args[i + 1]));
+    else
+      w_.line("{} (&{})[kQTiles][{}] = {};", rules_.acc_type(), name(op.results[i]),
+              col_tiles(t.cols), name(op.region_args[i + 1]));
   }
   return Status::ok();
 }
@@ -816,17 +797,14 @@ Expected<Lowered> lower(const ir::Program &program, const Target &target) {
   FJ_RETURN_IF_ERROR(ir::verify(program));
   const Rules *rules = rules_for(target);
   if (!rules)
-    return Status::error("no lowering rules for {} ({}) yet: supported families are gfx12 "
-                         "(gfx1200, gfx1201)",
-                         target.arch, target.family_name());
+    return Status::error("no lowering rules for {} ({}) yet: families with rules are {}",
+                         target.arch, target.family_name(), families_with_rules());
   const DType dt = program.tensor("Q")->dtype;
-  auto mi = find_matrix_instr(target, dt, kFrag, kFrag, kFrag);
+  auto mi = find_matrix_instr(target, dt, kFrag, rules->n_tile(), kFrag);
   if (!mi)
     return mi.status();
-  auto masks = column_sharing_masks(**mi, target.wave_size);
-  if (!masks)
-    return masks.status();
-  return KernelEmitter(program, target, *rules, **mi, *masks).run();
+  FJ_RETURN_IF_ERROR(rules->check(**mi, target));
+  return KernelEmitter(program, target, *rules, **mi).run();
 }
 
 Expected<Lowered> generate(const AttentionSpec &spec, const ir::Config &config,

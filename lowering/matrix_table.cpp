@@ -70,6 +70,36 @@ MatrixCoord mfma_32x32_d(int lane, int elem) {
 MatrixCoord mfma_16x16x32_a(int lane, int elem) { return {lane % 16, 8 * (lane / 16) + elem}; }
 MatrixCoord mfma_32x32x16_a(int lane, int elem) { return {lane % 32, 8 * (lane / 32) + elem}; }
 
+// NVIDIA mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16} (PTX ISA, "Matrix
+// fragments for mma.m16n8k16"): g = lane / 4 (group), t = lane % 4.
+//
+//   A (16 x 16): a0,a1 = A[g][2t..2t+1]    a2,a3 = A[g+8][2t..2t+1]
+//                a4,a5 = A[g][2t+8..2t+9]  a6,a7 = A[g+8][2t+8..2t+9]
+//   B (16 x 8):  b0,b1 = B[2t..2t+1][g]    b2,b3 = B[2t+8..2t+9][g]
+//   D (16 x 8):  d0,d1 = D[g][2t..2t+1]    d2,d3 = D[g+8][2t..2t+1]
+MatrixCoord sm80_a(int lane, int elem) {
+  return {lane / 4 + 8 * ((elem / 2) % 2), 2 * (lane % 4) + elem % 2 + 8 * (elem / 4)};
+}
+MatrixCoord sm80_b(int lane, int elem) {
+  return {2 * (lane % 4) + elem % 2 + 8 * (elem / 2), lane / 4};
+}
+MatrixCoord sm80_d(int lane, int elem) {
+  return {lane / 4 + 8 * (elem / 2), 2 * (lane % 4) + elem % 2};
+}
+
+constexpr LaneLayout kSm80 = {.name = "sm80_m16n8k16",
+                              .m = 16,
+                              .n = 8,
+                              .k = 16,
+                              .wave_size = 32,
+                              .a_elems = 8,
+                              .b_elems = 4,
+                              .cd_elems = 4,
+                              .ab_replication = 1,
+                              .a = sm80_a,
+                              .b = sm80_b,
+                              .d = sm80_d};
+
 constexpr LaneLayout kGfx11 = {.name = "gfx11_16x16x16",
                                .m = 16,
                                .n = 16,
@@ -206,6 +236,13 @@ constexpr MatrixInstr kTable[] = {
      "float", &kMfma32x32x8, kMfmaArgs, sources},
     {"v_mfma_f32_32x32x8_bf16", "__builtin_amdgcn_mfma_f32_32x32x8bf16_1k", cdna4, bf16, f32,
      "short", "float", &kMfma32x32x8, kMfmaArgs, sources},
+
+    // NVIDIA sm_80+: warp-wide mma.sync through inline PTX (no builtin); operands are
+    // 32-bit registers holding two 16-bit elements each.
+    {"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "", sm80, f16, f32, "half", "float",
+     &kSm80, kNoArgs, sources},
+    {"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "", sm80, bf16, f32, "__nv_bfloat16",
+     "float", &kSm80, kNoArgs, sources},
 };
 
 } // namespace

@@ -43,9 +43,15 @@ struct FamilyRow {
 };
 
 constexpr FamilyRow kFamilies[] = {
-    {Family::gfx11, "gfx11", 32, 256, 16}, {Family::gfx12, "gfx12", 32, 256, 16},
-    {Family::cdna2, "cdna2", 64, 512, 8},  {Family::cdna3, "cdna3", 64, 512, 8},
+    {Family::gfx11, "gfx11", 32, 256, 16},
+    {Family::gfx12, "gfx12", 32, 256, 16},
+    {Family::cdna2, "cdna2", 64, 512, 8},
+    {Family::cdna3, "cdna3", 64, 512, 8},
     {Family::cdna4, "cdna4", 64, 512, 8},
+    // NVIDIA: a warp is the "wave"; 255 registers per thread, 16 warps per SM
+    // sub-partition (64 per SM) on sm_80..sm_90 (CUDA programming guide, table of
+    // compute capabilities).
+    {Family::sm80, "sm80", 32, 255, 16},
 };
 
 struct ArchRow {
@@ -60,6 +66,7 @@ struct ArchRow {
 
 constexpr int k64KiB = 64 * 1024;
 constexpr int k160KiB = 160 * 1024;
+constexpr int k48KiB = 48 * 1024;
 
 constexpr ArchRow kArchs[] = {
     // name, family, VGPRs per SIMD lane, allocation granule, LDS, xnack, sramecc
@@ -74,6 +81,13 @@ constexpr ArchRow kArchs[] = {
     {"gfx90a", Family::cdna2, 512, 8, k64KiB, true, true},
     {"gfx942", Family::cdna3, 512, 8, k64KiB, true, true},
     {"gfx950", Family::cdna4, 512, 8, k160KiB, true, true},
+    // NVIDIA: 64K 32-bit registers per SM = 512 per lane of each of the 4 sub-partitions,
+    // allocated per warp in units of 256 (8 per lane); LDS is shared memory, of which a
+    // kernel may declare 48 KiB statically (more needs dynamic shared memory).
+    {"sm_80", Family::sm80, 512, 8, k48KiB, false, false},
+    {"sm_86", Family::sm80, 512, 8, k48KiB, false, false},
+    {"sm_89", Family::sm80, 512, 8, k48KiB, false, false},
+    {"sm_90", Family::sm80, 512, 8, k48KiB, false, false},
 };
 
 // Target-ID features, in the (alphabetical) order of LLVM's canonical target IDs.

@@ -25,6 +25,7 @@ enum class Family {
   cdna2, ///< gfx90a (MI200). MFMA, wave64.
   cdna3, ///< gfx942 (MI300). MFMA, wave64.
   cdna4, ///< gfx950 (MI350). MFMA with the K32/K16 shapes, wave64.
+  sm80,  ///< NVIDIA Ampere and later (sm_80 .. sm_90): warp-wide mma.sync, 32 lanes.
 };
 
 std::string_view family_name(Family f);
@@ -62,6 +63,8 @@ struct Target {
   std::vector<const MatrixInstr *> matrix_instrs;
 
   std::string_view family_name() const { return lowering::family_name(family); }
+  /// NVIDIA targets compile with nvrtc and launch through the CUDA driver.
+  bool is_nvidia() const { return family == Family::sm80; }
   /// The target ID to hand to the compiler: arch, then ":features" if any.
   std::string target_id() const;
   /// Waves that fit on one SIMD when each uses `vgprs` VGPRs (LLVM's
@@ -69,7 +72,8 @@ struct Target {
   int max_waves_for_vgprs(int vgprs) const;
 };
 
-/// Parses "gfxNNNN" with optional ":feature+" / ":feature-" suffixes.
+/// Parses "gfxNNNN" with optional ":feature+" / ":feature-" suffixes, or an
+/// NVIDIA "sm_NN" (sm_80, sm_86, sm_89, sm_90).
 Expected<Target> parse_target(std::string_view target_id);
 
 /// Every processor parse_target accepts, in a fixed order.

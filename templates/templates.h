@@ -9,6 +9,7 @@ namespace flashjit::templates {
 
 extern const std::string_view amdgcn_prelude;
 extern const std::string_view attention_common;
+extern const std::string_view cuda_prelude;
 /// The CPU emulator's prelude: the fj_* wrappers over runtime/emulator.cpp's hooks.
 /// SHA-256 over every embedded template: part of the kernel cache key.
 extern const std::string_view bundle_hash;

@@ -225,7 +225,7 @@ TEST(Lowering, UnsupportedFamiliesAreNamedWithTheSupportedOnes) {
 }
 
 TEST(Lowering, UnknownArchListsTheSupportedOnes) {
-  for (const char *arch : {"gfx9999", "gfx1202", "sm_90"}) {
+  for (const char *arch : {"gfx9999", "gfx1202", "sm_75"}) {
     Expected<Target> t = parse_target(arch);
     ASSERT_FALSE(t) << arch;
     const std::string &error = t.status().message();

@@ -22,7 +22,8 @@ std::string parse_error(std::string_view id) {
 TEST(Target, SupportedArchsInOrder) {
   std::vector<std::string_view> expected = {"gfx1100", "gfx1101", "gfx1102", "gfx1103",
                                             "gfx1150", "gfx1151", "gfx1200", "gfx1201",
-                                            "gfx90a",  "gfx942",  "gfx950"};
+                                            "gfx90a",  "gfx942",  "gfx950",  "sm_80",
+                                            "sm_86",   "sm_89",   "sm_90"};
   EXPECT_EQ(supported_archs(), expected);
 }
 
@@ -50,6 +51,11 @@ constexpr ArchFacts kFacts[] = {
     {"gfx90a", Family::cdna2, 64, 65536, 512, 512, 8, 8},
     {"gfx942", Family::cdna3, 64, 65536, 512, 512, 8, 8},
     {"gfx950", Family::cdna4, 64, 163840, 512, 512, 8, 8},
+    // NVIDIA: a warp, 48 KiB of static shared memory, 255 registers per thread.
+    {"sm_80", Family::sm80, 32, 49152, 255, 512, 8, 16},
+    {"sm_86", Family::sm80, 32, 49152, 255, 512, 8, 16},
+    {"sm_89", Family::sm80, 32, 49152, 255, 512, 8, 16},
+    {"sm_90", Family::sm80, 32, 49152, 255, 512, 8, 16},
 };
 
 TEST(Target, ParsesEverySupportedArch) {

@@ -1,0 +1,88 @@
+// The part of lowering that differs between matrix-instruction families.
+//
+// Shared by every family (lowering/lower.cpp): the op walk, value storage,
+// LDS staging of K and V with 128-bit loads, barriers, masks, elementwise math,
+// row reductions, loops and the launch geometry. A family's Rules say only how
+// an accumulator fragment of 16 query rows is spread over the lanes, how the
+// operand fragments are read (from registers, global memory and LDS), in which
+// order the operands enter the matrix instruction, and which prelude and
+// matrix-instruction wrapper the kernel is compiled with.
+#pragma once
+
+#include "lowering/hip_writer.h"
+#include "lowering/matrix_table.h"
+#include "lowering/target.h"
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace flashjit::lowering {
+
+/// A contiguous run of fragment elements: `len` elements of one row starting at
+/// column `col`; expressions in the lane variables of Rules::emit_lane_vars.
+struct FragmentRun {
+  std::string row; // row within the 16-row tile
+  std::string col; // first column within the tile
+};
+
+class Rules {
+public:
+  virtual ~Rules() = default;
+  virtual std::string_view name() const = 0;
+  /// Checks the instruction's lane maps against what these rules assume.
+  virtual Status check(const MatrixInstr &mi, const Target &t) const = 0;
+
+  // ---- accumulators: fragments of 16 query rows x n_tile() columns ----
+  virtual int n_tile() const = 0;
+  virtual int acc_elems() const = 0;
+  /// Query rows one lane holds in a 16-row fragment (each a "row slot").
+  virtual int row_slots() const = 0;
+  virtual std::string_view acc_type() const = 0;     // the f32 fragment
+  virtual std::string_view acc16_type() const = 0;   // the same fragment in 16-bit elements
+  virtual std::string_view operand_type() const = 0; // a 16 x 16 operand fragment (Q or P)
+  virtual void emit_lane_vars(HipWriter &w) const = 0;
+  /// Row (0..15), row slot and column (0..n_tile-1) of accumulator element `e`.
+  virtual std::string acc_row(std::string_view e) const = 0;
+  virtual std::string acc_slot(std::string_view e) const = 0;
+  virtual std::string acc_col(std::string_view e) const = 0;
+  /// The row of row slot `s`.
+  virtual std::string slot_row(std::string_view s) const = 0;
+  /// xor masks reaching the lanes that hold the other columns of the same rows.
+  virtual std::vector<int> row_share_masks() const = 0;
+  /// True in exactly one lane per row: the lane that stores a per-row value.
+  virtual std::string row_writer() const = 0;
+  /// The accumulator fragment as runs of acc_run_len() elements along a row.
+  virtual int acc_run_len() const = 0;
+  virtual std::vector<FragmentRun> acc_runs() const = 0;
+
+  // ---- operands ----
+  /// The Q operand fragment of a 16-query tile and a 16-wide k tile, as runs along k.
+  virtual int operand_run_len() const = 0;
+  virtual std::vector<FragmentRun> operand_runs() const = 0;
+  /// Declares `kf`: the K fragment of key tile `c` (n_tile keys) and head-dim tile `k`,
+  /// from the row-major [key][dim] LDS buffer.
+  virtual void emit_k_fragment(HipWriter &w, std::string_view buf,
+                               std::string_view stride) const = 0;
+  /// Declares `vf`: the V fragment of head-dim tile `c` (n_tile entries) and key tile
+  /// `k`, from the transposed [dim][key] LDS buffer.
+  virtual void emit_v_fragment(HipWriter &w, std::string_view buf,
+                               std::string_view stride) const = 0;
+  /// The matrix instruction accumulating Q K^T (resp. P V) into `acc`.
+  virtual std::string mma_s(std::string_view q) const = 0;
+  virtual std::string mma_o(std::string_view p) const = 0;
+  /// convert_layout: the P operand fragments `dst` from the converted accumulator `src`.
+  virtual void emit_p_operand(HipWriter &w, std::string_view dst, std::string_view src,
+                              int key_tiles) const = 0;
+
+  // ---- the text around the kernel ----
+  virtual std::string_view prelude() const = 0;
+  virtual void emit_mma_wrapper(HipWriter &w, const MatrixInstr &mi, DType dtype) const = 0;
+};
+
+/// The rules for a target's family, or nullptr.
+const Rules *rules_for(const Target &t);
+/// Families that have rules, for error messages.
+std::string families_with_rules();
+
+} // namespace flashjit::lowering
