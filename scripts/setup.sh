@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 packages=(cmake ninja-build g++ libfmt-dev googletest libgtest-dev
           clang-22 clang-format-22 lld-22 llvm-22-dev libclang-22-dev libclang-cpp22-dev liblld-22-dev
-          python3-numpy python3-pytest)
+          python3-numpy python3-pytest libamd-comgr2)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -55,6 +55,10 @@ Expected<Args> parse_args(const Command &c, const std::vector<std::string> &argv
       a = a.substr(0, eq);
       inline_value = true;
     }
+    if (!a.empty() && a[0] != '-' && int(args.positional.size()) < c.max_positional) {
+      args.positional.push_back(a);
+      continue;
+    }
     if (a == "--help" || a == "-h") {
       args.values_["--help"] = "";
       continue;

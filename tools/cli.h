@@ -29,6 +29,7 @@ public:
   Expected<int64_t> get_int(const std::string &flag, int64_t fallback) const;
   Expected<double> get_double(const std::string &flag, double fallback) const;
   std::map<std::string, std::string> values_;
+  std::vector<std::string> positional; // operands that are not options, in order
 };
 
 struct Command {
@@ -37,6 +38,7 @@ struct Command {
   std::string usage; // the line after the command name
   std::vector<FlagSpec> flags;
   std::function<int(const Args &)> run;
+  int max_positional = 0; // operands (non-option arguments) the command takes
   std::string help_text() const;
 };
 

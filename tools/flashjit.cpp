@@ -6,6 +6,7 @@
 #include "lowering/lower.h"
 #include "runtime/npy.h"
 #include "tools/cli.h"
+#include "tools/commands.h"
 #include "tools/spec_flags.h"
 #ifdef FLASHJIT_HAVE_LLVM
 #include "compiler/llvm_compiler.h"
@@ -252,7 +253,7 @@ int cmd_run(const cli::Args &a) {
 }
 
 std::vector<cli::Command> commands() {
-  return {
+  std::vector<cli::Command> all = {
       {"emit",
        "Build the tile-IR program for an attention spec; print it and/or the HIP source for an "
        "arch.",
@@ -286,6 +287,9 @@ std::vector<cli::Command> commands() {
                   {"--load-dir", "DIR", "read q/k/v.npy from DIR instead of random inputs", ""}}),
        cmd_run},
   };
+  for (auto &c : cli::cache_commands())
+    all.push_back(std::move(c));
+  return all;
 }
 
 void print_main_help(const std::vector<cli::Command> &cmds) {

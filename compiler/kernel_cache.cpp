@@ -1,0 +1,693 @@
+// KernelCache: an LRU map in memory, one verified file per entry on disk.
+//
+// Concurrency. Within a process, a mutex per key (handed out by key_lock())
+// serializes everything from the memory re-check to the store, so concurrent
+// requests for one key compile once and the others find it in memory. The
+// shared maps are under one mutex that is never held across a compile or any
+// I/O. Between processes nothing is locked: each writes its result to its own
+// temporary file and rename()s it into place, which POSIX makes atomic, so the
+// last rename wins and every reader opens a complete file (both results are
+// the same code anyway). A reader verifies what it opened in full before using
+// it, so a file damaged any other way is caught there.
+#include "compiler/kernel_cache.h"
+
+#include "compiler/knobs.h"
+#include "compiler/sha256.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <list>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+#include <variant>
+
+#ifndef FLASHJIT_VERSION
+#error "FLASHJIT_VERSION must be defined by compiler/CMakeLists.txt"
+#endif
+
+namespace flashjit::compiler {
+namespace {
+
+constexpr char kMagic[8] = {'F', 'J', 'K', 'C', 'A', 'C', 'H', 'E'};
+constexpr uint32_t kFormatVersion = 1;
+constexpr size_t kKeyChars = 64;
+constexpr size_t kHeaderBytes = sizeof(kMagic) + 4 + kKeyChars + 8 + 32;
+constexpr std::string_view kSuffix = ".fjk";
+constexpr std::string_view kTempPrefix = ".tmp-";
+/// A temporary file older than this belongs to a writer that died.
+constexpr auto kStaleTemp = std::chrono::seconds(60);
+
+bool is_key(std::string_view key) {
+  return key.size() == kKeyChars && std::all_of(key.begin(), key.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+/// The key of an entry file name "<key>.fjk", or empty.
+std::string_view entry_key(std::string_view name) {
+  if (name.size() != kKeyChars + kSuffix.size() || !name.ends_with(kSuffix))
+    return {};
+  std::string_view key = name.substr(0, kKeyChars);
+  return is_key(key) ? key : std::string_view();
+}
+
+bool is_temp_name(std::string_view name) {
+  return name.starts_with(kTempPrefix) && name.size() > kTempPrefix.size() + kKeyChars &&
+         is_key(name.substr(kTempPrefix.size(), kKeyChars));
+}
+
+struct Entry {
+  CodeObject code;
+  std::string target_id;
+  int64_t cost() const {
+    return int64_t(code.bytes.size() + code.arch.size() + code.compiler.size() + target_id.size());
+  }
+};
+
+/// The parts of a key in the order KeyParts::hash() takes them.
+auto key_fields(const KeyParts &k) {
+  return std::array<const std::string *, 8>{
+      &k.ir_text,           &k.target_id,      &k.config,
+      &k.compile_options,   &k.templates_hash, &k.flashjit_version,
+      &k.compiler_identity, &k.source_override};
+}
+
+int64_t key_cost(const KeyParts &k) {
+  int64_t n = 0;
+  for (const std::string *s : key_fields(k))
+    n += int64_t(s->size());
+  return n;
+}
+
+/// A memory-cache key: the parts themselves (owned by the entry, or the
+/// caller's during a lookup) with a fast, non-cryptographic hash of them.
+struct MemoryKey {
+  const KeyParts *parts;
+  size_t hash;
+  bool operator==(const MemoryKey &o) const { return hash == o.hash && *parts == *o.parts; }
+};
+struct MemoryKeyHash {
+  size_t operator()(const MemoryKey &k) const { return k.hash; }
+};
+
+MemoryKey memory_key(const KeyParts &k) {
+  size_t h = 0;
+  for (const std::string *s : key_fields(k))
+    h = (h ^ (std::hash<std::string_view>()(*s) + s->size())) * 0x9e3779b97f4a7c15ull;
+  return {&k, h};
+}
+
+// ---- the file format ------------------------------------------------------
+
+void put_u32(std::string &out, uint32_t v) {
+  for (int i = 0; i < 4; ++i)
+    out += char(v >> (8 * i));
+}
+void put_u64(std::string &out, uint64_t v) {
+  for (int i = 0; i < 8; ++i)
+    out += char(v >> (8 * i));
+}
+
+class Reader {
+public:
+  explicit Reader(std::string_view in) : in_(in) {}
+  bool u32(uint32_t &v) {
+    if (in_.size() - pos_ < 4)
+      return false;
+    v = 0;
+    for (int i = 0; i < 4; ++i)
+      v |= uint32_t(uint8_t(in_[pos_ + i])) << (8 * i);
+    pos_ += 4;
+    return true;
+  }
+  bool u64(uint64_t &v) {
+    if (in_.size() - pos_ < 8)
+      return false;
+    v = 0;
+    for (int i = 0; i < 8; ++i)
+      v |= uint64_t(uint8_t(in_[pos_ + i])) << (8 * i);
+    pos_ += 8;
+    return true;
+  }
+  bool take(uint64_t n, std::string_view &out) {
+    if (in_.size() - pos_ < n)
+      return false;
+    out = in_.substr(pos_, n);
+    pos_ += n;
+    return true;
+  }
+  bool str32(std::string &out) {
+    uint32_t n = 0;
+    std::string_view s;
+    if (!u32(n) || !take(n, s))
+      return false;
+    out.assign(s);
+    return true;
+  }
+  bool done() const { return pos_ == in_.size(); }
+
+private:
+  std::string_view in_;
+  size_t pos_ = 0;
+};
+
+std::string encode(std::string_view key, const Entry &e) {
+  std::string payload;
+  put_u32(payload, uint32_t(e.code.arch.size()));
+  payload += e.code.arch;
+  put_u32(payload, uint32_t(e.code.compiler.size()));
+  payload += e.code.compiler;
+  put_u32(payload, uint32_t(e.target_id.size()));
+  payload += e.target_id;
+  put_u64(payload, e.code.bytes.size());
+  payload.append(reinterpret_cast<const char *>(e.code.bytes.data()), e.code.bytes.size());
+
+  std::string file(kMagic, sizeof(kMagic));
+  put_u32(file, kFormatVersion);
+  file += key;
+  put_u64(file, payload.size());
+  Digest digest = sha256(payload);
+  file.append(reinterpret_cast<const char *>(digest.data()), digest.size());
+  return file + payload;
+}
+
+/// The entry in `file`, or why it cannot be used.
+std::variant<Entry, std::string> decode(std::string_view file, std::string_view expected_key) {
+  if (file.empty())
+    return std::string("empty file");
+  if (file.size() < kHeaderBytes)
+    return fmt::format("truncated: {} bytes, shorter than the {}-byte header", file.size(),
+                       kHeaderBytes);
+  if (file.substr(0, sizeof(kMagic)) != std::string_view(kMagic, sizeof(kMagic)))
+    return std::string("not a flashjit cache file: bad magic");
+  Reader r(file.substr(sizeof(kMagic)));
+  uint32_t version = 0;
+  uint64_t payload_size = 0;
+  std::string_view key, digest;
+  r.u32(version);
+  r.take(kKeyChars, key);
+  r.u64(payload_size);
+  r.take(32, digest);
+  if (version != kFormatVersion)
+    return fmt::format("format version {}, this flashjit reads {}", version, kFormatVersion);
+  if (!is_key(key))
+    return std::string("garbled key in the header");
+  if (key != expected_key)
+    return fmt::format("it holds the entry of key {}, not {}", key.substr(0, 16),
+                       expected_key.substr(0, 16));
+  const uint64_t have = file.size() - kHeaderBytes;
+  if (have < payload_size)
+    return fmt::format("truncated: {} of {} payload bytes", have, payload_size);
+  if (have > payload_size)
+    return fmt::format("{} stray bytes after the payload", have - payload_size);
+  std::string_view payload = file.substr(kHeaderBytes);
+  Digest actual = sha256(payload);
+  if (std::string_view(reinterpret_cast<const char *>(actual.data()), actual.size()) != digest)
+    return std::string("checksum mismatch: the payload was altered");
+
+  Entry e;
+  Reader p(payload);
+  uint64_t code_size = 0;
+  std::string_view code;
+  if (!p.str32(e.code.arch) || !p.str32(e.code.compiler) || !p.str32(e.target_id) ||
+      !p.u64(code_size) || !p.take(code_size, code) || !p.done())
+    return std::string("malformed payload");
+  e.code.bytes.assign(code.begin(), code.end());
+  return e;
+}
+
+// ---- files -----------------------------------------------------------------
+
+std::string errno_text() { return std::strerror(errno); }
+
+/// Creates `dir` and any missing parents, each user-only (0700).
+Status make_private_dirs(const std::string &dir) {
+  std::filesystem::path path(dir), partial;
+  for (const auto &part : path) {
+    partial /= part;
+    if (part.empty() || part == "/")
+      continue;
+    if (::mkdir(partial.c_str(), 0700) != 0 && errno != EEXIST)
+      return Status::error("cannot create {}: {}", partial.string(), errno_text());
+  }
+  struct stat st{};
+  if (::stat(dir.c_str(), &st) != 0)
+    return Status::error("cannot use {}: {}", dir, errno_text());
+  if (!S_ISDIR(st.st_mode))
+    return Status::error("{} is not a directory", dir);
+  return Status::ok();
+}
+
+enum class ReadResult { missing, ok, failed };
+
+/// Reads a regular file completely (never through a symbolic link).
+ReadResult read_file(const std::string &path, std::string &out, std::string &why) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) {
+    if (errno == ENOENT)
+      return ReadResult::missing;
+    why = errno == ELOOP ? "a symbolic link" : "cannot open: " + errno_text();
+    return ReadResult::failed;
+  }
+  struct stat st{};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    why = "not a regular file";
+    ::close(fd);
+    return ReadResult::failed;
+  }
+  out.resize(size_t(st.st_size));
+  size_t done = 0;
+  while (done < out.size()) {
+    ssize_t n = ::read(fd, out.data() + done, out.size() - done);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      break;
+    done += size_t(n);
+  }
+  ::close(fd);
+  out.resize(done); // a file that shrank while read is caught by decode()
+  return ReadResult::ok;
+}
+
+/// Writes `bytes` to `path` atomically: a temporary file in the same
+/// directory, fsync, rename over `path`, fsync of the directory.
+Status write_atomic(const std::string &dir, std::string_view key, const std::string &path,
+                    std::string_view bytes) {
+  std::string temp = dir + "/" + std::string(kTempPrefix) + std::string(key) + "-XXXXXX";
+  int fd = ::mkstemp(temp.data()); // mode 0600
+  if (fd < 0)
+    return Status::error("cannot create a temporary file in {}: {}", dir, errno_text());
+  auto fail = [&](const std::string &what) {
+    Status s = Status::error("{} {}: {}", what, temp, errno_text());
+    ::close(fd);
+    ::unlink(temp.c_str());
+    return s;
+  };
+  for (size_t done = 0; done < bytes.size();) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return fail("cannot write");
+    done += size_t(n);
+  }
+  if (::fsync(fd) != 0)
+    return fail("cannot fsync");
+  if (::close(fd) != 0) {
+    Status s = Status::error("cannot close {}: {}", temp, errno_text());
+    ::unlink(temp.c_str());
+    return s;
+  }
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    Status s = Status::error("cannot rename {} to {}: {}", temp, path, errno_text());
+    ::unlink(temp.c_str());
+    return s;
+  }
+  if (int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+    ::fsync(dfd); // the rename itself survives a crash; best effort
+    ::close(dfd);
+  }
+  return Status::ok();
+}
+
+/// The names in `dir` (not . and ..); empty when it cannot be read.
+std::vector<std::string> names_in(const std::string &dir) {
+  std::vector<std::string> names;
+  DIR *d = ::opendir(dir.c_str());
+  if (!d)
+    return names;
+  while (dirent *e = ::readdir(d)) {
+    std::string_view n = e->d_name;
+    if (n != "." && n != "..")
+      names.emplace_back(n);
+  }
+  ::closedir(d);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+} // namespace
+
+// ---- KeyParts --------------------------------------------------------------
+
+std::string KeyParts::hash() const {
+  Sha256 h;
+  auto part = [&](std::string_view s) {
+    std::string size;
+    put_u64(size, s.size());
+    h.update(size);
+    h.update(s);
+  };
+  part("flashjit kernel key v1");
+  for (const std::string *s : key_fields(*this))
+    part(*s);
+  return to_hex(h.finish());
+}
+
+std::string_view flashjit_version() { return FLASHJIT_VERSION; }
+
+std::string describe(const CompileOptions &o) {
+  std::string flags;
+  for (const std::string &f : o.extra_flags)
+    flags += (flags.empty() ? "" : " ") + f;
+  return fmt::format("arch={} features={} wave={} O{} flags=[{}]", o.arch, o.features, o.wave_size,
+                     o.opt_level, flags);
+}
+
+std::string_view outcome_name(CacheOutcome o) {
+  switch (o) {
+  case CacheOutcome::memory_hit:
+    return "memory hit";
+  case CacheOutcome::disk_hit:
+    return "disk hit";
+  case CacheOutcome::compiled:
+    return "compiled";
+  }
+  return "?";
+}
+
+// ---- KernelCache -----------------------------------------------------------
+
+struct KernelCache::Impl {
+  std::string dir;
+  Status dir_status; // why the directory is unusable, if it is
+  int64_t budget = 0;
+  bool always_compile = false;
+
+  mutable std::mutex mutex; // everything below
+  /// An entry of the memory cache: its key (parts and hash) and code.
+  struct Cached {
+    KeyParts parts;
+    std::string key;
+    std::shared_ptr<const Entry> entry;
+    int64_t cost() const { return entry->cost() + key_cost(parts); }
+  };
+  using Lru = std::list<Cached>;
+  Lru lru; // most recently used first
+  std::unordered_map<MemoryKey, Lru::iterator, MemoryKeyHash> index;
+  int64_t memory_bytes = 0;
+  int64_t memory_hits = 0, disk_hits = 0, compiles = 0, rejected_files = 0;
+  std::unordered_map<std::string, std::weak_ptr<std::mutex>> key_locks;
+  std::set<std::string> reported;
+  std::function<void(const std::string &)> reporter;
+
+  bool disk() const { return !dir.empty() && dir_status.is_ok(); }
+  std::string path(std::string_view key) const {
+    return dir + "/" + std::string(key) + std::string(kSuffix);
+  }
+
+  /// Under `mutex`: the entry of `parts`, now the most recently used.
+  std::shared_ptr<const Entry> find(const KeyParts &parts) {
+    auto it = index.find(memory_key(parts));
+    if (it == index.end())
+      return nullptr;
+    lru.splice(lru.begin(), lru, it->second);
+    return it->second->entry;
+  }
+
+  void erase(Lru::iterator it) {
+    memory_bytes -= it->cost();
+    index.erase(memory_key(it->parts));
+    lru.erase(it);
+  }
+
+  /// Under `mutex`: stores `e`, evicting the least recently used entries to
+  /// stay within the budget (an entry larger than the whole budget is not kept).
+  void store(const KeyParts &parts, const std::string &key, std::shared_ptr<const Entry> e) {
+    if (auto it = index.find(memory_key(parts)); it != index.end())
+      erase(it->second);
+    Cached c{parts, key, std::move(e)};
+    if (c.cost() > budget)
+      return;
+    memory_bytes += c.cost();
+    lru.push_front(std::move(c));
+    index[memory_key(lru.front().parts)] = lru.begin();
+    while (memory_bytes > budget && !lru.empty())
+      erase(std::prev(lru.end()));
+  }
+
+  std::shared_ptr<std::mutex> key_lock(const std::string &key) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (key_locks.size() > 64) // forget the locks nobody holds
+      std::erase_if(key_locks, [](const auto &kv) { return kv.second.expired(); });
+    std::shared_ptr<std::mutex> m = key_locks[key].lock();
+    if (!m) {
+      m = std::make_shared<std::mutex>();
+      key_locks[key] = m;
+    }
+    return m;
+  }
+
+  /// Reports `line` unless a line with the same `tag` was reported before.
+  void report_once(const std::string &tag, const std::string &line) {
+    std::function<void(const std::string &)> sink;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!reported.insert(tag).second)
+        return;
+      sink = reporter;
+    }
+    if (sink)
+      sink(line);
+    else
+      fmt::print(stderr, "{}\n", line);
+  }
+};
+
+KernelCache::KernelCache(std::string dir, int64_t memory_budget_bytes)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->dir = std::move(dir);
+  while (impl_->dir.size() > 1 && impl_->dir.back() == '/')
+    impl_->dir.pop_back();
+  impl_->budget = memory_budget_bytes;
+  if (!impl_->dir.empty())
+    impl_->dir_status = make_private_dirs(impl_->dir);
+}
+
+KernelCache::~KernelCache() = default;
+
+KernelCache &KernelCache::global() {
+  static KernelCache *cache = [] {
+    // Never destroyed: other static objects may compile while the process exits.
+    auto *c = new KernelCache(knobs().cache_dir);
+    c->set_always_compile(knobs().always_compile);
+    return c;
+  }();
+  return *cache;
+}
+
+void KernelCache::set_always_compile(bool on) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->always_compile = on;
+}
+
+void KernelCache::set_reporter(std::function<void(const std::string &)> reporter) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->reporter = std::move(reporter);
+}
+
+const std::string &KernelCache::directory() const { return impl_->dir; }
+
+Expected<std::string> KernelCache::path_for(std::string_view key) const {
+  if (!is_key(key))
+    return Status::error("'{}' is not a cache key (64 lowercase hex digits)", key);
+  if (impl_->dir.empty())
+    return Status::error("this cache keeps kernels in memory only");
+  return impl_->path(key);
+}
+
+Expected<CodeObject>
+KernelCache::get_or_compile(const KeyParts &parts,
+                            const std::function<Expected<CodeObject>()> &compile,
+                            CacheOutcome *outcome) {
+  Impl &m = *impl_;
+  const auto start = std::chrono::steady_clock::now();
+  std::string key; // the SHA-256 of `parts`, computed past the memory lookup
+  auto done = [&](CacheOutcome o, const Entry &e) -> Expected<CodeObject> {
+    if (outcome)
+      *outcome = o;
+    if (knobs().debug >= 1) {
+      double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count();
+      debug_log(1, "cache: {} {} for {} ({}, {} bytes) in {:.3f} ms", outcome_name(o),
+                (key.empty() ? parts.hash() : key).substr(0, 16), parts.target_id, e.code.compiler,
+                e.code.bytes.size(), ms);
+    }
+    return e.code;
+  };
+  bool always;
+  {
+    std::lock_guard<std::mutex> lock(m.mutex);
+    always = m.always_compile;
+    if (!always)
+      if (std::shared_ptr<const Entry> e = m.find(parts)) {
+        ++m.memory_hits;
+        return done(CacheOutcome::memory_hit, *e);
+      }
+  }
+  key = parts.hash();
+
+  // One compile per key in this process: the others wait here and then find
+  // the entry in memory.
+  std::shared_ptr<std::mutex> key_mutex = m.key_lock(key);
+  std::lock_guard<std::mutex> key_guard(*key_mutex);
+  if (!always) {
+    std::lock_guard<std::mutex> lock(m.mutex);
+    if (std::shared_ptr<const Entry> e = m.find(parts)) {
+      ++m.memory_hits;
+      return done(CacheOutcome::memory_hit, *e);
+    }
+  }
+
+  if (!m.dir.empty() && !m.dir_status)
+    m.report_once("dir", fmt::format("flashjit: cache: {}; keeping kernels in memory only",
+                                     m.dir_status.message()));
+  const std::string path = m.disk() ? m.path(key) : std::string();
+  if (!always && m.disk()) {
+    std::string bytes, why;
+    ReadResult r = read_file(path, bytes, why);
+    if (r == ReadResult::ok) {
+      auto decoded = decode(bytes, key);
+      if (auto *e = std::get_if<Entry>(&decoded)) {
+        auto entry = std::make_shared<const Entry>(std::move(*e));
+        std::lock_guard<std::mutex> lock(m.mutex);
+        ++m.disk_hits;
+        m.store(parts, key, entry);
+        debug_log(2, "cache: read {}", path);
+        return done(CacheOutcome::disk_hit, *entry);
+      }
+      why = std::get<std::string>(decoded);
+    }
+    if (r != ReadResult::missing) {
+      {
+        std::lock_guard<std::mutex> lock(m.mutex);
+        ++m.rejected_files;
+      }
+      m.report_once(path + "\n" + why,
+                    fmt::format("flashjit: cache: {} is corrupt ({}); recompiling", path, why));
+    }
+  }
+
+  Expected<CodeObject> code = compile();
+  if (!code)
+    return code.status();
+  auto entry = std::make_shared<const Entry>(Entry{code.take(), parts.target_id});
+  {
+    std::lock_guard<std::mutex> lock(m.mutex);
+    ++m.compiles;
+    m.store(parts, key, entry);
+  }
+  if (m.disk()) {
+    if (Status s = write_atomic(m.dir, key, path, encode(key, *entry)); !s)
+      m.report_once("write " + path, fmt::format("flashjit: cache: {}; the kernel is kept in "
+                                                 "memory only",
+                                                 s.message()));
+    else
+      debug_log(2, "cache: wrote {}", path);
+  }
+  return done(CacheOutcome::compiled, *entry);
+}
+
+CacheStats KernelCache::stats() const {
+  CacheStats s;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    s.memory_entries = int64_t(impl_->lru.size());
+    s.memory_bytes = impl_->memory_bytes;
+    s.memory_hits = impl_->memory_hits;
+    s.disk_hits = impl_->disk_hits;
+    s.compiles = impl_->compiles;
+    s.rejected_files = impl_->rejected_files;
+  }
+  if (impl_->disk())
+    for (const std::string &name : names_in(impl_->dir)) {
+      if (entry_key(name).empty())
+        continue;
+      struct stat st{};
+      if (::lstat((impl_->dir + "/" + name).c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+        ++s.disk_entries;
+        s.disk_bytes += st.st_size;
+      }
+    }
+  return s;
+}
+
+Expected<std::vector<CacheEntryInfo>> KernelCache::list() const {
+  std::vector<CacheEntryInfo> out;
+  if (impl_->dir.empty())
+    return out;
+  if (!impl_->dir_status)
+    return impl_->dir_status;
+  for (const std::string &name : names_in(impl_->dir)) {
+    std::string_view key = entry_key(name);
+    if (key.empty())
+      continue;
+    CacheEntryInfo info;
+    info.key = std::string(key);
+    info.path = impl_->path(key);
+    std::string bytes;
+    ReadResult r = read_file(info.path, bytes, info.problem);
+    if (r == ReadResult::missing)
+      continue; // removed meanwhile
+    if (r == ReadResult::ok) {
+      info.file_bytes = int64_t(bytes.size());
+      auto decoded = decode(bytes, key);
+      if (auto *e = std::get_if<Entry>(&decoded)) {
+        info.target_id = e->target_id;
+        info.compiler_identity = e->code.compiler;
+        info.arch = e->code.arch;
+        info.bytes = int64_t(e->code.bytes.size());
+      } else {
+        info.problem = std::get<std::string>(decoded);
+      }
+    }
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+Expected<int64_t> KernelCache::clear() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->lru.clear();
+    impl_->index.clear();
+    impl_->memory_bytes = 0;
+  }
+  if (impl_->dir.empty())
+    return int64_t(0);
+  if (!impl_->dir_status)
+    return impl_->dir_status;
+  int64_t removed = 0;
+  const auto now = std::chrono::system_clock::now();
+  for (const std::string &name : names_in(impl_->dir)) {
+    const std::string path = impl_->dir + "/" + name;
+    if (is_temp_name(name)) {
+      // A fresh temporary file may be another process's write in progress.
+      struct stat st{};
+      if (::lstat(path.c_str(), &st) != 0 ||
+          now - std::chrono::system_clock::from_time_t(st.st_mtime) < kStaleTemp)
+        continue;
+    } else if (entry_key(name).empty()) {
+      continue;
+    }
+    if (::unlink(path.c_str()) == 0)
+      ++removed;
+    else if (errno != ENOENT)
+      return Status::error("cannot remove {}: {}", path, errno_text());
+  }
+  return removed;
+}
+
+} // namespace flashjit::compiler

@@ -1,0 +1,116 @@
+// The kernel cache: code objects by everything that changes them, in memory
+// (thread-safe, bounded) and on disk (atomic writes, verified reads).
+//
+// Disk layout: one file per entry, <dir>/<key>.fjk, where <key> is the 64-digit
+// lowercase hex KeyParts::hash(); nothing else names a file, so no key can
+// reach outside the directory. A file is
+//   header   "FJKCACHE" | u32 format version | key (64 ASCII hex) |
+//            u64 payload size | SHA-256 of the payload (32 bytes)
+//   payload  u32 size + CodeObject::arch | u32 size + CodeObject::compiler |
+//            u32 size + target id | u64 size + CodeObject::bytes
+// (integers little-endian). It is written to a temporary file in the same
+// directory (.tmp-<key>-XXXXXX, mode 0600), fsync()ed and rename()d over the
+// entry, so a reader sees the old file or the new one, never half of one.
+// Every read checks the whole header and the checksum: a truncated, corrupted
+// or foreign file (or a symbolic link) is reported on stderr ("flashjit:
+// cache: <path> is corrupt (<why>); recompiling", once per cache object, path
+// and reason) and replaced by a fresh compile, never loaded. Between processes
+// nothing is locked: concurrent compiles of one key each rename their own
+// complete file into place and the last one wins.
+//
+// In memory, entries are found by their KeyParts themselves (a fast hash, then
+// equality), so a memory hit costs no SHA-256; the hash is computed on a miss.
+#pragma once
+
+#include "compiler/compiler.h"
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace flashjit::compiler {
+
+/// Everything that changes the generated code (STYLE habit 6). The key is a
+/// hash over all of it; a key never names a path outside the cache directory.
+struct KeyParts {
+  std::string ir_text;           // the printed IR (it carries the spec and config)
+  std::string target_id;         // arch with features, e.g. "gfx1201" or "sm_90"
+  std::string config;            // the tuning config summary
+  std::string compile_options;   // flags, opt level, wave size
+  std::string templates_hash;    // templates::bundle_hash
+  std::string flashjit_version;  // FLASHJIT_VERSION
+  std::string compiler_identity; // Compiler::identity(), e.g. "llvm 22.1.8" / "nvrtc 13.0"
+  std::string source_override;   // hash of a FLASHJIT_OVERRIDE_DIR source, if one was used
+  /// Lowercase hex SHA-256 over the parts (length-prefixed, in this order).
+  std::string hash() const;
+  bool operator==(const KeyParts &) const = default;
+};
+
+/// The version every key carries (the project version, from CMake).
+std::string_view flashjit_version();
+
+/// The options as one line for KeyParts::compile_options, e.g.
+/// "arch=gfx1201 features= wave=32 O3 flags=[-mcode-object-version=4]".
+std::string describe(const CompileOptions &options);
+
+enum class CacheOutcome { memory_hit, disk_hit, compiled };
+std::string_view outcome_name(CacheOutcome o);
+
+struct CacheStats {
+  int64_t memory_entries = 0, memory_bytes = 0;
+  int64_t disk_entries = 0, disk_bytes = 0;
+  int64_t memory_hits = 0, disk_hits = 0, compiles = 0, rejected_files = 0;
+};
+
+struct CacheEntryInfo {
+  std::string key; // hex hash (the file name stem)
+  std::string target_id;
+  std::string compiler_identity;
+  int64_t bytes = 0; // of the code object
+  std::string path;
+  std::string arch;       // CodeObject::arch
+  int64_t file_bytes = 0; // of the file, header included
+  std::string problem;    // why the file is unusable (it would be recompiled); empty if fine
+};
+
+class KernelCache {
+public:
+  /// `dir` empty: memory only. The directory is created user-only (0700).
+  explicit KernelCache(std::string dir, int64_t memory_budget_bytes = 256 << 20);
+  ~KernelCache();
+  /// The process-wide cache at FLASHJIT_CACHE_DIR, else $XDG_CACHE_HOME/flashjit,
+  /// else ~/.cache/flashjit; FLASHJIT_ALWAYS_COMPILE=1 bypasses lookups.
+  static KernelCache &global();
+
+  /// Returns the code object for `key`, compiling it with `compile` on a miss.
+  /// Concurrent calls for one key (threads or processes) compile at most once per
+  /// process and never read a half-written file.
+  Expected<CodeObject> get_or_compile(const KeyParts &key,
+                                      const std::function<Expected<CodeObject>()> &compile,
+                                      CacheOutcome *outcome = nullptr);
+
+  CacheStats stats() const;
+  /// Every entry file in the directory, by key; unusable ones carry `problem`.
+  Expected<std::vector<CacheEntryInfo>> list() const;
+  /// Removes every entry (memory and disk) and stale temporary files; returns
+  /// how many files went. Files that are not the cache's are left alone.
+  Expected<int64_t> clear();
+  const std::string &directory() const;
+
+  /// The file of `key` (64 lowercase hex digits); an error for anything else,
+  /// and for a memory-only cache.
+  Expected<std::string> path_for(std::string_view key) const;
+  /// Whether lookups are skipped (FLASHJIT_ALWAYS_COMPILE for global()).
+  void set_always_compile(bool on);
+  /// Where the one-line reports of rejected files go; stderr by default.
+  void set_reporter(std::function<void(const std::string &line)> reporter);
+
+private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+} // namespace flashjit::compiler

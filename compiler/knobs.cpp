@@ -1,0 +1,212 @@
+// The knob registry: the table, the parser and the helpers that act on knobs.
+#include "compiler/knobs.h"
+
+#include "compiler/sha256.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+namespace flashjit::compiler {
+namespace {
+
+constexpr int kMaxDebug = 4;
+
+const char *process_getenv(const char *name) { return std::getenv(name); }
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return out;
+}
+
+/// "1", "true", "yes", "on" and their opposites, any case.
+std::optional<bool> parse_bool(std::string_view text) {
+  std::string v = lower(text);
+  if (v == "1" || v == "true" || v == "yes" || v == "on")
+    return true;
+  if (v == "0" || v == "false" || v == "no" || v == "off")
+    return false;
+  return std::nullopt;
+}
+
+bool is_identifier(std::string_view s) {
+  if (s.empty() || (s[0] >= '0' && s[0] <= '9'))
+    return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+  });
+}
+
+} // namespace
+
+const std::vector<KnobInfo> &knob_table() {
+  static const std::vector<KnobInfo> table = {
+      {"FLASHJIT_DEBUG", "0-4", "0",
+       "What flashjit prints on stderr; each level adds to the one below. 1: one line per kernel "
+       "request (cache outcome, key, compiler, time), the compiler `auto` picked and why, cache "
+       "files rejected as corrupt. 2: also the compile options, the cache paths read and "
+       "written, the compiler's warnings. 3: also the emitted HIP source of every kernel "
+       "compiled. 4: also the tile IR after every pass."},
+      {"FLASHJIT_DUMP_DIR", "DIR", "unset (no dumps)",
+       "Write every emitted source (<kernel>-<key>.hip) and code object (<kernel>-<key>.co, "
+       ".cubin for NVIDIA) into DIR."},
+      {"FLASHJIT_OVERRIDE_DIR", "DIR", "unset",
+       "Compile the hand-edited DIR/<kernel_name>.hip instead of the generated source when that "
+       "file exists. Reported on stderr; the file's SHA-256 goes into the cache key, so an edit "
+       "recompiles."},
+      {"FLASHJIT_CACHE_DIR", "DIR", "$XDG_CACHE_HOME/flashjit, else ~/.cache/flashjit",
+       "Where compiled kernels are kept across processes (created 0700)."},
+      {"FLASHJIT_ALWAYS_COMPILE", "0|1", "0",
+       "1: never take a kernel from the cache (memory or disk); compile every time and store the "
+       "result."},
+  };
+  return table;
+}
+
+Expected<Knobs> parse_knobs(const Getenv &getenv_fn) {
+  const Getenv &get = getenv_fn ? getenv_fn : Getenv(process_getenv);
+  auto value = [&](const char *name) -> std::string {
+    const char *v = get(name);
+    return v ? std::string(v) : std::string();
+  };
+  Knobs k;
+  std::vector<std::string> problems;
+
+  if (std::string v = value("FLASHJIT_DEBUG"); !v.empty()) {
+    char *end = nullptr;
+    errno = 0;
+    long level = std::strtol(v.c_str(), &end, 10);
+    if (errno != 0 || end != v.c_str() + v.size() || level < 0 || level > kMaxDebug)
+      problems.push_back(fmt::format("FLASHJIT_DEBUG={}: expected a level from 0 (silent) to {} "
+                                     "(IR after every pass and the emitted source)",
+                                     v, kMaxDebug));
+    else
+      k.debug = static_cast<int>(level);
+  }
+  if (std::string v = value("FLASHJIT_ALWAYS_COMPILE"); !v.empty()) {
+    if (auto b = parse_bool(v))
+      k.always_compile = *b;
+    else
+      problems.push_back(fmt::format(
+          "FLASHJIT_ALWAYS_COMPILE={}: expected 0 or 1 (or true/false, yes/no, on/off)", v));
+  }
+  k.dump_dir = value("FLASHJIT_DUMP_DIR");
+  k.override_dir = value("FLASHJIT_OVERRIDE_DIR");
+
+  if (std::string v = value("FLASHJIT_CACHE_DIR"); !v.empty()) {
+    k.cache_dir = v;
+  } else if (std::string xdg = value("XDG_CACHE_HOME"); !xdg.empty() && xdg[0] == '/') {
+    // The XDG spec says to ignore a relative XDG_CACHE_HOME.
+    k.cache_dir = xdg + "/flashjit";
+  } else if (std::string home = value("HOME"); !home.empty()) {
+    k.cache_dir = home + "/.cache/flashjit";
+  }
+
+  if (!problems.empty()) {
+    std::string message = problems[0];
+    for (size_t i = 1; i < problems.size(); ++i)
+      message += "; " + problems[i];
+    return Status::error("{}", message);
+  }
+  return k;
+}
+
+namespace {
+
+struct Parsed {
+  Knobs knobs;
+  Status status;
+};
+
+const Parsed &parsed() {
+  static const Parsed p = [] {
+    Parsed out;
+    auto k = parse_knobs();
+    if (k) {
+      out.knobs = *k;
+      return out;
+    }
+    out.status = k.status();
+    fmt::print(stderr, "flashjit: error: {}; ignoring the bad value(s)\n", k.status().message());
+    // Keep every good knob: parse each variable alone, dropping the bad ones.
+    out.knobs = *parse_knobs([bad = k.status().message()](const char *name) -> const char * {
+      const char *v = std::getenv(name);
+      if (v && bad.find(std::string(name) + "=") != std::string::npos)
+        return nullptr;
+      return v;
+    });
+    return out;
+  }();
+  return p;
+}
+
+} // namespace
+
+const Knobs &knobs() { return parsed().knobs; }
+const Status &knobs_status() { return parsed().status; }
+
+std::string knob_value(std::string_view name) {
+  const char *v = std::getenv(std::string(name).c_str());
+  return v ? v : "";
+}
+
+Status dump_file(std::string_view file_name, std::string_view bytes, const Knobs &k) {
+  if (k.dump_dir.empty())
+    return Status::ok();
+  if (file_name.empty() || file_name[0] == '.' || file_name.find('/') != std::string_view::npos)
+    return Status::error("FLASHJIT_DUMP_DIR: refusing the file name '{}'", file_name);
+  if (::mkdir(k.dump_dir.c_str(), 0700) != 0 && errno != EEXIST)
+    return Status::error("FLASHJIT_DUMP_DIR: cannot create {}: {}", k.dump_dir,
+                         std::strerror(errno));
+  const std::string path = k.dump_dir + "/" + std::string(file_name);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), std::streamsize(bytes.size()));
+  out.close();
+  if (!out)
+    return Status::error("FLASHJIT_DUMP_DIR: cannot write {}: {}", path, std::strerror(errno));
+  debug_log(2, "dumped {} ({} bytes)", path, bytes.size());
+  return Status::ok();
+}
+
+Expected<std::optional<SourceOverride>> source_override(std::string_view kernel_name,
+                                                        const Knobs &k) {
+  if (k.override_dir.empty())
+    return std::optional<SourceOverride>();
+  if (!is_identifier(kernel_name))
+    return Status::error("FLASHJIT_OVERRIDE_DIR: '{}' is not a kernel name (an identifier)",
+                         kernel_name);
+  SourceOverride o;
+  o.path = k.override_dir + "/" + std::string(kernel_name) + ".hip";
+  std::error_code ec;
+  if (!std::filesystem::exists(o.path, ec))
+    return std::optional<SourceOverride>();
+  std::ifstream in(o.path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in)
+    return Status::error("FLASHJIT_OVERRIDE_DIR: cannot read {}: {}", o.path, std::strerror(errno));
+  o.source = text.str();
+  o.hash = sha256_hex(o.source);
+
+  static std::mutex mutex;
+  static std::set<std::string> announced;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (announced.insert(o.path + "@" + o.hash).second)
+    fmt::print(stderr,
+               "flashjit: FLASHJIT_OVERRIDE_DIR: compiling {} instead of the generated {} "
+               "(sha256 {})\n",
+               o.path, kernel_name, o.hash.substr(0, 16));
+  return std::optional<SourceOverride>(std::move(o));
+}
+
+} // namespace flashjit::compiler

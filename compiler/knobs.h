@@ -1,0 +1,108 @@
+// The debug knobs (STYLE habit 7): every environment variable flashjit reads
+// is a row of one table, parsed once, documented once, and printed by
+// `flashjit knobs`.
+//
+//   FLASHJIT_DEBUG=N          what flashjit tells you on stderr; levels add up:
+//                             0  nothing (default)
+//                             1  one line per kernel request: cache outcome
+//                                (memory hit / disk hit / compiled), key, compiler,
+//                                time; which compiler `auto` picked and why;
+//                                cache files rejected as corrupt
+//                             2  also the compile options, the cache paths read
+//                                and written, the compiler's warnings
+//                             3  also the emitted HIP source of every kernel
+//                                that is compiled
+//                             4  also the tile IR after every pass (the
+//                                highest level: IR after each pass + source)
+//   FLASHJIT_DUMP_DIR=DIR     write every emitted source (<kernel>-<key>.hip) and
+//                             code object (<kernel>-<key>.co / .cubin) there
+//   FLASHJIT_OVERRIDE_DIR=DIR compile <DIR>/<kernel_name>.hip instead of the
+//                             generated source, if that file exists; said loudly
+//                             on stderr, and its hash goes into the cache key
+//   FLASHJIT_CACHE_DIR=DIR    the disk cache (default $XDG_CACHE_HOME/flashjit,
+//                             else ~/.cache/flashjit)
+//   FLASHJIT_ALWAYS_COMPILE=1 never take a kernel from the cache (still stores it)
+#pragma once
+
+#include "ir/status.h"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace flashjit::compiler {
+
+/// One row of the registry.
+struct KnobInfo {
+  std::string_view name;     ///< "FLASHJIT_DEBUG"
+  std::string_view value;    ///< what it takes, e.g. "0-4", "DIR", "0|1"
+  std::string_view fallback; ///< the value when unset, in words
+  std::string_view doc;      ///< one paragraph
+};
+
+/// Every knob, in the order `flashjit knobs` prints them.
+const std::vector<KnobInfo> &knob_table();
+
+/// The parsed values.
+struct Knobs {
+  int debug = 0;
+  std::string dump_dir;     ///< empty: no dumps
+  std::string override_dir; ///< empty: no overrides
+  /// FLASHJIT_CACHE_DIR, else $XDG_CACHE_HOME/flashjit (if absolute), else
+  /// $HOME/.cache/flashjit; empty only when none of those is known.
+  std::string cache_dir;
+  bool always_compile = false;
+};
+
+/// Reads a variable; nullptr when unset.
+using Getenv = std::function<const char *(const char *)>;
+
+/// Parses every knob from `getenv` (the process environment when omitted).
+/// A bad value is an error naming the variable, the value and what it takes,
+/// e.g. "FLASHJIT_DEBUG=abc: expected a level from 0 to 4".
+Expected<Knobs> parse_knobs(const Getenv &getenv = {});
+
+/// The process's knobs, parsed on first use (thread-safe). A bad value is
+/// reported once on stderr ("flashjit: error: FLASHJIT_DEBUG=abc: ...; ignoring
+/// it") and that knob keeps its default: a typo in the environment never stops
+/// a program. knobs_status() keeps the complaint for tools that want to fail.
+const Knobs &knobs();
+const Status &knobs_status();
+
+/// The current value of a knob, for `flashjit knobs` ("" when unset).
+std::string knob_value(std::string_view name);
+
+/// Prints "flashjit: <message>" on stderr when FLASHJIT_DEBUG >= level.
+template <typename... Args>
+void debug_log(int level, fmt::format_string<Args...> format, Args &&...args) {
+  if (knobs().debug < level)
+    return;
+  fmt::print(stderr, "flashjit: {}\n", fmt::format(format, std::forward<Args>(args)...));
+}
+
+/// FLASHJIT_DUMP_DIR: writes `bytes` to <dump_dir>/<file_name> (the directory
+/// created 0700 if missing); does nothing when the knob is unset. A file name
+/// with a '/' or starting with '.' is refused.
+Status dump_file(std::string_view file_name, std::string_view bytes, const Knobs &k = knobs());
+
+/// A hand-edited kernel source found through FLASHJIT_OVERRIDE_DIR.
+struct SourceOverride {
+  std::string path;   ///< <dir>/<kernel_name>.hip
+  std::string source; ///< its text
+  std::string hash;   ///< lowercase hex SHA-256 of the text (KeyParts::source_override)
+};
+
+/// The override for `kernel_name`, or nullopt when the knob is unset or the
+/// file does not exist. The first use of each file (and of each new version of
+/// it) is reported on stderr: "flashjit: FLASHJIT_OVERRIDE_DIR: compiling
+/// <path> instead of the generated <kernel_name> (sha256 <hash>)".
+/// Errors: an unreadable file; a kernel name that is not an identifier.
+Expected<std::optional<SourceOverride>> source_override(std::string_view kernel_name,
+                                                        const Knobs &k = knobs());
+
+} // namespace flashjit::compiler

@@ -1,0 +1,641 @@
+// KernelCache (memory + disk), its file format's defences, and the pieces it
+// stands on: SHA-256, KeyParts::hash, the knob registry.
+#include "compiler/kernel_cache.h"
+#include "compiler/knobs.h"
+#include "compiler/sha256.h"
+
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+namespace fs = std::filesystem;
+
+namespace flashjit::compiler {
+namespace {
+
+// ---- SHA-256 ---------------------------------------------------------------
+
+TEST(Sha256, KnownAnswers) {
+  // FIPS 180-4 examples and the NIST one-million-'a' vector.
+  EXPECT_EQ(sha256_hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  EXPECT_EQ(sha256_hex(std::string(1000000, 'a')),
+            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+TEST(Sha256, IncrementalEqualsOneShot) {
+  std::string text;
+  for (int i = 0; i < 1000; ++i)
+    text += char('a' + i * 7 % 26);
+  for (size_t step : {1, 3, 63, 64, 65, 200}) {
+    Sha256 h;
+    for (size_t i = 0; i < text.size(); i += step)
+      h.update(std::string_view(text).substr(i, step));
+    EXPECT_EQ(to_hex(h.finish()), sha256_hex(text)) << step;
+  }
+}
+
+// ---- keys ------------------------------------------------------------------
+
+KeyParts sample_key(const std::string &ir = "attention v1") {
+  KeyParts k;
+  k.ir_text = ir;
+  k.target_id = "gfx1201";
+  k.config = "bm=64 bn=64";
+  k.compile_options = "O3";
+  k.templates_hash = "t";
+  k.flashjit_version = std::string(flashjit_version());
+  k.compiler_identity = "test 1.0";
+  return k;
+}
+
+TEST(KeyParts, HashIsHexDeterministicAndCoversEveryPart) {
+  const KeyParts base = sample_key();
+  const std::string h = base.hash();
+  ASSERT_EQ(h.size(), 64u);
+  EXPECT_EQ(h.find_first_not_of("0123456789abcdef"), std::string::npos);
+  EXPECT_EQ(h, sample_key().hash());
+  std::set<std::string> seen = {h};
+  for (std::string KeyParts::*part :
+       {&KeyParts::ir_text, &KeyParts::target_id, &KeyParts::config, &KeyParts::compile_options,
+        &KeyParts::templates_hash, &KeyParts::flashjit_version, &KeyParts::compiler_identity,
+        &KeyParts::source_override}) {
+    KeyParts k = base;
+    k.*part += "x";
+    EXPECT_TRUE(seen.insert(k.hash()).second);
+  }
+  // Parts are length-prefixed: moving a character across a boundary changes the key.
+  KeyParts a = base, b = base;
+  a.ir_text = "ab";
+  a.target_id = "c";
+  b.ir_text = "a";
+  b.target_id = "bc";
+  EXPECT_NE(a.hash(), b.hash());
+}
+
+TEST(KeyParts, DescribeOptions) {
+  CompileOptions o;
+  o.arch = "gfx90a";
+  o.features = "xnack-";
+  o.wave_size = 64;
+  o.extra_flags = {"-mcode-object-version=4"};
+  EXPECT_EQ(describe(o), "arch=gfx90a features=xnack- wave=64 O3 flags=[-mcode-object-version=4]");
+}
+
+// ---- the cache -------------------------------------------------------------
+
+/// get_or_compile, expected to succeed; its outcome.
+CacheOutcome fetch(KernelCache &cache, const KeyParts &key,
+                   const std::function<Expected<CodeObject>()> &compile) {
+  CacheOutcome o = CacheOutcome::compiled;
+  auto code = cache.get_or_compile(key, compile, &o);
+  EXPECT_TRUE(code) << code.status().message();
+  return o;
+}
+
+/// A fresh directory per test, removed afterwards.
+class CacheTest : public ::testing::Test {
+protected:
+  void SetUp() override {
+    root_ = fs::path(::testing::TempDir()) /
+            ("flashjit-cache-test-" + std::to_string(::getpid()) + "-" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+    dir_ = (root_ / "cache").string();
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  /// A compile function that counts its calls and returns `size` bytes.
+  std::function<Expected<CodeObject>()> compiler(std::atomic<int> &calls, size_t size = 1000,
+                                                 uint8_t fill = 0x5a) {
+    return [&calls, size, fill]() -> Expected<CodeObject> {
+      ++calls;
+      CodeObject c;
+      c.arch = "gfx1201";
+      c.compiler = "test 1.0";
+      c.bytes.assign(size, fill);
+      for (size_t i = 0; i < size; i += 7)
+        c.bytes[i] = uint8_t(i);
+      return c;
+    };
+  }
+
+  /// A cache that records its reports instead of printing them.
+  std::unique_ptr<KernelCache> make(int64_t budget = 256 << 20) {
+    auto c = std::make_unique<KernelCache>(dir_, budget);
+    c->set_reporter([this](const std::string &line) { reports_.push_back(line); });
+    return c;
+  }
+
+  std::string read(const std::string &path) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+  void write(const std::string &path, const std::string &bytes) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << bytes;
+  }
+  std::vector<std::string> files() {
+    std::vector<std::string> names;
+    for (const auto &e : fs::directory_iterator(dir_))
+      names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  /// Damages the entry of `key` with `damage`, then checks that a fresh cache
+  /// rejects it with a report containing `why`, recompiles and repairs the file.
+  void expect_rejected(const std::function<void(std::string &)> &damage, const std::string &why) {
+    std::atomic<int> calls{0};
+    const KeyParts key = sample_key();
+    ASSERT_TRUE(make()->get_or_compile(key, compiler(calls)));
+    const std::string path = *make()->path_for(key.hash());
+    std::string bytes = read(path);
+    const std::string good = bytes;
+    damage(bytes);
+    write(path, bytes);
+
+    reports_.clear();
+    auto cache = make();
+    CacheOutcome outcome;
+    auto code = cache->get_or_compile(key, compiler(calls), &outcome);
+    ASSERT_TRUE(code);
+    EXPECT_EQ(outcome, CacheOutcome::compiled) << why;
+    EXPECT_EQ(calls.load(), 2);
+    ASSERT_EQ(reports_.size(), 1u) << why;
+    EXPECT_EQ(reports_[0].rfind("flashjit: cache: " + path + " is corrupt (", 0), 0u)
+        << reports_[0];
+    EXPECT_NE(reports_[0].find(why), std::string::npos) << reports_[0];
+    EXPECT_TRUE(reports_[0].ends_with("); recompiling")) << reports_[0];
+    EXPECT_EQ(cache->stats().rejected_files, 1);
+    EXPECT_EQ(read(path), good) << "the recompile replaces the damaged file";
+    auto again = make()->get_or_compile(key, compiler(calls), &outcome);
+    EXPECT_EQ(outcome, CacheOutcome::disk_hit);
+  }
+
+  fs::path root_;
+  std::string dir_;
+  std::vector<std::string> reports_;
+};
+
+TEST_F(CacheTest, MemoryOnlyHitsAfterTheFirstCompile) {
+  std::atomic<int> calls{0};
+  KernelCache cache("");
+  CacheOutcome o;
+  auto a = cache.get_or_compile(sample_key(), compiler(calls), &o);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(o, CacheOutcome::compiled);
+  auto b = cache.get_or_compile(sample_key(), compiler(calls), &o);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(o, CacheOutcome::memory_hit);
+  EXPECT_EQ(a->bytes, b->bytes);
+  EXPECT_EQ(calls.load(), 1);
+  CacheStats s = cache.stats();
+  EXPECT_EQ(s.memory_entries, 1);
+  EXPECT_EQ(s.compiles, 1);
+  EXPECT_EQ(s.memory_hits, 1);
+  EXPECT_EQ(s.disk_entries, 0);
+  EXPECT_FALSE(cache.path_for(sample_key().hash()));
+  EXPECT_EQ(*cache.clear(), 0);
+}
+
+TEST_F(CacheTest, DiskHitInAFreshCacheKeepsEveryField) {
+  std::atomic<int> calls{0};
+  CacheOutcome o;
+  auto first = make()->get_or_compile(sample_key(), compiler(calls), &o);
+  ASSERT_TRUE(first);
+  EXPECT_EQ(o, CacheOutcome::compiled);
+  auto cache = make();
+  auto second = cache->get_or_compile(sample_key(), compiler(calls), &o);
+  ASSERT_TRUE(second);
+  EXPECT_EQ(o, CacheOutcome::disk_hit);
+  EXPECT_EQ(second->bytes, first->bytes);
+  EXPECT_EQ(second->arch, "gfx1201");
+  EXPECT_EQ(second->compiler, "test 1.0");
+  EXPECT_EQ(calls.load(), 1);
+  o = fetch(*cache, sample_key(), compiler(calls));
+  EXPECT_EQ(o, CacheOutcome::memory_hit);
+  EXPECT_EQ(cache->stats().disk_hits, 1);
+  EXPECT_EQ(cache->stats().disk_entries, 1);
+  EXPECT_TRUE(reports_.empty());
+  // Another key misses.
+  o = fetch(*make(), sample_key("other"), compiler(calls));
+  EXPECT_EQ(o, CacheOutcome::compiled);
+}
+
+TEST_F(CacheTest, CompileErrorsAreReturnedAndNotCached) {
+  auto cache = make();
+  int calls = 0;
+  auto failing = [&]() -> Expected<CodeObject> {
+    ++calls;
+    return Status::error("kernel.hip:3:1: error: nope");
+  };
+  auto a = cache->get_or_compile(sample_key(), failing);
+  ASSERT_FALSE(a);
+  EXPECT_EQ(a.status().message(), "kernel.hip:3:1: error: nope");
+  EXPECT_FALSE(cache->get_or_compile(sample_key(), failing));
+  EXPECT_EQ(calls, 2);
+  EXPECT_TRUE(files().empty());
+}
+
+TEST_F(CacheTest, FlippedPayloadByte) {
+  expect_rejected([](std::string &b) { b[b.size() - 10] ^= 0x01; }, "checksum mismatch");
+}
+TEST_F(CacheTest, FlippedHeaderByte) {
+  expect_rejected([](std::string &b) { b[0] ^= 0x20; }, "bad magic");
+}
+TEST_F(CacheTest, FlippedVersionByte) {
+  expect_rejected([](std::string &b) { b[8] = 7; }, "format version 7");
+}
+TEST_F(CacheTest, TruncatedPayload) {
+  expect_rejected([](std::string &b) { b.resize(b.size() / 2); }, "truncated");
+}
+TEST_F(CacheTest, TruncatedHeader) {
+  expect_rejected([](std::string &b) { b.resize(10); }, "shorter than the");
+}
+TEST_F(CacheTest, EmptyFile) {
+  expect_rejected([](std::string &b) { b.clear(); }, "empty file");
+}
+TEST_F(CacheTest, StrayBytesAfterThePayload) {
+  expect_rejected([](std::string &b) { b += "xx"; }, "stray bytes");
+}
+TEST_F(CacheTest, ForeignEntry) {
+  // A complete, valid file of another key, under this key's name.
+  std::atomic<int> calls{0};
+  const KeyParts other = sample_key("another program");
+  ASSERT_TRUE(make()->get_or_compile(other, compiler(calls, 1000, 0x11)));
+  const std::string foreign = read(*make()->path_for(other.hash()));
+  expect_rejected([&](std::string &b) { b = foreign; },
+                  "it holds the entry of key " + other.hash().substr(0, 16));
+}
+
+TEST_F(CacheTest, ASymbolicLinkIsNeverFollowed) {
+  std::atomic<int> calls{0};
+  const KeyParts key = sample_key();
+  const std::string path = *make()->path_for(key.hash());
+  const std::string target = (root_ / "precious.txt").string();
+  write(target, "do not touch");
+  fs::create_symlink(target, path);
+  CacheOutcome o;
+  ASSERT_TRUE(make()->get_or_compile(key, compiler(calls), &o));
+  EXPECT_EQ(o, CacheOutcome::compiled);
+  ASSERT_EQ(reports_.size(), 1u);
+  EXPECT_NE(reports_[0].find("a symbolic link"), std::string::npos) << reports_[0];
+  EXPECT_EQ(read(target), "do not touch");
+  EXPECT_FALSE(fs::is_symlink(path)) << "the entry replaced the link, not its target";
+}
+
+TEST_F(CacheTest, TheSameDamageIsReportedOnce) {
+  std::atomic<int> calls{0};
+  const KeyParts key = sample_key();
+  auto cache = make();
+  const std::string path = *cache->path_for(key.hash());
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(cache->clear()); // forget the entry, so the next request reads the disk
+    write(path, "garbage");
+    ASSERT_TRUE(cache->get_or_compile(key, compiler(calls)));
+  }
+  EXPECT_EQ(calls.load(), 3);
+  EXPECT_EQ(cache->stats().rejected_files, 3);
+  EXPECT_EQ(reports_.size(), 1u);
+}
+
+TEST_F(CacheTest, EightThreadsCompileOneKeyOnce) {
+  std::atomic<int> calls{0};
+  auto cache = make();
+  auto slow = [&]() -> Expected<CodeObject> {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    return compiler(calls)();
+  };
+  std::vector<std::thread> threads;
+  std::vector<std::vector<uint8_t>> results(8);
+  std::vector<CacheOutcome> outcomes(8);
+  for (int t = 0; t < 8; ++t)
+    threads.emplace_back([&, t] {
+      auto code = cache->get_or_compile(sample_key(), slow, &outcomes[t]);
+      if (code)
+        results[t] = code->bytes;
+    });
+  for (auto &t : threads)
+    t.join();
+  EXPECT_EQ(calls.load(), 1);
+  for (int t = 0; t < 8; ++t) {
+    EXPECT_EQ(results[t], results[0]);
+    EXPECT_FALSE(results[t].empty());
+  }
+  EXPECT_EQ(std::count(outcomes.begin(), outcomes.end(), CacheOutcome::compiled), 1);
+  EXPECT_EQ(std::count(outcomes.begin(), outcomes.end(), CacheOutcome::memory_hit), 7);
+  EXPECT_EQ(files().size(), 1u);
+}
+
+TEST_F(CacheTest, ProcessesHammeringOneKeyAgree) {
+  // Four processes, each alternating forced rewrites of the entry with reads
+  // of it, all through fresh caches (empty memory). Every read must return the
+  // one right code object: a reader never sees half a file, and no report of
+  // a corrupt file is ever made.
+  constexpr int kChildren = 4, kRounds = 40;
+  const KeyParts key = sample_key();
+  std::atomic<int> unused{0};
+  const std::vector<uint8_t> expected = compiler(unused, 300000)()->bytes;
+  std::vector<pid_t> children;
+  for (int c = 0; c < kChildren; ++c) {
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      int status = 0;
+      for (int round = 0; round < kRounds && status == 0; ++round) {
+        std::atomic<int> calls{0};
+        bool reported = false;
+        KernelCache cache(dir_);
+        cache.set_reporter([&](const std::string &) { reported = true; });
+        cache.set_always_compile((round + c) % 3 == 0);
+        auto code = cache.get_or_compile(key, compiler(calls, 300000));
+        if (!code)
+          status = 1;
+        else if (code->bytes != expected)
+          status = 2;
+        else if (reported)
+          status = 3;
+      }
+      ::_exit(status);
+    }
+    children.push_back(pid);
+  }
+  for (pid_t pid : children) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "1: compile failed, 2: wrong bytes, 3: corrupt file seen";
+  }
+  EXPECT_EQ(files(), std::vector<std::string>{key.hash() + ".fjk"}) << "no temporary files left";
+  std::atomic<int> calls{0};
+  CacheOutcome o;
+  auto code = make()->get_or_compile(key, compiler(calls, 300000), &o);
+  EXPECT_EQ(o, CacheOutcome::disk_hit);
+  EXPECT_EQ(code->bytes, expected);
+}
+
+TEST_F(CacheTest, PermissionsAreUserOnly) {
+  dir_ = (root_ / "a" / "b" / "cache").string();
+  std::atomic<int> calls{0};
+  auto cache = make();
+  ASSERT_TRUE(cache->get_or_compile(sample_key(), compiler(calls)));
+  for (const fs::path &d : {root_ / "a", root_ / "a" / "b", fs::path(dir_)}) {
+    struct stat st{};
+    ASSERT_EQ(::stat(d.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0700u) << d;
+  }
+  struct stat st{};
+  ASSERT_EQ(::stat(cache->path_for(sample_key().hash())->c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+TEST_F(CacheTest, AKeyNeverEscapesTheDirectory) {
+  std::atomic<int> calls{0};
+  auto cache = make();
+  KeyParts evil = sample_key("../../../../etc/passwd");
+  evil.target_id = "/tmp/x";
+  evil.source_override = "..";
+  ASSERT_TRUE(cache->get_or_compile(evil, compiler(calls)));
+  EXPECT_EQ(files(), std::vector<std::string>{evil.hash() + ".fjk"});
+  std::vector<std::string> in_root;
+  for (const auto &e : fs::directory_iterator(root_))
+    in_root.push_back(e.path().filename().string());
+  EXPECT_EQ(in_root, std::vector<std::string>{"cache"});
+  for (const std::string &bad :
+       std::vector<std::string>{"../x", "", std::string(64, 'g'), std::string(63, 'a'),
+                                "/etc/passwd", std::string(64, 'A'), std::string(62, 'a') + "/."}) {
+    auto p = cache->path_for(bad);
+    EXPECT_FALSE(p) << bad;
+  }
+  EXPECT_EQ(*cache->path_for(std::string(64, 'a')), dir_ + "/" + std::string(64, 'a') + ".fjk");
+}
+
+TEST_F(CacheTest, MemoryIsBoundedLeastRecentlyUsedFirst) {
+  std::atomic<int> calls{0};
+  KernelCache cache("", 3000);
+  CacheOutcome o;
+  // Each entry costs its 900 bytes plus its strings (~30 bytes).
+  for (const char *k : {"k1", "k2", "k3"})
+    ASSERT_TRUE(cache.get_or_compile(sample_key(k), compiler(calls, 900)));
+  EXPECT_EQ(cache.stats().memory_entries, 3);
+  o = fetch(cache, sample_key("k1"), compiler(calls, 900));
+  EXPECT_EQ(o, CacheOutcome::memory_hit); // k1 is now the most recent
+  o = fetch(cache, sample_key("k4"), compiler(calls, 900));
+  EXPECT_EQ(o, CacheOutcome::compiled);
+  CacheStats s = cache.stats();
+  EXPECT_EQ(s.memory_entries, 3);
+  EXPECT_LE(s.memory_bytes, 3000);
+  o = fetch(cache, sample_key("k1"), compiler(calls, 900));
+  EXPECT_EQ(o, CacheOutcome::memory_hit);
+  o = fetch(cache, sample_key("k3"), compiler(calls, 900));
+  EXPECT_EQ(o, CacheOutcome::memory_hit);
+  o = fetch(cache, sample_key("k2"), compiler(calls, 900));
+  EXPECT_EQ(o, CacheOutcome::compiled) << "k2 was the least recently used and went";
+  // An entry larger than the whole budget is not kept at all.
+  o = fetch(cache, sample_key("huge"), compiler(calls, 5000));
+  o = fetch(cache, sample_key("huge"), compiler(calls, 5000));
+  EXPECT_EQ(o, CacheOutcome::compiled);
+  EXPECT_LE(cache.stats().memory_bytes, 3000);
+}
+
+TEST_F(CacheTest, AlwaysCompileSkipsLookupsButStores) {
+  std::atomic<int> calls{0};
+  auto cache = make();
+  cache->set_always_compile(true);
+  CacheOutcome o;
+  for (int i = 0; i < 3; ++i) {
+    o = fetch(*cache, sample_key(), compiler(calls));
+    EXPECT_EQ(o, CacheOutcome::compiled);
+  }
+  EXPECT_EQ(calls.load(), 3);
+  o = fetch(*make(), sample_key(), compiler(calls));
+  EXPECT_EQ(o, CacheOutcome::disk_hit);
+}
+
+TEST_F(CacheTest, ListStatsAndClear) {
+  std::atomic<int> calls{0};
+  auto cache = make();
+  ASSERT_TRUE(cache->get_or_compile(sample_key("a"), compiler(calls, 100)));
+  ASSERT_TRUE(cache->get_or_compile(sample_key("b"), compiler(calls, 200)));
+  write(*cache->path_for(std::string(64, 'c')), "junk");
+  write(dir_ + "/notes.txt", "mine");
+  const std::string fresh_temp = dir_ + "/.tmp-" + std::string(64, 'd') + "-AAAAAA";
+  const std::string stale_temp = dir_ + "/.tmp-" + std::string(64, 'e') + "-BBBBBB";
+  write(fresh_temp, "in progress");
+  write(stale_temp, "left by a crash");
+  struct timeval old[2] = {{1000000000, 0}, {1000000000, 0}};
+  ASSERT_EQ(::utimes(stale_temp.c_str(), old), 0);
+
+  auto entries = cache->list();
+  ASSERT_TRUE(entries) << entries.status().message();
+  ASSERT_EQ(entries->size(), 3u);
+  int good = 0;
+  for (const CacheEntryInfo &e : *entries) {
+    if (e.key == std::string(64, 'c')) {
+      EXPECT_NE(e.problem.find("shorter than the"), std::string::npos) << e.problem;
+      continue;
+    }
+    ++good;
+    EXPECT_TRUE(e.problem.empty()) << e.problem;
+    EXPECT_EQ(e.target_id, "gfx1201");
+    EXPECT_EQ(e.compiler_identity, "test 1.0");
+    EXPECT_EQ(e.arch, "gfx1201");
+    EXPECT_TRUE(e.bytes == 100 || e.bytes == 200);
+    EXPECT_GT(e.file_bytes, e.bytes);
+    EXPECT_EQ(e.path, *cache->path_for(e.key));
+  }
+  EXPECT_EQ(good, 2);
+  CacheStats s = cache->stats();
+  EXPECT_EQ(s.disk_entries, 3);
+  EXPECT_EQ(s.memory_entries, 2);
+
+  auto removed = cache->clear();
+  ASSERT_TRUE(removed) << removed.status().message();
+  EXPECT_EQ(*removed, 4); // three entries and the stale temporary file
+  EXPECT_EQ(files(),
+            (std::vector<std::string>{fs::path(fresh_temp).filename().string(), "notes.txt"}));
+  EXPECT_EQ(cache->stats().memory_entries, 0);
+  EXPECT_EQ(cache->stats().disk_entries, 0);
+}
+
+TEST_F(CacheTest, AnUnusableDirectoryFallsBackToMemory) {
+  write((root_ / "file").string(), "x");
+  dir_ = (root_ / "file" / "cache").string(); // under a regular file
+  std::atomic<int> calls{0};
+  auto cache = make();
+  CacheOutcome o;
+  ASSERT_TRUE(cache->get_or_compile(sample_key(), compiler(calls), &o));
+  ASSERT_TRUE(cache->get_or_compile(sample_key(), compiler(calls), &o));
+  EXPECT_EQ(o, CacheOutcome::memory_hit);
+  ASSERT_EQ(reports_.size(), 1u);
+  EXPECT_NE(reports_[0].find("keeping kernels in memory only"), std::string::npos) << reports_[0];
+  EXPECT_FALSE(cache->list());
+}
+
+// ---- knobs -----------------------------------------------------------------
+
+Getenv env(std::map<std::string, std::string> vars) {
+  return [vars = std::move(vars)](const char *name) -> const char * {
+    auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  };
+}
+
+TEST(Knobs, Defaults) {
+  auto k = parse_knobs(env({{"HOME", "/home/u"}}));
+  ASSERT_TRUE(k);
+  EXPECT_EQ(k->debug, 0);
+  EXPECT_FALSE(k->always_compile);
+  EXPECT_EQ(k->dump_dir, "");
+  EXPECT_EQ(k->override_dir, "");
+  EXPECT_EQ(k->cache_dir, "/home/u/.cache/flashjit");
+}
+
+TEST(Knobs, CacheDirectoryPrecedence) {
+  EXPECT_EQ(parse_knobs(env({{"HOME", "/h"}, {"XDG_CACHE_HOME", "/x"}}))->cache_dir, "/x/flashjit");
+  EXPECT_EQ(parse_knobs(env({{"HOME", "/h"}, {"XDG_CACHE_HOME", "relative"}}))->cache_dir,
+            "/h/.cache/flashjit");
+  EXPECT_EQ(
+      parse_knobs(env({{"HOME", "/h"}, {"XDG_CACHE_HOME", "/x"}, {"FLASHJIT_CACHE_DIR", "/c"}}))
+          ->cache_dir,
+      "/c");
+  EXPECT_EQ(parse_knobs(env({}))->cache_dir, "");
+}
+
+TEST(Knobs, Values) {
+  auto k = parse_knobs(env({{"FLASHJIT_DEBUG", "4"},
+                            {"FLASHJIT_ALWAYS_COMPILE", "yes"},
+                            {"FLASHJIT_DUMP_DIR", "/d"},
+                            {"FLASHJIT_OVERRIDE_DIR", "/o"}}));
+  ASSERT_TRUE(k) << k.status().message();
+  EXPECT_EQ(k->debug, 4);
+  EXPECT_TRUE(k->always_compile);
+  EXPECT_EQ(k->dump_dir, "/d");
+  EXPECT_EQ(k->override_dir, "/o");
+  EXPECT_FALSE(parse_knobs(env({{"FLASHJIT_ALWAYS_COMPILE", "0"}}))->always_compile);
+}
+
+TEST(Knobs, BadValuesAreClearErrors) {
+  auto a = parse_knobs(env({{"FLASHJIT_DEBUG", "abc"}}));
+  ASSERT_FALSE(a);
+  EXPECT_EQ(a.status().message(), "FLASHJIT_DEBUG=abc: expected a level from 0 (silent) to 4 (IR "
+                                  "after every pass and the emitted source)");
+  EXPECT_FALSE(parse_knobs(env({{"FLASHJIT_DEBUG", "5"}})));
+  EXPECT_FALSE(parse_knobs(env({{"FLASHJIT_DEBUG", "-1"}})));
+  EXPECT_FALSE(parse_knobs(env({{"FLASHJIT_DEBUG", "2x"}})));
+  auto b = parse_knobs(env({{"FLASHJIT_DEBUG", "x"}, {"FLASHJIT_ALWAYS_COMPILE", "maybe"}}));
+  ASSERT_FALSE(b);
+  EXPECT_NE(b.status().message().find("FLASHJIT_DEBUG=x"), std::string::npos);
+  EXPECT_NE(b.status().message().find("FLASHJIT_ALWAYS_COMPILE=maybe: expected 0 or 1"),
+            std::string::npos);
+}
+
+TEST(Knobs, TableDocumentsEveryKnob) {
+  std::set<std::string_view> names;
+  for (const KnobInfo &k : knob_table()) {
+    EXPECT_TRUE(k.name.starts_with("FLASHJIT_")) << k.name;
+    EXPECT_FALSE(k.doc.empty()) << k.name;
+    EXPECT_FALSE(k.fallback.empty()) << k.name;
+    names.insert(k.name);
+  }
+  EXPECT_EQ(names, (std::set<std::string_view>{"FLASHJIT_DEBUG", "FLASHJIT_DUMP_DIR",
+                                               "FLASHJIT_OVERRIDE_DIR", "FLASHJIT_CACHE_DIR",
+                                               "FLASHJIT_ALWAYS_COMPILE"}));
+}
+
+TEST(Knobs, SourceOverride) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("fj-override-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  Knobs k;
+  k.override_dir = dir.string();
+  EXPECT_FALSE(source_override("fj_attention", k)->has_value()) << "no file, no override";
+  {
+    std::ofstream out(dir / "fj_attention.hip");
+    out << "// edited by hand\n";
+  }
+  auto o = source_override("fj_attention", k);
+  ASSERT_TRUE(o && o->has_value());
+  EXPECT_EQ((*o)->source, "// edited by hand\n");
+  EXPECT_EQ((*o)->hash, sha256_hex("// edited by hand\n"));
+  EXPECT_EQ((*o)->path, (dir / "fj_attention.hip").string());
+  EXPECT_FALSE(source_override("../fj_attention", k));
+  EXPECT_FALSE(source_override("fj_attention", Knobs{})->has_value()) << "knob unset";
+  fs::remove_all(dir);
+}
+
+TEST(Knobs, DumpFile) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("fj-dump-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  Knobs k;
+  k.dump_dir = dir.string();
+  ASSERT_TRUE(dump_file("k-1234.hip", "source", k));
+  std::ifstream in(dir / "k-1234.hip");
+  std::string text;
+  std::getline(in, text);
+  EXPECT_EQ(text, "source");
+  EXPECT_FALSE(dump_file("../escape.hip", "x", k));
+  EXPECT_FALSE(dump_file(".hidden", "x", k));
+  EXPECT_TRUE(dump_file("ignored.hip", "x", Knobs{})) << "no dump dir: nothing to do";
+  fs::remove_all(dir);
+}
+
+} // namespace
+} // namespace flashjit::compiler

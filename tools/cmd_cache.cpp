@@ -1,0 +1,491 @@
+// The kernel cache from the command line: inspect it, clear it, fill it ahead
+// of time from a manifest; and the table of debug knobs.
+//
+// A warmup manifest is a JSON list; each item names a target and a spec, and
+// may override the tuning config:
+//   [{"arch": "gfx1201", "heads": 16, "kv_heads": 4, "seqlen_q": 512,
+//     "head_dim": 128, "dtype": "bf16", "causal": true},
+//    {"arch": "gfx90a", "head_dim": 64, "block_n": 32}]
+// Fields and defaults are those of the spec flags (`flashjit emit --help`):
+// batch heads kv_heads seqlen_q seqlen_k head_dim head_dim_v (integers), dtype
+// layout (strings), causal lse (booleans), window ([left, right]), scale
+// (number), block_m block_n waves (config), compiler (auto|llvm|hiprtc|nvrtc).
+#include "compiler/kernel_cache.h"
+#include "compiler/knobs.h"
+#include "compiler/select.h"
+#include "ir/build.h"
+#include "lowering/lower.h"
+#include "templates/templates.h"
+#include "tools/commands.h"
+#include "tools/json.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace flashjit::cli {
+namespace {
+
+int fail(const Status &s) {
+  fmt::print(stderr, "flashjit: error: {}\n", s.message());
+  return 1;
+}
+
+std::string human_bytes(int64_t n) {
+  if (n < 1024)
+    return fmt::format("{} B", n);
+  if (n < 1024 * 1024)
+    return fmt::format("{:.1f} KiB", n / 1024.0);
+  return fmt::format("{:.1f} MiB", n / (1024.0 * 1024.0));
+}
+
+std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\')
+      out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20)
+      out += fmt::format("\\u{:04x}", c);
+    else
+      out += c;
+  }
+  return out + "\"";
+}
+
+/// The cache directory: --dir, else the knobs' (FLASHJIT_CACHE_DIR, XDG, HOME).
+Expected<std::string> cache_dir(const Args &a) {
+  std::string dir = a.get("--dir", compiler::knobs().cache_dir);
+  if (dir.empty())
+    return Status::error("no cache directory: pass --dir DIR or set FLASHJIT_CACHE_DIR (HOME is "
+                         "not set either)");
+  return dir;
+}
+
+// ---- flashjit cache ----------------------------------------------------------
+
+int cmd_cache(const Args &a) {
+  const int actions = int(a.has("stats")) + int(a.has("list")) + int(a.has("clear"));
+  if (actions != 1)
+    return fail(Status::error("say what to do: flashjit cache stats|list|clear (one of them)"));
+  auto dir = cache_dir(a);
+  if (!dir)
+    return fail(dir.status());
+  compiler::KernelCache cache(*dir);
+  const bool json = a.has("--json");
+
+  if (a.has("clear")) {
+    auto removed = cache.clear();
+    if (!removed)
+      return fail(removed.status());
+    fmt::print("removed {} file{} from {}\n", *removed, *removed == 1 ? "" : "s", *dir);
+    return 0;
+  }
+  auto entries = cache.list();
+  if (!entries)
+    return fail(entries.status());
+  if (a.has("stats")) {
+    int64_t bytes = 0, bad = 0;
+    std::map<std::string, int64_t> by_target;
+    for (const auto &e : *entries) {
+      bytes += e.file_bytes;
+      bad += !e.problem.empty();
+      if (e.problem.empty())
+        ++by_target[e.target_id + " (" + e.compiler_identity + ")"];
+    }
+    if (json) {
+      fmt::print("{{\"directory\": {}, \"entries\": {}, \"bytes\": {}, \"corrupt\": {}}}\n",
+                 json_string(*dir), entries->size(), bytes, bad);
+      return 0;
+    }
+    fmt::print("cache directory: {}\nentries:         {} ({}){}\n", *dir, entries->size(),
+               human_bytes(bytes), bad ? fmt::format(", {} corrupt", bad) : "");
+    for (const auto &[target, n] : by_target)
+      fmt::print("  {:>5}  {}\n", n, target);
+    return 0;
+  }
+  // list
+  if (json) {
+    fmt::print("[");
+    for (size_t i = 0; i < entries->size(); ++i) {
+      const auto &e = (*entries)[i];
+      fmt::print("{}\n  {{\"key\": {}, \"target\": {}, \"arch\": {}, \"compiler\": {}, \"bytes\": "
+                 "{}, \"file_bytes\": {}, \"path\": {}, \"problem\": {}}}",
+                 i ? "," : "", json_string(e.key), json_string(e.target_id), json_string(e.arch),
+                 json_string(e.compiler_identity), e.bytes, e.file_bytes, json_string(e.path),
+                 e.problem.empty() ? "null" : json_string(e.problem));
+    }
+    fmt::print("{}]\n", entries->empty() ? "" : "\n");
+    return 0;
+  }
+  if (entries->empty()) {
+    fmt::print("{} holds no kernels\n", *dir);
+    return 0;
+  }
+  fmt::print("{:<16}  {:<16}  {:<14}  {:>10}\n", "KEY", "TARGET", "COMPILER", "BYTES");
+  for (const auto &e : *entries) {
+    if (!e.problem.empty())
+      fmt::print("{:<16}  corrupt: {}\n", e.key.substr(0, 16), e.problem);
+    else
+      fmt::print("{:<16}  {:<16}  {:<14}  {:>10}\n", e.key.substr(0, 16), e.target_id,
+                 e.compiler_identity, e.bytes);
+  }
+  fmt::print("{} entr{} in {}\n", entries->size(), entries->size() == 1 ? "y" : "ies", *dir);
+  return 0;
+}
+
+// ---- flashjit warmup ---------------------------------------------------------
+
+struct WarmupItem {
+  std::string arch;
+  std::string compiler = "auto";
+  AttentionSpec spec;
+  std::optional<int64_t> block_m, block_n, waves;
+};
+
+Expected<int64_t> integer(const json::Value &v, std::string_view field) {
+  if (v.kind != json::Value::Kind::number || v.number != std::floor(v.number) ||
+      std::abs(v.number) > 1e15)
+    return Status::error("'{}' must be an integer", field);
+  return int64_t(v.number);
+}
+
+Expected<WarmupItem> parse_item(const json::Value &item) {
+  if (!item.is_object())
+    return Status::error("each item must be an object like {{\"arch\": \"gfx1201\", "
+                         "\"head_dim\": 128}}");
+  static const std::vector<std::string_view> known = {
+      "arch",     "compiler", "batch",      "heads",   "kv_heads", "seqlen_q",
+      "seqlen_k", "head_dim", "head_dim_v", "dtype",   "layout",   "causal",
+      "window",   "scale",    "lse",        "block_m", "block_n",  "waves"};
+  for (const std::string &key : item.keys)
+    if (std::find(known.begin(), known.end(), key) == known.end()) {
+      std::string list;
+      for (std::string_view k : known)
+        list += (list.empty() ? "" : ", ") + std::string(k);
+      return Status::error("unknown field '{}' (known: {})", key, list);
+    }
+  WarmupItem w;
+  auto str = [&](const char *field, std::string &out) -> Status {
+    if (const json::Value *v = item.find(field)) {
+      if (v->kind != json::Value::Kind::string)
+        return Status::error("'{}' must be a string", field);
+      out = v->string;
+    }
+    return Status::ok();
+  };
+  auto num = [&](const char *field, int64_t fallback) -> Expected<int64_t> {
+    const json::Value *v = item.find(field);
+    return v ? integer(*v, field) : Expected<int64_t>(fallback);
+  };
+  auto boolean = [&](const char *field, bool &out) -> Status {
+    if (const json::Value *v = item.find(field)) {
+      if (v->kind != json::Value::Kind::boolean)
+        return Status::error("'{}' must be true or false", field);
+      out = v->boolean;
+    }
+    return Status::ok();
+  };
+  FJ_RETURN_IF_ERROR(str("arch", w.arch));
+  if (w.arch.empty())
+    return Status::error("'arch' is required (e.g. \"gfx1201\")");
+  FJ_RETURN_IF_ERROR(str("compiler", w.compiler));
+
+  AttentionSpec &s = w.spec;
+  struct IntField {
+    const char *name;
+    int64_t *out;
+    const int64_t *fallback; // another field, or nullptr for `value`
+    int64_t value;
+  };
+  const IntField ints[] = {{"batch", &s.batch, nullptr, 1},
+                           {"heads", &s.heads, nullptr, 1},
+                           {"kv_heads", &s.kv_heads, &s.heads, 0},
+                           {"seqlen_q", &s.seqlen_q, nullptr, 128},
+                           {"seqlen_k", &s.seqlen_k, &s.seqlen_q, 0},
+                           {"head_dim", &s.head_dim_qk, nullptr, 64},
+                           {"head_dim_v", &s.head_dim_v, &s.head_dim_qk, 0}};
+  for (const IntField &f : ints) {
+    auto v = num(f.name, f.fallback ? *f.fallback : f.value);
+    if (!v)
+      return v.status();
+    *f.out = *v;
+  }
+  std::string dtype = "bf16", layout = "bshd";
+  FJ_RETURN_IF_ERROR(str("dtype", dtype));
+  FJ_RETURN_IF_ERROR(str("layout", layout));
+  auto dt = parse_dtype(dtype);
+  if (!dt)
+    return dt.status().with_context("'dtype'");
+  s.dtype = *dt;
+  auto lay = parse_layout(layout);
+  if (!lay)
+    return lay.status().with_context("'layout'");
+  FJ_RETURN_IF_ERROR(boolean("causal", s.causal));
+  FJ_RETURN_IF_ERROR(boolean("lse", s.lse));
+  if (const json::Value *v = item.find("scale")) {
+    if (v->kind != json::Value::Kind::number || !(v->number > 0))
+      return Status::error("'scale' must be a positive number");
+    s.scale = v->number;
+  }
+  if (const json::Value *v = item.find("window")) {
+    if (!v->is_array() || v->items.size() != 2)
+      return Status::error("'window' must be [left, right] (-1 = unbounded)");
+    auto l = integer(v->items[0], "window[0]"), r = integer(v->items[1], "window[1]");
+    if (!l)
+      return l.status();
+    if (!r)
+      return r.status();
+    s.window = Window{*l, *r};
+  }
+  s.set_layout(*lay);
+  FJ_RETURN_IF_ERROR(s.validate());
+  for (auto [field, out] : {std::pair{"block_m", &w.block_m}, std::pair{"block_n", &w.block_n},
+                            std::pair{"waves", &w.waves}})
+    if (item.find(field)) {
+      auto v = num(field, 0);
+      if (!v)
+        return v.status();
+      *out = *v;
+    }
+  return w;
+}
+
+Expected<std::vector<WarmupItem>> read_manifest(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    return Status::error("cannot read the manifest {}: {}", path, std::strerror(errno));
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string error;
+  auto root = json::parse(text.str(), &error);
+  if (!root)
+    return Status::error("{}: {}", path, error);
+  if (!root->is_array())
+    return Status::error("{}: the manifest must be a JSON list of kernels, e.g. [{{\"arch\": "
+                         "\"gfx1201\", \"head_dim\": 128}}]",
+                         path);
+  std::vector<WarmupItem> items;
+  for (size_t i = 0; i < root->items.size(); ++i) {
+    auto item = parse_item(root->items[i]);
+    if (!item)
+      return item.status().with_context(fmt::format("{}: item {}", path, i));
+    items.push_back(item.take());
+  }
+  return items;
+}
+
+struct WarmupResult {
+  Status status;
+  std::string line;
+};
+
+/// The pipeline for one item: build the IR, lower it, compile through the
+/// cache with every part of the key filled in. The knobs act here: the IR and
+/// source at FLASHJIT_DEBUG 4 / 3, FLASHJIT_OVERRIDE_DIR, FLASHJIT_DUMP_DIR.
+WarmupResult warm_one(const WarmupItem &w, const std::string &compiler_name,
+                      compiler::KernelCache &cache) {
+  auto fail_with = [](const Status &s) { return WarmupResult{s, ""}; };
+  auto target = lowering::parse_target(w.arch);
+  if (!target)
+    return fail_with(target.status());
+  ir::Config config = lowering::default_config(w.spec, *target);
+  if (w.block_m)
+    config.block_m = *w.block_m;
+  if (w.block_n)
+    config.block_n = *w.block_n;
+  if (w.waves)
+    config.waves = *w.waves;
+  if (Status s = ir::validate(config); !s)
+    return fail_with(s);
+  if (Status s = lowering::check_fits(w.spec, config, *target); !s)
+    return fail_with(s);
+  auto program = ir::build_attention(w.spec, config);
+  if (!program)
+    return fail_with(program.status());
+  const std::string ir_text = ir::print(*program);
+  compiler::debug_log(4, "tile IR for {} ({}):\n{}", w.spec.summary(), config.summary(), ir_text);
+  auto lowered = lowering::lower(*program, *target);
+  if (!lowered)
+    return fail_with(lowered.status());
+
+  auto made = compiler::make_compiler(compiler_name, target->target_id());
+  if (!made)
+    return fail_with(made.status());
+  compiler::Compiler &cc = **made;
+  compiler::CompileOptions options;
+  options.arch = target->arch;
+  options.features = target->features;
+  options.wave_size = target->wave_size;
+
+  std::string source = lowered->source;
+  compiler::KeyParts key;
+  auto override = compiler::source_override(lowered->kernel_name);
+  if (!override)
+    return fail_with(override.status());
+  if (*override) {
+    source = (*override)->source;
+    key.source_override = (*override)->hash;
+  }
+  key.ir_text = ir_text;
+  key.target_id = target->target_id();
+  key.config = config.summary();
+  key.compile_options = compiler::describe(options);
+  key.templates_hash = std::string(templates::bundle_hash);
+  key.flashjit_version = std::string(compiler::flashjit_version());
+  key.compiler_identity = cc.identity();
+  const std::string hash = key.hash();
+  const std::string stem = lowered->kernel_name + "-" + hash.substr(0, 16);
+
+  const auto start = std::chrono::steady_clock::now();
+  compiler::CacheOutcome outcome;
+  auto code = cache.get_or_compile(
+      key,
+      [&]() -> Expected<compiler::CodeObject> {
+        compiler::debug_log(3, "HIP source of {} ({}):\n{}", lowered->kernel_name, key.target_id,
+                            source);
+        if (Status s = compiler::dump_file(stem + ".hip", source); !s)
+          fmt::print(stderr, "flashjit: {}\n", s.message());
+        auto c = cc.compile(source, options);
+        if (c)
+          if (Status s = compiler::dump_file(
+                  stem + ".co", {reinterpret_cast<const char *>(c->bytes.data()), c->bytes.size()});
+              !s)
+            fmt::print(stderr, "flashjit: {}\n", s.message());
+        return c;
+      },
+      &outcome);
+  if (!code)
+    return fail_with(code.status().with_context(
+        fmt::format("compiling {} for {}", lowered->kernel_name, key.target_id)));
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return {Status::ok(),
+          fmt::format("{} {} ({}): {} in {:.1f} ms ({}, {} bytes, key {})", key.target_id,
+                      w.spec.summary(), config.summary(), compiler::outcome_name(outcome), ms,
+                      code->compiler, code->bytes.size(), hash.substr(0, 16))};
+}
+
+int cmd_warmup(const Args &a) {
+  if (!a.has("--manifest") && a.positional.empty())
+    return fail(Status::error("warmup needs a manifest: flashjit warmup MANIFEST.json (a JSON list "
+                              "of kernels)"));
+  auto items = read_manifest(a.positional.empty() ? a.get("--manifest") : a.positional[0]);
+  if (!items)
+    return fail(items.status());
+  auto dir = cache_dir(a);
+  if (!dir)
+    return fail(dir.status());
+  auto jobs = a.get_int("--jobs", 1);
+  if (!jobs)
+    return fail(jobs.status());
+  if (*jobs < 1 || *jobs > 256)
+    return fail(Status::error("--jobs {} is out of range: expected 1..256", *jobs));
+  compiler::KernelCache cache(*dir);
+  cache.set_always_compile(compiler::knobs().always_compile);
+
+  std::vector<WarmupResult> results(items->size());
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i; (i = next++) < items->size();) {
+      const WarmupItem &w = (*items)[i];
+      const std::string name = a.has("--compiler") ? a.get("--compiler") : w.compiler;
+      results[i] = warm_one(w, name, cache);
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int64_t t = 1; t < std::min<int64_t>(*jobs, int64_t(items->size())); ++t)
+    threads.emplace_back(worker);
+  worker();
+  for (auto &t : threads)
+    t.join();
+
+  int failed = 0;
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (results[i].status)
+      fmt::print("[{}/{}] {}\n", i + 1, results.size(), results[i].line);
+    else {
+      ++failed;
+      fmt::print(stderr, "[{}/{}] error: {}\n", i + 1, results.size(), results[i].status.message());
+    }
+  }
+  fmt::print("warmup: {} of {} kernels ready in {}\n", results.size() - failed, results.size(),
+             *dir);
+  return failed ? 1 : 0;
+}
+
+// ---- flashjit knobs ----------------------------------------------------------
+
+/// `text` wrapped at `width` columns, every line after the first indented.
+std::string wrap(std::string_view text, size_t width, size_t indent) {
+  std::string out, line;
+  std::istringstream words{std::string(text)};
+  for (std::string word; words >> word;) {
+    if (!line.empty() && line.size() + 1 + word.size() > width) {
+      out += line + "\n" + std::string(indent, ' ');
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + word;
+  }
+  return out + line;
+}
+
+int cmd_knobs(const Args &a) {
+  for (const compiler::KnobInfo &k : compiler::knob_table()) {
+    const std::string value = compiler::knob_value(k.name);
+    fmt::print("{}={}\n  default: {}\n  now:     {}\n  {}\n\n", k.name, k.value, k.fallback,
+               value.empty() ? "(unset)" : value, wrap(k.doc, 76, 2));
+  }
+  // Parsed here rather than through knobs(), which would report a bad value a
+  // second time.
+  auto parsed = compiler::parse_knobs();
+  if (!parsed)
+    return fail(parsed.status());
+  fmt::print("cache directory in effect: {}\n",
+             parsed->cache_dir.empty() ? "(none: memory only)" : parsed->cache_dir);
+  return 0;
+}
+
+} // namespace
+
+std::vector<Command> cache_commands() {
+  const FlagSpec dir{"--dir", "DIR", "the cache directory",
+                     "FLASHJIT_CACHE_DIR, else $XDG_CACHE_HOME/flashjit, else ~/.cache/flashjit"};
+  return {
+      {"cache",
+       "Inspect or empty the kernel cache on disk.",
+       "stats|list|clear [--dir DIR] [--json]",
+       {{"stats", "", "count the entries and their bytes", ""},
+        {"list", "", "one line per entry: key, target, compiler, bytes (and damaged files)", ""},
+        {"clear", "", "remove every entry (and stale temporary files)", ""},
+        dir,
+        {"--json", "", "print stats or list as JSON", ""}},
+       cmd_cache},
+      {"warmup",
+       "Compile the kernels a manifest lists into the cache, ahead of their first use.",
+       "MANIFEST.json | --manifest FILE [--compiler NAME] [--jobs N] [--dir DIR]",
+       {{"--manifest", "FILE",
+         "JSON list of {\"arch\": ..., spec fields..., block_m/block_n/waves} (see "
+         "tools/cmd_cache.cpp)",
+         ""},
+        {"--compiler", "NAME", "auto, llvm, hiprtc or nvrtc, for every item",
+         "auto, or the item's"},
+        {"--jobs", "N", "compile N kernels at once", "1"},
+        dir},
+       cmd_warmup,
+       /*max_positional=*/1},
+      {"knobs",
+       "List the FLASHJIT_* environment variables: what each does, its default and its value now.",
+       "",
+       {},
+       cmd_knobs},
+  };
+}
+
+} // namespace flashjit::cli

@@ -1,0 +1,15 @@
+// Command groups of the flashjit tool, each in its own file; flashjit.cpp
+// lists them.
+#pragma once
+
+#include "tools/cli.h"
+
+#include <vector>
+
+namespace flashjit::cli {
+
+/// `flashjit cache stats|list|clear`, `flashjit warmup --manifest FILE`,
+/// `flashjit knobs` (tools/cmd_cache.cpp).
+std::vector<Command> cache_commands();
+
+} // namespace flashjit::cli

@@ -1,0 +1,193 @@
+// A small JSON reader (a copy of tests/support/json.h) for the manifests of
+// `flashjit warmup`: objects, arrays, numbers, strings, bools, null. Not a
+// general-purpose library: no \u escapes beyond ASCII, numbers are doubles.
+#pragma once
+
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace flashjit::cli::json {
+
+struct Value {
+  enum class Kind { null, boolean, number, string, array, object };
+  Kind kind = Kind::null;
+  bool boolean = false;
+  double number = 0;
+  std::string string;
+  std::vector<Value> items;      // array elements, or object values
+  std::vector<std::string> keys; // object keys, parallel to items
+
+  bool is_object() const { return kind == Kind::object; }
+  bool is_array() const { return kind == Kind::array; }
+  int as_int() const { return static_cast<int>(number); }
+  /// The member named `key`, or nullptr (also when this is not an object).
+  const Value *find(std::string_view key) const {
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (keys[i] == key)
+        return &items[i];
+    return nullptr;
+  }
+};
+
+class Parser {
+public:
+  explicit Parser(std::string_view text) : text_(text) {}
+
+  /// Parses the whole text as one value; on failure returns nullopt and sets error().
+  std::optional<Value> parse() {
+    Value v;
+    if (!value(v))
+      return std::nullopt;
+    skip_space();
+    if (pos_ != text_.size())
+      return fail("trailing characters");
+    return v;
+  }
+  const std::string &error() const { return error_; }
+
+private:
+  std::nullopt_t fail(const std::string &what) {
+    if (error_.empty())
+      error_ = "JSON error at offset " + std::to_string(pos_) + ": " + what;
+    return std::nullopt;
+  }
+  void skip_space() {
+    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\n' ||
+                                   text_[pos_] == '\r' || text_[pos_] == '\t'))
+      ++pos_;
+  }
+  bool eat(char c) {
+    skip_space();
+    if (pos_ < text_.size() && text_[pos_] == c) {
+      ++pos_;
+      return true;
+    }
+    return false;
+  }
+  bool literal(std::string_view word) {
+    if (text_.substr(pos_, word.size()) != word)
+      return false;
+    pos_ += word.size();
+    return true;
+  }
+  bool string(std::string &out) {
+    if (!eat('"'))
+      return (fail("expected '\"'"), false);
+    while (pos_ < text_.size() && text_[pos_] != '"') {
+      char c = text_[pos_++];
+      if (c == '\\') {
+        if (pos_ >= text_.size())
+          break;
+        char e = text_[pos_++];
+        switch (e) {
+        case 'n':
+          c = '\n';
+          break;
+        case 't':
+          c = '\t';
+          break;
+        case 'r':
+          c = '\r';
+          break;
+        case 'b':
+          c = '\b';
+          break;
+        case 'f':
+          c = '\f';
+          break;
+        case 'u': {
+          if (pos_ + 4 > text_.size())
+            return (fail("short \\u escape"), false);
+          unsigned long code =
+              std::strtoul(std::string(text_.substr(pos_, 4)).c_str(), nullptr, 16);
+          if (code > 0x7f)
+            return (fail("non-ASCII \\u escape"), false);
+          c = static_cast<char>(code);
+          pos_ += 4;
+          break;
+        }
+        default:
+          c = e; // \" \\ \/
+        }
+      }
+      out += c;
+    }
+    if (pos_ >= text_.size())
+      return (fail("unterminated string"), false);
+    ++pos_;
+    return true;
+  }
+  bool value(Value &v) {
+    skip_space();
+    if (pos_ >= text_.size())
+      return (fail("unexpected end"), false);
+    char c = text_[pos_];
+    if (c == '{') {
+      v.kind = Value::Kind::object;
+      ++pos_;
+      if (eat('}'))
+        return true;
+      do {
+        std::string key;
+        if (!string(key))
+          return false;
+        if (!eat(':'))
+          return (fail("expected ':'"), false);
+        v.keys.push_back(std::move(key));
+        v.items.emplace_back();
+        if (!value(v.items.back()))
+          return false;
+      } while (eat(','));
+      return eat('}') || (fail("expected ',' or '}'"), false);
+    }
+    if (c == '[') {
+      v.kind = Value::Kind::array;
+      ++pos_;
+      if (eat(']'))
+        return true;
+      do {
+        v.items.emplace_back();
+        if (!value(v.items.back()))
+          return false;
+      } while (eat(','));
+      return eat(']') || (fail("expected ',' or ']'"), false);
+    }
+    if (c == '"') {
+      v.kind = Value::Kind::string;
+      return string(v.string);
+    }
+    if (literal("true") || literal("false")) {
+      v.kind = Value::Kind::boolean;
+      v.boolean = c == 't';
+      return true;
+    }
+    if (literal("null"))
+      return true;
+    std::string number(text_.substr(pos_, text_.find_first_of(",]} \n\r\t", pos_) - pos_));
+    char *end = nullptr;
+    v.number = std::strtod(number.c_str(), &end);
+    if (number.empty() || end != number.c_str() + number.size())
+      return (fail("bad value '" + number + "'"), false);
+    v.kind = Value::Kind::number;
+    pos_ += number.size();
+    return true;
+  }
+
+  std::string_view text_;
+  size_t pos_ = 0;
+  std::string error_;
+};
+
+/// Parses `text`; on failure returns nullopt and, if given, sets *error.
+inline std::optional<Value> parse(std::string_view text, std::string *error = nullptr) {
+  Parser p(text);
+  std::optional<Value> v = p.parse();
+  if (!v && error)
+    *error = p.error();
+  return v;
+}
+
+} // namespace flashjit::cli::json
