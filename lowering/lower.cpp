@@ -4,7 +4,9 @@
 // whole workgroup with 128-bit loads, and each IR op becomes one commented block
 // of loops over fragments. What differs between families (how a fragment maps
 // onto lanes, how operand fragments are read, the matrix instruction and the
-// prelude) comes from lowering/rules.h: rules_gfx12.cpp, rules_sm80.cpp.
+// prelude) comes from lowering/rules.h: the AMD families share
+// transposed_rules.h (rules_gfx11.cpp, rules_gfx12.cpp, rules_cdna.cpp and the
+// portable rules_simt.cpp), NVIDIA has rules_sm80.cpp.
 #include "lowering/lower.h"
 
 #include "lowering/hip_writer.h"
@@ -34,7 +36,7 @@ constexpr int kLdsPad = 8;
 
 std::string float_literal(double x) {
   if (std::isinf(x))
-    return x < 0 ? "-__builtin_inff()" : "__builtin_inff()";
+    return x < 0 ? "-FJ_INF" : "FJ_INF";
   std::string s = fmt::format("{:.9g}", x);
   if (s.find_first_of(".e") == std::string::npos)
     s += ".0";
@@ -43,8 +45,12 @@ std::string float_literal(double x) {
 
 class KernelEmitter {
 public:
-  KernelEmitter(const ir::Program &p, const Target &t, const Rules &r, const MatrixInstr &mi)
-      : p_(p), target_(t), rules_(r), mi_(mi), printed_(ir::value_names(p)) {}
+  /// `mi` is null for rules without a matrix instruction (simt); `note` says
+  /// why these rules were chosen where that is not the family's default.
+  KernelEmitter(const ir::Program &p, const Target &t, const Rules &r, const MatrixInstr *mi,
+                std::string note)
+      : p_(p), target_(t), rules_(r), mi_(mi), note_(std::move(note)),
+        printed_(ir::value_names(p)) {}
 
   Expected<Lowered> run();
 
@@ -80,8 +86,11 @@ private:
   Status emit_ops(const std::vector<Op> &body);
   Status emit_op(const Op &op);
   Status emit_load(const Op &op);
+  std::string register_lds(const Op &op);
+  void emit_stage_issue(const Op &op, const std::string &idx);
   Status emit_store(const Op &op);
   Status emit_for(const Op &op);
+  bool plan_pipeline(const Op &loop);
   void emit_copy(ValueId dst_name_of, const std::string &dst, ValueId src);
   // Loads `len` elements at src + d0 into frag[first...]: one vector load where the
   // run is in bounds and aligned, else element by element with bounds checks.
@@ -97,7 +106,8 @@ private:
   const ir::Program &p_;
   const Target &target_;
   const Rules &rules_;
-  const MatrixInstr &mi_;
+  const MatrixInstr *mi_;
+  std::string note_;
   std::vector<std::string> printed_;
   HipWriter w_;
   int64_t block_m_ = 0, block_n_ = 0, q_tiles_ = 0, waves_ = 0;
@@ -111,6 +121,11 @@ private:
   std::vector<std::pair<std::string, std::string>> constants_; // emitted before the kernel
   std::vector<std::string> lds_decls_;                         // emitted at the top of the body
   bool vec_ok_ = true;
+  bool q_in_lds_ = false;
+  // Software pipelining of the loop's LDS tiles (config stages >= 2): each tile is
+  // issued right after the previous one is complete, the first before the loop.
+  std::vector<const Op *> pipeline_order_;
+  std::set<const Op *> pipelined_loads_;
   Op mask_{OpKind::Mask, {}, {}, {}, {}, {}}; // the mask attributes every mask and loop shares
 };
 
@@ -247,8 +262,9 @@ Expected<Lowered> KernelEmitter::run() {
   block_m_ = get("block_m");
   block_n_ = get("block_n");
   waves_ = get("waves");
-  if (get("q_in_lds"))
-    return Status::error("{} rules: config q_in_lds=1 is not supported yet: keep Q in registers",
+  q_in_lds_ = get("q_in_lds") != 0;
+  if (q_in_lds_ && !rules_.reads_q_from_lds())
+    return Status::error("{} rules: config q_in_lds=1 is not supported: keep Q in registers",
                          rules_.name());
   if (waves_ < 1 || block_m_ % (kFrag * waves_) != 0)
     return Status::error("{} rules: block_m ({}) must be a multiple of 16 x waves ({})",
@@ -292,12 +308,17 @@ Expected<Lowered> KernelEmitter::run() {
   w_.line("FJ_DEVICE fj_bits fj_from_f32(float x) {{ return fj_f32_to_{}(x); }}",
           dtype_name(q.dtype));
   w_.blank();
+  rules_.emit_staging_helpers(w_);
   w_.line("// ---- the spec and config, as named constants ----");
   for (const auto &[decl, comment] : constants_)
     w_.line("{}{}", decl, comment.empty() ? "" : " // " + comment);
   w_.blank();
   w_.raw(templates::attention_common);
   w_.blank();
+  if (!rules_.kernel_helpers().empty()) {
+    w_.raw(rules_.kernel_helpers());
+    w_.blank();
+  }
   const char *out_t = "fj_bits *__restrict__";
   const char *in_t = "const fj_bits *__restrict__";
   w_.line("FJ_GLOBAL FJ_WORKGROUP_SIZE({})", waves_ * target_.wave_size);
@@ -311,14 +332,22 @@ Expected<Lowered> KernelEmitter::run() {
   std::swap(w_, kernel);
 
   w_.line("// flashjit kernel {} for {} ({} rules, wave{}, {})", p_.name, target_.target_id(),
-          rules_.name(), target_.wave_size, mi_.builtin.empty() ? mi_.mnemonic : mi_.builtin);
+          rules_.name(), target_.wave_size,
+          !mi_                   ? "FMAs, no matrix instruction"
+          : mi_->builtin.empty() ? mi_->mnemonic
+                                 : mi_->builtin);
+  if (!note_.empty())
+    w_.line("// {}", note_);
   w_.line("// Generated from the tile IR; `flashjit emit --print-ir` prints the program.");
   w_.line("// Each block below names the IR op it implements.");
   w_.blank();
   w_.raw(rules_.prelude());
   w_.blank();
   w_.line("// ---- the matrix instruction ----");
-  rules_.emit_mma_wrapper(w_, mi_, q.dtype);
+  if (mi_)
+    rules_.emit_mma_wrapper(w_, *mi_, q.dtype);
+  else
+    w_.line("// none: the {} rules multiply with FMAs in the kernel text", rules_.name());
   w_.blank();
   w_.raw(kernel.str());
 
@@ -331,8 +360,9 @@ Expected<Lowered> KernelEmitter::run() {
   out.grid[2] = p_.grid_batch;
   out.block_threads = int(waves_ * target_.wave_size);
   out.lds_bytes = lds_bytes_;
-  out.mma = &mi_;
+  out.mma = mi_;
   out.rules = std::string(rules_.name());
+  out.rules_note = note_;
   out.pointer_alignment = vec_ok_ ? 16 : 2;
   return out;
 }
@@ -416,7 +446,11 @@ Status KernelEmitter::emit_op(const Op &op) {
     w_.line("{} acc = {}[qt][c];", rules_.acc_type(), name(op.operands[2]));
     w_.line("#pragma unroll");
     w_.open("for (int k = 0; k < {}; ++k) {{", kt);
-    const std::string a_frag = name(op.operands[0]) + "[qt][k]";
+    std::string a_frag = name(op.operands[0]) + "[qt][k]";
+    if (auto q = lds_of_.find(op.operands[0]); q != lds_of_.end()) {
+      rules_.emit_q_fragment(w_, q->second, lds_strides_.at(q->second));
+      a_frag = "qf";
+    }
     if (s_product) {
       rules_.emit_k_fragment(w_, it->second, lds_strides_.at(it->second));
       w_.line("{}", rules_.mma_s(a_frag));
@@ -445,9 +479,10 @@ Status KernelEmitter::emit_op(const Op &op) {
     const std::string dst = open_elements(t, name(op.results[0]));
     w_.line("const int key = {} * kBlockN + c * kNTile + {};", name(op.operands[2]),
             rules_.acc_col("e"));
-    w_.line("{} = {}_full || fj_visible(query_row(qt, {}), key) ? {}[qt][c][e] : "
-            "-__builtin_inff();",
-            dst, name(op.results[0]), rules_.acc_row("e"), name(op.operands[0]));
+    // `|`, not `||`: a select, not a branch around every element, keeps the
+    // block one straight line for the scheduler (|| made gfx11 spill).
+    w_.line("{} = ({}_full | fj_visible(query_row(qt, {}), key)) ? {}[qt][c][e] : -FJ_INF;", dst,
+            name(op.results[0]), rules_.acc_row("e"), name(op.operands[0]));
     close_elements(t);
     return Status::ok();
   }
@@ -466,8 +501,7 @@ Status KernelEmitter::emit_op(const Op &op) {
     w_.open("for (int qt = 0; qt < kQTiles; ++qt) {{");
     w_.line("float r[kRowSlots];");
     w_.line("#pragma unroll");
-    w_.line("for (int s = 0; s < kRowSlots; ++s) r[s] = {};",
-            is_max ? "-__builtin_inff()" : "0.0f");
+    w_.line("for (int s = 0; s < kRowSlots; ++s) r[s] = {};", is_max ? "-FJ_INF" : "0.0f");
     w_.line("#pragma unroll");
     w_.open("for (int c = 0; c < {}; ++c) {{", col_tiles(src.cols));
     w_.line("#pragma unroll");
@@ -501,7 +535,7 @@ Status KernelEmitter::emit_op(const Op &op) {
   case OpKind::Log2:
     return elementwise("fj_log2({0})");
   case OpKind::ZeroIfNegInf:
-    return elementwise("{0} == -__builtin_inff() ? 0.0f : {0}");
+    return elementwise("{0} == -FJ_INF ? 0.0f : {0}");
   case OpKind::SubRow:
     return elementwise("{0} - {1}");
   case OpKind::MulRow:
@@ -540,6 +574,18 @@ Status KernelEmitter::emit_load(const Op &op) {
       fmt::format("{0} + long({1}) * k{0}BatchStride + long({2}) * k{0}HeadStride", t.name,
                   name(p_.grid_args[2]), head);
   const std::string dim_stride = t.strides.dim == 1 ? "" : fmt::format(" * k{}DimStride", t.name);
+  if (ty.layout == TileLayout::mma_a && q_in_lds_) {
+    // Q staged once into LDS; the products read its fragments from there.
+    const std::string buf = register_lds(op);
+    if (buf.empty())
+      return Status::error("{} rules: an LDS-resident Q tile must feed mma_abt", rules_.name());
+    emit_stage_issue(op, idx);
+    w_.line("fj_stage_wait();");
+    w_.line("fj_barrier(); // the {} tile is complete before any wave reads it", t.name);
+    read_since_barrier_.clear();
+    lds_of_[op.results[0]] = buf;
+    return Status::ok();
+  }
   if (ty.layout == TileLayout::mma_a) {
     // Operand fragments straight from global memory, run by run: each run is
     // `len` consecutive head-dim entries of one query row.
@@ -572,18 +618,50 @@ Status KernelEmitter::emit_load(const Op &op) {
   if (ty.layout != TileLayout::mma_b)
     return Status::error("{} rules cannot lower `load` into #{}", rules_.name(),
                          tile_layout_name(ty.layout));
-  // A B operand is staged in LDS by the whole workgroup with 128-bit loads. As
-  // B^T (K, consumer mma_abt) it is stored row-major; as B (V, consumer mma_ab)
-  // transposed, so that each lane's 8 consecutive keys are one 128-bit LDS read.
+  const std::string buf = register_lds(op);
+  if (!buf.empty() && pipelined_loads_.count(&op)) {
+    // Issued ahead (see emit_for): wait for this tile, then start the next one.
+    w_.line("fj_stage_wait();");
+    w_.line("fj_barrier(); // the {} tile is complete before any wave reads it", t.name);
+    read_since_barrier_.clear();
+    lds_of_[op.results[0]] = buf;
+    const std::vector<const Op *> &order = pipeline_order_;
+    const size_t i = std::find(order.begin(), order.end(), &op) - order.begin();
+    const Op &next = *order[(i + 1) % order.size()];
+    if (i + 1 < order.size()) {
+      emit_stage_issue(next, name(op.operands[0]));
+    } else {
+      w_.open("if ({} + 1 < kv_end) {{", name(op.operands[0]));
+      emit_stage_issue(next, name(op.operands[0]) + " + 1");
+      w_.close();
+    }
+    return Status::ok();
+  }
+  if (buf.empty())
+    return Status::error("{} rules: a #mma_b tile must feed mma_ab or mma_abt", rules_.name());
+  barrier_if_read(buf);
+  emit_stage_issue(op, idx);
+  w_.line("fj_stage_wait();");
+  w_.line("fj_barrier(); // the {} tile is complete before any wave reads it", t.name);
+  read_since_barrier_.clear();
+  lds_of_[op.results[0]] = buf;
+  return Status::ok();
+}
+
+// A B operand is staged in LDS by the whole workgroup, 128 bits per copy. As B^T
+// (K, consumer mma_abt) it is stored row-major; as B (V, consumer mma_ab) row-major
+// or transposed, as the rules read it. Declares the buffer once; returns its name
+// ("" when the tile feeds no matrix product).
+std::string KernelEmitter::register_lds(const Op &op) {
+  const ir::TensorParam &t = *p_.tensor(op.symbol_attr("tensor"));
+  const Type &ty = type(op.results[0]);
   const Op *use = consumer_of(op.results[0], p_.body);
   if (!use || (use->kind != OpKind::MmaABt && use->kind != OpKind::MmaAB))
-    return Status::error("{} rules: a #mma_b tile must feed mma_ab or mma_abt", rules_.name());
-  const bool transposed = use->kind == OpKind::MmaAB;
-  const std::string buf = fmt::format("lds_{}", [&] {
-    std::string s = t.name;
-    std::transform(s.begin(), s.end(), s.begin(), ::tolower);
-    return s + (transposed ? "t" : "");
-  }());
+    return "";
+  const bool transposed = use->kind == OpKind::MmaAB && rules_.v_transposed();
+  std::string lower = t.name;
+  std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
+  const std::string buf = "lds_" + lower + (transposed ? "t" : "");
   const int64_t rows = ty.rows, cols = ty.cols;
   const int64_t stride = transposed ? rows + kLdsPad : cols + kLdsPad;
   const int64_t elems = transposed ? cols * stride : rows * stride;
@@ -600,21 +678,44 @@ Status KernelEmitter::emit_load(const Op &op) {
         fmt::format("FJ_LDS_ARRAY(fj_bits, {}, {}); // {} tile {}x{}{}, rows padded by {}", buf,
                     elems, t.name, rows, cols, transposed ? " stored transposed" : "", kLdsPad));
   }
-  barrier_if_read(buf);
-  w_.line("const fj_bits *{}_src = {};", name(op.results[0]), base);
-  w_.line("// {} rows x {} chunks of 8 elements, one 128-bit load each where aligned", rows,
-          cols / 8);
+  return buf;
+}
+
+// Starts copying block `idx` of a #mma_b tile into its LDS buffer: 8 elements per
+// copy, asynchronous where the target has it (fj_stage8), element by element at
+// ragged edges. fj_stage_wait() + a barrier make it visible.
+void KernelEmitter::emit_stage_issue(const Op &op, const std::string &idx) {
+  const ir::TensorParam &t = *p_.tensor(op.symbol_attr("tensor"));
+  const Type &ty = type(op.results[0]);
+  const std::string buf = register_lds(op);
+  const bool transposed = lds_role_.at(buf) == "transposed";
+  const std::string &stride_name = lds_strides_.at(buf);
+  const std::string dim_stride = t.strides.dim == 1 ? "" : fmt::format(" * k{}DimStride", t.name);
+  const int64_t rows = ty.rows, cols = ty.cols;
+  w_.line("// IR: stage block {} of @{} into {}", idx, t.name, buf);
+  w_.open("{{");
+  w_.line("const fj_bits *tile = {0} + long({1}) * k{0}BatchStride + long({2}) * k{0}HeadStride;",
+          t.name, name(p_.grid_args[2]),
+          t.name == "K" || t.name == "V" ? "head / kGroup" : name(p_.grid_args[1]));
+  w_.line("// {} rows x {} chunks of 8 elements", rows, cols / 8);
   w_.open("for (int i = fj_thread_id(); i < {} * {}; i += kThreads) {{", rows, cols / 8);
   w_.line("const int r = i / {}, d0 = (i % {}) * 8;", cols / 8, cols / 8);
-  w_.line("const int row = {} * {} + r;", idx, rows == block_n_ ? "kBlockN" : std::to_string(rows));
-  w_.line("const fj_bits *src = {}_src + long(row) * k{}SeqStride;", name(op.results[0]), t.name);
+  w_.line("const int row = ({}) * {} + r;", idx,
+          rows == block_n_   ? "kBlockN"
+          : rows == block_m_ ? "kBlockM"
+                             : std::to_string(rows));
+  w_.line("const fj_bits *src = tile + long(row) * k{}SeqStride;", t.name);
+  if (!transposed) {
+    w_.open("if (kVecLoads && d0 + 8 <= {}) {{", dim_const(t));
+    w_.line("fj_stage8(&{}[r * {} + d0], src + d0, row < {}); // zeros past the last row", buf,
+            stride_name, seq_const(t));
+    w_.close("} else {");
+    w_.indent(1);
+  }
   w_.line("fj_bits8 chunk = {{0, 0, 0, 0, 0, 0, 0, 0}};");
   w_.open("if (row < {}) {{", seq_const(t));
-  w_.line("if (kVecLoads && d0 + 8 <= {})", dim_const(t));
-  w_.line("  chunk = fj_global_load8(src + d0);");
-  w_.line("else");
-  w_.line("  for (int e = 0; e < 8; ++e)");
-  w_.line("    if (d0 + e < {}) chunk[e] = fj_global_load1(src + long(d0 + e){});", dim_const(t),
+  w_.line("for (int e = 0; e < 8; ++e)");
+  w_.line("  if (d0 + e < {}) chunk[e] = fj_global_load1(src + long(d0 + e){});", dim_const(t),
           dim_stride);
   w_.close();
   if (transposed) {
@@ -623,12 +724,11 @@ Status KernelEmitter::emit_load(const Op &op) {
             stride_name);
   } else {
     w_.line("fj_lds_store8(&{}[r * {} + d0], chunk);", buf, stride_name);
+    w_.close();
   }
   w_.close();
-  w_.line("fj_barrier(); // the {} tile is complete before any wave reads it", t.name);
-  read_since_barrier_.clear();
-  lds_of_[op.results[0]] = buf;
-  return Status::ok();
+  w_.line("fj_stage_commit();");
+  w_.close();
 }
 
 Status KernelEmitter::emit_store(const Op &op) {
@@ -670,8 +770,8 @@ Status KernelEmitter::emit_store(const Op &op) {
     w_.open("if (row < {}) {{", seq_const(t));
     const int first = int(r) * len;
     w_.line("if (kVecLoads && d0 + {} <= {})", len, dim_const(t));
-    if (runs.size() == 1 && len == 8)
-      w_.line("  fj_global_store8(dst + d0, {}[qt][c]);", v);
+    if (runs.size() == 1 && (len == 8 || len == 4))
+      w_.line("  fj_global_store{}(dst + d0, {}[qt][c]);", len, v);
     else if (len == 2)
       w_.line("  fj_global_store2(dst + d0, {0}[qt][c][{1}], {0}[qt][c][{2}]);", v, first,
               first + 1);
@@ -712,6 +812,40 @@ void KernelEmitter::emit_copy(ValueId, const std::string &dst, ValueId src) {
   close_elements(t);
 }
 
+// With config stages >= 2 the loop's LDS tiles are pipelined: tile i+1 is issued
+// as soon as tile i is complete (after its barrier), the first tile of the next
+// block as soon as the last tile of this one is. That is safe when every tile is
+// read only between its own barrier and the next tile's, which holds when each
+// tile's consumer comes before the next tile's load; otherwise nothing is pipelined.
+bool KernelEmitter::plan_pipeline(const Op &loop) {
+  const ir::Attrs &cfg = p_.config;
+  if (!cfg.count("stages") || std::get<int64_t>(cfg.at("stages")) < 2)
+    return false;
+  std::vector<size_t> loads;
+  for (size_t i = 0; i < loop.body.size(); ++i)
+    if (loop.body[i].kind == OpKind::Load &&
+        type(loop.body[i].results[0]).layout == TileLayout::mma_b)
+      loads.push_back(i);
+  if (loads.empty())
+    return false;
+  for (size_t n = 0; n < loads.size(); ++n) {
+    const size_t end = n + 1 < loads.size() ? loads[n + 1] : loop.body.size();
+    bool consumed = false;
+    for (size_t i = loads[n] + 1; i < end; ++i)
+      for (ValueId v : loop.body[i].operands)
+        consumed = consumed || v == loop.body[loads[n]].results[0];
+    if (!consumed)
+      return false;
+  }
+  pipeline_order_.clear();
+  pipelined_loads_.clear();
+  for (size_t i : loads) {
+    pipeline_order_.push_back(&loop.body[i]);
+    pipelined_loads_.insert(&loop.body[i]);
+  }
+  return true;
+}
+
 Status KernelEmitter::emit_for(const Op &op) {
   std::string res;
   for (ValueId r : op.results)
@@ -726,6 +860,12 @@ Status KernelEmitter::emit_for(const Op &op) {
   }
   w_.line("int kv_begin, kv_end;");
   w_.line("fj_kv_range({}, &kv_begin, &kv_end);", name(op.operands[0]));
+  if (plan_pipeline(op)) {
+    w_.line("// Software pipeline: the first tile is in flight before the loop starts.");
+    w_.open("if (kv_begin < kv_end) {{");
+    emit_stage_issue(*pipeline_order_.front(), "kv_begin");
+    w_.close();
+  }
   w_.open("for (int {0} = kv_begin; {0} < kv_end; ++{0}) {{", name(op.region_args[0]));
   // Two passes over the body decide the barriers across the back edge: what the
   // end of one iteration read must be fenced before the next overwrites it.
@@ -756,21 +896,85 @@ Status KernelEmitter::emit_for(const Op &op) {
 
 } // namespace
 
-ir::Config default_config(const AttentionSpec &spec, const Target &target) {
-  ir::Config c;
-  c.waves = 4;
-  c.block_m = 16 * c.waves;
-  c.pad_k = 16;
-  const int64_t d = std::max(ir::padded(spec.head_dim_qk, 16), ir::padded(spec.head_dim_v, 16));
-  // Keep the S^T tile small where the O^T accumulator and Q fragments take most VGPRs.
-  c.block_n = d <= 128 ? 64 : d <= 192 ? 32 : 16;
-  return c;
+namespace {
+
+/// The rules (and their table row) that lower a program with `dt` elements.
+struct ChosenRules {
+  const Rules *rules = nullptr;
+  const MatrixInstr *mi = nullptr; // null for simt
+  std::string note;                // Lowered::rules_note
+};
+
+/// Ok, or why the family's matrix rules cannot lower `dt` on `t`.
+Status matrix_rules(const Target &t, DType dt, ChosenRules &out) {
+  out.rules = rules_for(t);
+  if (!out.rules)
+    return Status::error("no matrix rules for {} ({}) yet: families with matrix rules are {}",
+                         t.arch, t.family_name(), families_with_rules());
+  auto mi = find_matrix_instr(t, dt, kFrag, out.rules->n_tile(), kFrag);
+  if (!mi)
+    return mi.status();
+  out.mi = *mi;
+  return out.rules->check(**mi, t);
 }
 
-Status check_fits(const AttentionSpec &spec, const ir::Config &c, const Target &t) {
+Expected<ChosenRules> choose_rules(const Target &t, DType dt, RulesChoice choice) {
+  ChosenRules chosen;
+  Status refused = Status::ok();
+  if (choice != RulesChoice::simt) {
+    refused = matrix_rules(t, dt, chosen);
+    if (refused)
+      return chosen;
+    if (choice == RulesChoice::matrix)
+      return refused;
+  }
+  ChosenRules simt{simt_rules_for(t), nullptr, ""};
+  if (!simt.rules)
+    return choice == RulesChoice::simt
+               ? Status::error("the simt rules emit code for AMD targets; {} ({}) takes its "
+                               "matrix rules (--rules matrix or auto)",
+                               t.arch, t.family_name())
+               : refused;
+  simt.note = choice == RulesChoice::simt
+                  ? std::string("simt rules as asked (no matrix instruction)")
+                  : fmt::format("simt rules (no matrix instruction), because the {} matrix rules "
+                                "cannot lower this: {}",
+                                t.family_name(), refused.message());
+  return simt;
+}
+
+} // namespace
+
+ir::Config default_config(const AttentionSpec &spec, const Target &target, RulesChoice choice) {
+  auto chosen = choose_rules(target, spec.dtype, choice);
+  return chosen ? chosen->rules->default_config(spec) : ir::Config{};
+}
+
+std::string_view rules_choice_name(RulesChoice c) {
+  switch (c) {
+  case RulesChoice::automatic:
+    return "auto";
+  case RulesChoice::matrix:
+    return "matrix";
+  case RulesChoice::simt:
+    return "simt";
+  }
+  return "?";
+}
+
+Expected<RulesChoice> parse_rules_choice(std::string_view name) {
+  for (RulesChoice c : {RulesChoice::automatic, RulesChoice::matrix, RulesChoice::simt})
+    if (rules_choice_name(c) == name)
+      return c;
+  return Status::error("unknown rules '{}': choose auto, matrix or simt", name);
+}
+
+Status check_fits(const AttentionSpec &spec, const ir::Config &c, const Target &t,
+                  RulesChoice choice) {
   const int64_t dqk = ir::padded(spec.head_dim_qk, c.pad_k),
                 dv = ir::padded(spec.head_dim_v, c.pad_k);
-  const int64_t lds = c.block_n * (dqk + kLdsPad) * 2 + dv * (c.block_n + kLdsPad) * 2;
+  const int64_t lds = c.block_n * (dqk + kLdsPad) * 2 + dv * (c.block_n + kLdsPad) * 2 +
+                      (c.q_in_lds ? c.block_m * (dqk + kLdsPad) * 2 : 0);
   if (lds > t.lds_bytes)
     return Status::error(
         "the K and V tiles need {} bytes of LDS (block_n {} x head dims {}/{}) but {} "
@@ -779,42 +983,46 @@ Status check_fits(const AttentionSpec &spec, const ir::Config &c, const Target &
   if (c.waves * t.wave_size > t.max_workgroup_size)
     return Status::error("{} waves x {} lanes exceed {}'s workgroup limit of {}", c.waves,
                          t.wave_size, t.arch, t.max_workgroup_size);
-  // Registers per lane that live across the KV loop: the O^T accumulator
-  // (dv/2 VGPRs per 16-query tile) and the Q fragments (dqk/4), plus S^T (block_n/2).
+  // Registers per lane that live across the KV loop, per 16-query tile: the
+  // O accumulator (E of every n_tile head-dim entries), the Q fragments (16-bit
+  // operand elements of every 16 head-dim entries, two per VGPR) and S (E of
+  // every n_tile keys). gfx12: dv/2 + dqk/4 + block_n/2.
+  auto chosen = choose_rules(t, spec.dtype, choice);
+  if (!chosen)
+    return chosen.status();
+  const Rules &r = *chosen->rules;
+  const int64_t acc = r.acc_elems(), n_tile = r.n_tile();
+  const int64_t operand = r.operand_run_len() * int64_t(r.operand_runs().size());
   const int64_t q_tiles = std::max<int64_t>(1, c.block_m / (16 * c.waves));
-  const int64_t vgprs = q_tiles * (dv / 2 + dqk / 4 + c.block_n / 2);
+  // Q kept in LDS (q_in_lds) costs no registers across the loop.
+  const int64_t q_regs = c.q_in_lds ? 0 : dqk * operand / (2 * kFrag);
+  const int64_t vgprs = q_tiles * (dv * acc / n_tile + q_regs + c.block_n * acc / n_tile);
   const int64_t budget = t.max_vgprs - 24; // addresses, indices, statistics
   if (vgprs > budget)
     return Status::error(
         "head dims {}/{} need about {} VGPRs per lane for the accumulator, Q and S "
-        "tiles (block_m {}, block_n {}), over {}'s budget of {}: use a smaller "
+        "tiles (block_m {}, block_n {}, {} rules), over {}'s budget of {}: use a smaller "
         "--block-n or head dim",
-        spec.head_dim_qk, spec.head_dim_v, vgprs, c.block_m, c.block_n, t.arch, budget);
+        spec.head_dim_qk, spec.head_dim_v, vgprs, c.block_m, c.block_n, r.name(), t.arch, budget);
   return Status::ok();
 }
 
-Expected<Lowered> lower(const ir::Program &program, const Target &target) {
+Expected<Lowered> lower(const ir::Program &program, const Target &target, RulesChoice choice) {
   FJ_RETURN_IF_ERROR(ir::verify(program));
-  const Rules *rules = rules_for(target);
-  if (!rules)
-    return Status::error("no lowering rules for {} ({}) yet: families with rules are {}",
-                         target.arch, target.family_name(), families_with_rules());
-  const DType dt = program.tensor("Q")->dtype;
-  auto mi = find_matrix_instr(target, dt, kFrag, rules->n_tile(), kFrag);
-  if (!mi)
-    return mi.status();
-  FJ_RETURN_IF_ERROR(rules->check(**mi, target));
-  return KernelEmitter(program, target, *rules, **mi).run();
+  auto chosen = choose_rules(target, program.tensor("Q")->dtype, choice);
+  if (!chosen)
+    return chosen.status();
+  return KernelEmitter(program, target, *chosen->rules, chosen->mi, chosen->note).run();
 }
 
 Expected<Lowered> generate(const AttentionSpec &spec, const ir::Config &config,
-                           const Target &target) {
+                           const Target &target, RulesChoice choice) {
   FJ_RETURN_IF_ERROR(spec.validate());
-  FJ_RETURN_IF_ERROR(check_fits(spec, config, target));
+  FJ_RETURN_IF_ERROR(check_fits(spec, config, target, choice));
   auto p = ir::build_attention(spec, config);
   if (!p)
     return p.status();
-  return lower(*p, target);
+  return lower(*p, target, choice);
 }
 
 } // namespace flashjit::lowering

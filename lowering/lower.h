@@ -11,6 +11,15 @@
 
 namespace flashjit::lowering {
 
+/// Which rules lower a program (lowering/rules.h):
+///   automatic  the family's matrix-instruction rules where they can lower the
+///              program, else the simt rules (AMD), saying why in Lowered::rules_note;
+///   matrix     the family's matrix rules, or an error naming why not;
+///   simt       the portable rules with FMAs and no matrix instruction (AMD only).
+enum class RulesChoice { automatic, matrix, simt };
+std::string_view rules_choice_name(RulesChoice c); // "auto", "matrix", "simt"
+Expected<RulesChoice> parse_rules_choice(std::string_view name);
+
 struct Lowered {
   std::string source; // the HIP text; same program + target -> byte-identical text
   /// The source minus the target prelude and the fj_mma wrapper: the emulator
@@ -19,9 +28,12 @@ struct Lowered {
   std::string kernel_name; // the extern "C" symbol
   int64_t grid[3] = {1, 1, 1};
   int block_threads = 0;
-  int lds_bytes = 0; // static LDS the kernel declares
-  const MatrixInstr *mma = nullptr;
-  std::string rules; // the rule set that lowered it, e.g. "gfx12"
+  int lds_bytes = 0;                // static LDS the kernel declares
+  const MatrixInstr *mma = nullptr; // null for the simt rules
+  std::string rules;                // the rule set that lowered it, e.g. "gfx12", "simt"
+  /// Why the simt rules lowered it ("" for matrix rules): asked for, or the
+  /// matrix rules' reason for refusing under RulesChoice::automatic.
+  std::string rules_note;
   /// Launch requirement: base pointers aligned to this many bytes (128-bit loads).
   int pointer_alignment = 2;
 };
@@ -29,16 +41,20 @@ struct Lowered {
 /// The default tuning config for a spec on a target (the one `flashjit emit`
 /// uses unless told otherwise): block sizes chosen so K/V tiles fit in LDS and
 /// the accumulators in VGPRs.
-ir::Config default_config(const AttentionSpec &spec, const Target &target);
+ir::Config default_config(const AttentionSpec &spec, const Target &target,
+                          RulesChoice choice = RulesChoice::automatic);
 
 /// Checks that a spec and config can run on the target (LDS bytes, registers,
-/// workgroup size) with errors that name the limit and the value.
-Status check_fits(const AttentionSpec &spec, const ir::Config &config, const Target &target);
+/// workgroup size) with errors that name the limit and the value; the register
+/// estimate is that of the rules `choice` selects.
+Status check_fits(const AttentionSpec &spec, const ir::Config &config, const Target &target,
+                  RulesChoice choice = RulesChoice::automatic);
 
-Expected<Lowered> lower(const ir::Program &program, const Target &target);
+Expected<Lowered> lower(const ir::Program &program, const Target &target,
+                        RulesChoice choice = RulesChoice::automatic);
 
 /// The whole pipeline: validate, build, verify, lower.
 Expected<Lowered> generate(const AttentionSpec &spec, const ir::Config &config,
-                           const Target &target);
+                           const Target &target, RulesChoice choice = RulesChoice::automatic);
 
 } // namespace flashjit::lowering

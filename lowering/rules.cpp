@@ -1,8 +1,12 @@
 #include "lowering/rules.h"
 
+#include <algorithm>
+
 namespace flashjit::lowering {
 
+const Rules &gfx11_rules(); // rules_gfx11.cpp
 const Rules &gfx12_rules(); // rules_gfx12.cpp
+const Rules &cdna_rules();  // rules_cdna.cpp
 const Rules &sm80_rules();  // rules_sm80.cpp
 
 namespace {
@@ -12,14 +16,38 @@ struct RulesRow {
   const Rules &(*rules)();
 };
 
-// One row per family that has rules; the other families are listed by
-// `flashjit archs` but not lowered yet.
+// One row per family with matrix rules. Every AMD target can also be lowered by
+// the simt rules (simt_rules_for, rules_simt.cpp).
 constexpr RulesRow kRulesTable[] = {
-    {Family::gfx12, gfx12_rules},
-    {Family::sm80, sm80_rules},
+    {Family::gfx11, gfx11_rules}, {Family::gfx12, gfx12_rules}, {Family::cdna2, cdna_rules},
+    {Family::cdna3, cdna_rules},  {Family::cdna4, cdna_rules},  {Family::sm80, sm80_rules},
 };
 
 } // namespace
+
+ir::Config Rules::default_config(const AttentionSpec &spec) const {
+  ir::Config c;
+  c.waves = 4;
+  c.block_m = 16 * c.waves;
+  c.pad_k = 16;
+  const int64_t d = std::max(ir::padded(spec.head_dim_qk, 16), ir::padded(spec.head_dim_v, 16));
+  // Keep the S tile small where the output accumulator and Q fragments take most registers.
+  c.block_n = d <= 128 ? 64 : d <= 192 ? 32 : 16;
+  return c;
+}
+
+void Rules::emit_staging_helpers(HipWriter &w) const {
+  w.line("// ---- global -> LDS staging (synchronous) ----");
+  w.open("FJ_DEVICE void fj_stage8(fj_bits *lds, const fj_bits *src, bool valid) {{");
+  w.line("fj_bits8 v = {{0, 0, 0, 0, 0, 0, 0, 0}};");
+  w.line("if (valid)");
+  w.line("  v = fj_global_load8(src);");
+  w.line("fj_lds_store8(lds, v);");
+  w.close();
+  w.line("FJ_DEVICE void fj_stage_commit() {{}}");
+  w.line("FJ_DEVICE void fj_stage_wait() {{}}");
+  w.blank();
+}
 
 const Rules *rules_for(const Target &t) {
   for (const RulesRow &row : kRulesTable)
@@ -30,9 +58,17 @@ const Rules *rules_for(const Target &t) {
 
 std::string families_with_rules() {
   std::string out;
-  for (const RulesRow &row : kRulesTable)
-    out += (out.empty() ? "" : ", ") + std::string(family_name(row.family));
-  return out + " (gfx1200, gfx1201; sm_80, sm_86, sm_89, sm_90)";
+  for (const RulesRow &row : kRulesTable) {
+    std::string archs;
+    for (std::string_view arch : supported_archs()) {
+      Expected<Target> t = parse_target(arch);
+      if (t && t->family == row.family)
+        archs += (archs.empty() ? "" : ", ") + std::string(arch);
+    }
+    out += fmt::format("{}{} ({}: {} rules)", out.empty() ? "" : "; ", family_name(row.family),
+                       archs, row.rules().name());
+  }
+  return out;
 }
 
 } // namespace flashjit::lowering

@@ -9,6 +9,7 @@
 // matrix-instruction wrapper the kernel is compiled with.
 #pragma once
 
+#include "ir/build.h"
 #include "lowering/hip_writer.h"
 #include "lowering/matrix_table.h"
 #include "lowering/target.h"
@@ -30,6 +31,9 @@ class Rules {
 public:
   virtual ~Rules() = default;
   virtual std::string_view name() const = 0;
+  /// False for rules that emit no matrix instruction (simt): lowering then picks no
+  /// table row and check() gets none.
+  virtual bool uses_matrix_instr() const { return true; }
   /// Checks the instruction's lane maps against what these rules assume.
   virtual Status check(const MatrixInstr &mi, const Target &t) const = 0;
 
@@ -68,6 +72,11 @@ public:
   /// `k`, from the transposed [dim][key] LDS buffer.
   virtual void emit_v_fragment(HipWriter &w, std::string_view buf,
                                std::string_view stride) const = 0;
+  /// Declares `qf`: the Q operand fragment of 16-query tile `qt` (of this wave) and
+  /// head-dim tile `k`, from the row-major LDS copy of the workgroup's Q block
+  /// (config q_in_lds). Only where reads_q_from_lds().
+  virtual bool reads_q_from_lds() const { return false; }
+  virtual void emit_q_fragment(HipWriter &w, std::string_view buf, std::string_view stride) const {}
   /// The matrix instruction accumulating Q K^T (resp. P V) into `acc`.
   virtual std::string mma_s(std::string_view q) const = 0;
   virtual std::string mma_o(std::string_view p) const = 0;
@@ -75,13 +84,27 @@ public:
   virtual void emit_p_operand(HipWriter &w, std::string_view dst, std::string_view src,
                               int key_tiles) const = 0;
 
+  /// Whether V is staged transposed ([dim][key]) in LDS rather than row-major.
+  virtual bool v_transposed() const { return true; }
+  /// The default tuning config for a spec (block sizes, waves, pipeline stages):
+  /// 4 waves of 16 queries; block_n shrinks as the head dims grow.
+  virtual ir::Config default_config(const AttentionSpec &spec) const;
+
   // ---- the text around the kernel ----
+  /// fj_stage8 / fj_stage_commit / fj_stage_wait where the prelude has none:
+  /// global -> LDS copies of 8 elements (zeros when the row is past the end).
+  virtual void emit_staging_helpers(HipWriter &w) const;
+  /// Device helpers of the rules' own (e.g. simt's software matrix product), emitted
+  /// into the kernel text; empty for most rules.
+  virtual std::string_view kernel_helpers() const { return {}; }
   virtual std::string_view prelude() const = 0;
   virtual void emit_mma_wrapper(HipWriter &w, const MatrixInstr &mi, DType dtype) const = 0;
 };
 
 /// The rules for a target's family, or nullptr.
 const Rules *rules_for(const Target &t);
+/// The portable simt rules for a target (no matrix instructions), or nullptr.
+const Rules *simt_rules_for(const Target &t);
 /// Families that have rules, for error messages.
 std::string families_with_rules();
 

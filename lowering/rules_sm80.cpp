@@ -9,8 +9,9 @@
 //   * the S accumulator of key tiles 2k and 2k + 1, converted to bf16/f16, is the
 //     A fragment of key tile k of P V without any data movement between lanes
 //     (convert_layout #mma_acc -> #mma_a is a register re-pack);
-//   * K (B of Q K^T, one key per lane group) and V (B of P V, read from the
-//     transposed LDS tile) are two 32-bit LDS reads per fragment.
+//   * K (B of Q K^T) and V (B of P V) fragments come from row-major shared-memory
+//     tiles with ldmatrix (V with .trans); the tiles arrive by cp.async, issued one
+//     tile ahead of the math.
 //
 //   S fragment (16 queries x 8 keys), lane L = 4g + t, element e:
 //                keys 2t, 2t+1
@@ -19,6 +20,8 @@
 #include "lowering/rules.h"
 
 #include "templates/templates.h"
+
+#include <algorithm>
 
 namespace flashjit::lowering {
 
@@ -81,16 +84,29 @@ public:
     return {{"g", "2 * t"}, {"g + 8", "2 * t"}, {"g", "2 * t + 8"}, {"g + 8", "2 * t + 8"}};
   }
 
-  // S = Q K^T: K^T is operand B (k = head dim, n = key): lane (g, t) reads key g's
-  // head-dim pairs 2t and 2t + 8 of the tile.
+  // S = Q K^T: K^T is operand B (k = head dim, n = key). One ldmatrix.x2 reads it
+  // from the row-major K tile: lanes 0-7 address keys c*8.. at head dims k*16..,
+  // lanes 8-15 the same keys at k*16 + 8; lane (g, t) receives key g, dims 2t, 2t+1.
   void emit_k_fragment(HipWriter &w, std::string_view buf, std::string_view stride) const override {
-    w.line("const fj_bits *krow = &{}[(c * 8 + g) * {} + k * 16 + 2 * t];", buf, stride);
-    w.line("const fj_bits4 kf = fj_lds_load2x2(krow, krow + 8);");
+    w.line(
+        "const fj_bits4 kf = fj_ldmatrix_x2(&{}[(c * 8 + (lane & 7)) * {} + k * 16 + (lane & 8)]);",
+        buf, stride);
   }
-  // O = P V: V is operand B (k = key, n = head dim), read from the transposed tile.
+  // O = P V: V is operand B (k = key, n = head dim), read from the row-major V tile
+  // with ldmatrix.x2.trans: lanes 0-15 address keys k*16 + lane at head dims c*8..;
+  // lane (g, t) receives keys 2t, 2t+1 (and +8) of head dim g.
   void emit_v_fragment(HipWriter &w, std::string_view buf, std::string_view stride) const override {
-    w.line("const fj_bits *vrow = &{}[(c * 8 + g) * {} + k * 16 + 2 * t];", buf, stride);
-    w.line("const fj_bits4 vf = fj_lds_load2x2(vrow, vrow + 8);");
+    w.line("const fj_bits4 vf = fj_ldmatrix_x2_trans(&{}[(k * 16 + (lane & 15)) * {} + c * 8]);",
+           buf, stride);
+  }
+  // Q from LDS: one ldmatrix.x4 gives the whole A fragment (lanes 0-15 address rows
+  // 0-15 at head dims k*16, lanes 16-31 the same rows at k*16 + 8).
+  bool reads_q_from_lds() const override { return true; }
+  void emit_q_fragment(HipWriter &w, std::string_view buf, std::string_view stride) const override {
+    w.line(
+        "const fj_bits8 qf = fj_ldmatrix_x4(&{}[((wave * kQTiles + qt) * 16 + (lane & 15)) * {} + "
+        "k * 16 + (lane >> 4) * 8]);",
+        buf, stride);
   }
   std::string mma_s(std::string_view q) const override {
     return fmt::format("acc = fj_mma({}, kf, acc);", q);
@@ -109,6 +125,24 @@ public:
            key_tiles, dst, src, src);
     w.close();
   }
+
+  bool v_transposed() const override { return false; }
+  ir::Config default_config(const AttentionSpec &spec) const override {
+    // Measured on an H100 (bench/results): up to head dim 80, 4 warps x 2 16-query
+    // tiles with Q in shared memory (each K/V fragment serves 32 queries); above,
+    // 4 warps x 16 queries with Q in registers. K and V copies run one tile ahead
+    // of the math with cp.async (stages = 2).
+    ir::Config c;
+    const int64_t d = std::max(ir::padded(spec.head_dim_qk, 16), ir::padded(spec.head_dim_v, 16));
+    c.waves = 4;
+    c.stages = 2;
+    c.pad_k = 16;
+    c.q_in_lds = d <= 80;
+    c.block_m = (c.q_in_lds ? 32 : 16) * c.waves;
+    c.block_n = d <= 128 ? 64 : d <= 192 ? 32 : 16;
+    return c;
+  }
+  void emit_staging_helpers(HipWriter &) const override {} // cp.async in the prelude
 
   std::string_view prelude() const override { return templates::cuda_prelude; }
   void emit_mma_wrapper(HipWriter &w, const MatrixInstr &mi, DType) const override {

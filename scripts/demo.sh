@@ -23,3 +23,7 @@ $fj compile --arch gfx1201 "${spec[@]}" -o build/demo/fa_gfx1201_d80.co --resour
 echo
 echo "== 4. the IR in the interpreter against the float64 reference"
 $fj run --device interpreter "${spec[@]}" --seed 1
+
+echo
+echo "== 5. the emitted gfx1201 kernel on the CPU emulator (exact WMMA lane semantics)"
+$fj run --device emulator --arch gfx1201 "${spec[@]}" --seed 1 --lse

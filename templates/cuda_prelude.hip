@@ -3,6 +3,7 @@
 // map each HIP-side operation onto its CUDA counterpart, as HIP does on NVIDIA.
 #define FJ_GLOBAL extern "C" __global__
 #define FJ_DEVICE static __device__ __forceinline__
+#define FJ_INF __int_as_float(0x7f800000) // +infinity, as a float expression
 #define FJ_WORKGROUP_SIZE(n) __launch_bounds__(n)
 #define FJ_LDS_ARRAY(type, name, count) __shared__ __align__(16) type name[count]
 
@@ -32,7 +33,13 @@ FJ_DEVICE float fj_shfl_xor(float x, int lane, int mask) {
 }
 
 // ---- math ----
-FJ_DEVICE float fj_exp2(float x) { return exp2f(x); }
+// ex2.approx: 2 ulp, the instruction FlashAttention's exp2f becomes under --use_fast_math;
+// ex2.approx(-inf) = +0.
+FJ_DEVICE float fj_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 FJ_DEVICE float fj_log2(float x) { return log2f(x); }
 FJ_DEVICE float fj_max(float a, float b) { return fmaxf(a, b); }
 FJ_DEVICE float fj_rcp(float x) { return __frcp_rn(x); }
@@ -73,6 +80,42 @@ FJ_DEVICE fj_bits4 fj_lds_load2x2(const fj_bits *p0, const fj_bits *p1) {
   const fj_bits2 a = *(const fj_bits2 *)p0, b = *(const fj_bits2 *)p1;
   return fj_bits4{a[0], a[1], b[0], b[1]};
 }
+// ldmatrix: lanes 0-7 give the row addresses of the first 8x8 matrix, lanes 8-15
+// of the second; each lane receives two 16-bit elements of each.
+FJ_DEVICE fj_bits4 fj_ldmatrix_x2(const fj_bits *p) {
+  fj_bits4 r;
+  unsigned *R = reinterpret_cast<unsigned *>(&r);
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(R[0]), "=r"(R[1]) : "r"(a));
+  return r;
+}
+FJ_DEVICE fj_bits8 fj_ldmatrix_x4(const fj_bits *p) {
+  fj_bits8 r;
+  unsigned *R = reinterpret_cast<unsigned *>(&r);
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(R[0]), "=r"(R[1]), "=r"(R[2]), "=r"(R[3])
+               : "r"(a));
+  return r;
+}
+FJ_DEVICE fj_bits4 fj_ldmatrix_x2_trans(const fj_bits *p) {
+  fj_bits4 r;
+  unsigned *R = reinterpret_cast<unsigned *>(&r);
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
+               : "=r"(R[0]), "=r"(R[1])
+               : "r"(a));
+  return r;
+}
+
+// ---- global -> shared staging with cp.async (16 bytes, zero-filled when !valid) ----
+FJ_DEVICE void fj_stage8(fj_bits *lds, const fj_bits *src, bool valid) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(lds));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(a), "l"(src), "r"(valid ? 16 : 0));
+}
+FJ_DEVICE void fj_stage_commit() { asm volatile("cp.async.commit_group;"); }
+FJ_DEVICE void fj_stage_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
 FJ_DEVICE fj_bits8 fj_cat(fj_bits4 a, fj_bits4 b) {
   return fj_bits8{a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]};
 }

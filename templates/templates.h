@@ -11,6 +11,9 @@ extern const std::string_view amdgcn_prelude;
 extern const std::string_view attention_common;
 extern const std::string_view cuda_prelude;
 /// The CPU emulator's prelude: the fj_* wrappers over runtime/emulator.cpp's hooks.
+extern const std::string_view emulator_prelude;
+/// The simt rules' FMA product (fj_simt_mma), part of their kernels' text.
+extern const std::string_view simt_fma;
 /// SHA-256 over every embedded template: part of the kernel cache key.
 extern const std::string_view bundle_hash;
 const std::vector<std::pair<std::string_view, std::string_view>> &all();

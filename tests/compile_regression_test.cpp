@@ -1,9 +1,11 @@
-// Every kernel the gfx12 rules generate with the default config compiles with
-// LLVM 22 into code that is what the lowering promised: for gfx1200 and
-// gfx1201, head dims 16..256 and the 192/128 pair, causal or not, bf16 or f16:
-// no VGPR/SGPR spills, no scratch, the LDS the kernel declares (within the
-// target's), wave32, and exactly one WMMA per 16x16x16 product of the two
-// matrix multiplies (no duplicated or dropped loop bodies).
+// Every kernel the AMD rules generate with the default config compiles with
+// LLVM 22 into code that is what the lowering promised: for every listed arch
+// (gfx12: gfx1200, gfx1201; gfx11: gfx1100, gfx1151; CDNA: gfx90a, gfx942,
+// gfx950) and for the simt rules on an RDNA and a CDNA arch, head dims 16..256
+// and the 192/128 pair, causal or not, bf16 or f16: no VGPR/SGPR spills, no
+// scratch, the LDS the kernel declares (within the target's), the target's wave
+// size, and exactly one WMMA/MFMA per 16x16x16 product of the two matrix
+// multiplies (no duplicated or dropped loop bodies), none for simt.
 //
 // The log prints the config and the resource report of each case. The compiles
 // run on two threads: LlvmCompiler::compile() forks one child per compile and
@@ -35,6 +37,7 @@ using compiler::CompileOptions;
 using compiler::LlvmCompiler;
 using compiler::ResourceReport;
 using lowering::Lowered;
+using lowering::RulesChoice;
 using lowering::Target;
 
 struct Case {
@@ -68,9 +71,12 @@ AttentionSpec spec_for(const Case &c) {
   return s;
 }
 
-/// One WMMA per 16x16x16 product: S^T = K Q^T is (block_n/16) x (dqk/16) per
-/// 16-query tile, O^T += V^T P^T is (dv/16) x (block_n/16) per tile.
-int expected_wmma(const Case &c, const ir::Config &config) {
+/// One WMMA / MFMA per 16x16x16 product: S^T = K Q^T is (block_n/16) x
+/// (dqk/16) per 16-query tile, O^T += V^T P^T is (dv/16) x (block_n/16) per
+/// tile; none without a matrix instruction (simt).
+int expected_matrix_instructions(const Case &c, const ir::Config &config, const Lowered &l) {
+  if (!l.mma)
+    return 0;
   const int64_t q_tiles = config.block_m / (16 * config.waves);
   const int64_t n = config.block_n / 16, dqk = ir::padded(c.dqk, config.pad_k) / 16,
                 dv = ir::padded(c.dv, config.pad_k) / 16;
@@ -104,10 +110,17 @@ compile_all(const std::vector<std::string> &sources, const CompileOptions &optio
   return results;
 }
 
-class CompileRegression : public ::testing::TestWithParam<const char *> {};
+/// An arch and the rules asked for.
+struct Lowering {
+  const char *arch;
+  RulesChoice choice;
+};
 
-TEST_P(CompileRegression, DefaultConfigsCompileCleanlyWithTheExpectedWmmaCount) {
-  Expected<Target> parsed = lowering::parse_target(GetParam());
+class CompileRegression : public ::testing::TestWithParam<Lowering> {};
+
+TEST_P(CompileRegression, DefaultConfigsCompileCleanlyWithTheExpectedMatrixCount) {
+  const RulesChoice choice = GetParam().choice;
+  Expected<Target> parsed = lowering::parse_target(GetParam().arch);
   ASSERT_TRUE(parsed) << parsed.status().message();
   const Target &t = *parsed;
   compiler::initialize_amdgpu_target(); // once, before any thread forks
@@ -119,8 +132,8 @@ TEST_P(CompileRegression, DefaultConfigsCompileCleanlyWithTheExpectedWmmaCount) 
   std::vector<std::string> sources;
   for (const Case &c : cases) {
     const AttentionSpec spec = spec_for(c);
-    configs.push_back(lowering::default_config(spec, t));
-    Expected<Lowered> l = lowering::generate(spec, configs.back(), t);
+    configs.push_back(lowering::default_config(spec, t, choice));
+    Expected<Lowered> l = lowering::generate(spec, configs.back(), t, choice);
     ASSERT_TRUE(l) << t.arch << " " << c.name() << ": " << l.status().message();
     sources.push_back(l->source);
     lowered.push_back(l.take());
@@ -131,8 +144,8 @@ TEST_P(CompileRegression, DefaultConfigsCompileCleanlyWithTheExpectedWmmaCount) 
   auto codes = compile_all(sources, options_for(t), workers);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::cout << fmt::format("{}: {} kernels compiled in {:.1f} s on {} threads\n", t.arch,
-                           cases.size(), seconds, workers);
+  std::cout << fmt::format("{} ({} rules): {} kernels compiled in {:.1f} s on {} threads\n", t.arch,
+                           lowered.front().rules, cases.size(), seconds, workers);
 
   // RDNA: a WGP's two CUs share its LDS, twice what one workgroup may address
   // (the figure `flashjit compile --resources` uses).
@@ -163,8 +176,9 @@ TEST_P(CompileRegression, DefaultConfigsCompileCleanlyWithTheExpectedWmmaCount) 
     EXPECT_LE(r.group_segment_bytes, t.lds_bytes);
     EXPECT_EQ(r.wavefront_size, t.wave_size);
     EXPECT_EQ(r.max_flat_workgroup_size, lowered[i].block_threads);
-    EXPECT_EQ(r.matrix_instructions, expected_wmma(c, configs[i]))
-        << "q_tiles x block_n/16 x dqk/16 + q_tiles x dv/16 x block_n/16 WMMAs";
+    EXPECT_EQ(lowered[i].rules == "simt", choice == RulesChoice::simt) << lowered[i].rules;
+    EXPECT_EQ(r.matrix_instructions, expected_matrix_instructions(c, configs[i], lowered[i]))
+        << "q_tiles x block_n/16 x dqk/16 + q_tiles x dv/16 x block_n/16 matrix instructions";
   }
 
   // Concurrency changed nothing: compiled again alone, on this thread's
@@ -178,8 +192,27 @@ TEST_P(CompileRegression, DefaultConfigsCompileCleanlyWithTheExpectedWmmaCount) 
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Rdna4, CompileRegression, ::testing::Values("gfx1200", "gfx1201"),
-                         [](const auto &info) { return std::string(info.param); });
+std::string name_of(const ::testing::TestParamInfo<Lowering> &info) {
+  return std::string(info.param.arch) + (info.param.choice == RulesChoice::simt ? "_simt" : "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Rdna4, CompileRegression,
+                         ::testing::Values(Lowering{"gfx1200", RulesChoice::automatic},
+                                           Lowering{"gfx1201", RulesChoice::automatic}),
+                         name_of);
+INSTANTIATE_TEST_SUITE_P(Rdna3, CompileRegression,
+                         ::testing::Values(Lowering{"gfx1100", RulesChoice::automatic},
+                                           Lowering{"gfx1151", RulesChoice::automatic}),
+                         name_of);
+INSTANTIATE_TEST_SUITE_P(Cdna, CompileRegression,
+                         ::testing::Values(Lowering{"gfx90a", RulesChoice::automatic},
+                                           Lowering{"gfx942", RulesChoice::automatic},
+                                           Lowering{"gfx950", RulesChoice::automatic}),
+                         name_of);
+INSTANTIATE_TEST_SUITE_P(Simt, CompileRegression,
+                         ::testing::Values(Lowering{"gfx1100", RulesChoice::simt},
+                                           Lowering{"gfx942", RulesChoice::simt}),
+                         name_of);
 
 } // namespace
 } // namespace flashjit

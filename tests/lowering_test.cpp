@@ -1,13 +1,15 @@
-// The gfx12 lowering without a compiler: the same spec gives byte-identical
-// HIP; every target builtin goes through a prelude wrapper; both RDNA4
-// processors lower; unsupported targets and configs that do not fit fail with
-// errors naming the limit and the value; the launch geometry matches the
-// kernel; a program whose masks disagree is rejected.
+// The lowering without a compiler: the same spec gives byte-identical HIP;
+// every target builtin goes through a prelude wrapper; both RDNA4 processors
+// lower, and every arch with its family's rules (simt only on AMD, when asked);
+// configs that do not fit fail with errors naming the limit and the value; the
+// launch geometry matches the kernel; a program whose masks disagree is rejected.
 #include "lowering/lower.h"
+#include "lowering/rules.h"
 #include "templates/templates.h"
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <numbers>
 #include <regex>
 #include <sstream>
@@ -211,17 +213,42 @@ TEST(Lowering, BothRdna4ProcessorsLowerWithTheirWmmaBuiltins) {
   }
 }
 
-TEST(Lowering, UnsupportedFamiliesAreNamedWithTheSupportedOnes) {
+TEST(Lowering, EveryArchLowersWithItsFamilysMatrixRules) {
+  // family -> the rules that lower it (lowering/rules.cpp).
+  const std::map<Family, std::string> expected = {
+      {Family::gfx11, "gfx11"}, {Family::gfx12, "gfx12"}, {Family::cdna2, "cdna"},
+      {Family::cdna3, "cdna"},  {Family::cdna4, "cdna"},  {Family::sm80, "sm80"}};
   const AttentionSpec spec = spec_for(64, 64, DType::bf16);
-  for (const char *arch : {"gfx1100", "gfx1151", "gfx90a", "gfx942", "gfx950"}) {
+  const std::string listed = families_with_rules();
+  for (std::string_view arch : supported_archs()) {
     SCOPED_TRACE(arch);
     const Target t = target(arch);
-    const std::string error = generate_error(spec, default_config(spec, t), t);
-    EXPECT_NE(error.find(arch), std::string::npos) << error;
-    EXPECT_NE(error.find(t.family_name()), std::string::npos) << error;
-    for (const char *supported : {"gfx12", "gfx1200", "gfx1201"})
-      EXPECT_NE(error.find(supported), std::string::npos) << error;
+    const Lowered l = generate_ok(spec, t);
+    EXPECT_EQ(l.rules, expected.at(t.family));
+    ASSERT_NE(l.mma, nullptr);
+    EXPECT_EQ(l.mma->family, t.family);
+    EXPECT_EQ(l.rules_note, "");
+    EXPECT_NE(listed.find(arch), std::string::npos) << listed;
   }
+}
+
+TEST(Lowering, SimtRulesAreForAmdTargetsOnly) {
+  const AttentionSpec spec = spec_for(64, 64, DType::bf16);
+  for (const char *arch : {"gfx1100", "gfx1201", "gfx90a", "gfx950"}) {
+    const Target t = target(arch);
+    Expected<Lowered> l =
+        generate(spec, default_config(spec, t, RulesChoice::simt), t, RulesChoice::simt);
+    ASSERT_TRUE(l) << arch << ": " << l.status().message();
+    EXPECT_EQ(l->rules, "simt");
+    EXPECT_EQ(l->mma, nullptr);
+    EXPECT_NE(l->rules_note, "");
+    EXPECT_EQ(l->kernel_text.find("__builtin_amdgcn_"), std::string::npos);
+    EXPECT_EQ(l->kernel_text.find("fj_mma("), std::string::npos);
+  }
+  const Target sm = target("sm_90");
+  Expected<Lowered> simt = generate(spec, default_config(spec, sm), sm, RulesChoice::simt);
+  ASSERT_FALSE(simt);
+  EXPECT_NE(simt.status().message().find("sm_90"), std::string::npos) << simt.status().message();
 }
 
 TEST(Lowering, UnknownArchListsTheSupportedOnes) {

@@ -20,10 +20,9 @@ std::string parse_error(std::string_view id) {
 }
 
 TEST(Target, SupportedArchsInOrder) {
-  std::vector<std::string_view> expected = {"gfx1100", "gfx1101", "gfx1102", "gfx1103",
-                                            "gfx1150", "gfx1151", "gfx1200", "gfx1201",
-                                            "gfx90a",  "gfx942",  "gfx950",  "sm_80",
-                                            "sm_86",   "sm_89",   "sm_90"};
+  std::vector<std::string_view> expected = {"gfx1100", "gfx1101", "gfx1102", "gfx1103", "gfx1150",
+                                            "gfx1151", "gfx1200", "gfx1201", "gfx90a",  "gfx942",
+                                            "gfx950",  "sm_80",   "sm_86",   "sm_89",   "sm_90"};
   EXPECT_EQ(supported_archs(), expected);
 }
 

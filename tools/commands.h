@@ -12,4 +12,9 @@ namespace flashjit::cli {
 /// `flashjit knobs` (tools/cmd_cache.cpp).
 std::vector<Command> cache_commands();
 
+/// `flashjit archs [--arch ARCH] [--json]`: the supported archs with their
+/// family, wave size, LDS, matrix instructions and rules, then the compilers
+/// and devices on this machine (tools/cmd_archs.cpp).
+std::vector<Command> archs_commands();
+
 } // namespace flashjit::cli

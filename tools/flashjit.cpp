@@ -1,16 +1,16 @@
 // The flashjit command line: emit, run (and, as the backends land, compile, archs).
 #include "compiler/code_object.h"
+#include "compiler/comgr.h"
+#include "compiler/select.h"
 #include "ir/build.h"
 #include "ir/interpreter.h"
 #include "ir/reference.h"
 #include "lowering/lower.h"
+#include "runtime/emulator.h"
 #include "runtime/npy.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 #include "tools/spec_flags.h"
-#ifdef FLASHJIT_HAVE_LLVM
-#include "compiler/llvm_compiler.h"
-#endif
 
 #include <cstdio>
 #include <cstring>
@@ -112,18 +112,19 @@ int cmd_compile(const cli::Args &a) {
   if (!job)
     return fail(job.status());
   if (!job->target)
-    return fail(Status::error("compile needs --arch (e.g. --arch gfx1201)"));
+    return fail(Status::error("compile needs --arch (e.g. --arch gfx1201 or --arch sm_90)"));
   const lowering::Target &t = *job->target;
   auto k = lowering::generate(job->spec, job->config, t);
   if (!k)
     return fail(k.status());
-#ifdef FLASHJIT_HAVE_LLVM
-  compiler::LlvmCompiler llvm;
+  auto compiler = compiler::make_compiler(a.get("--compiler", "auto"), t.target_id());
+  if (!compiler)
+    return fail(compiler.status());
   compiler::CompileOptions options;
   options.arch = t.arch;
   options.features = t.features;
   options.wave_size = t.wave_size;
-  auto code = llvm.compile(k->source, options);
+  auto code = (*compiler)->compile(k->source, options);
   if (!code)
     return fail(code.status());
   if (a.has("-o")) {
@@ -134,33 +135,49 @@ int cmd_compile(const cli::Args &a) {
     fmt::print(stderr, "wrote {} ({} bytes, {} for {})\n", a.get("-o"), code->bytes.size(),
                code->compiler, t.target_id());
   }
+  const bool want_report =
+      a.has("--resources") || a.has("--json") || (!a.has("-o") && !a.has("--isa"));
+  if (t.is_nvidia()) {
+    if (a.has("--isa") || want_report)
+      fmt::print(stderr,
+                 "flashjit: the ISA and resource report read AMD code objects; for a "
+                 "cubin use `cuobjdump -sass` and `nvdisasm` (the code object is {} bytes)\n",
+                 code->bytes.size());
+    return 0;
+  }
+  // In-process LLVM where built with it, else ROCm's comgr (loaded at run time).
+#ifdef FLASHJIT_HAVE_LLVM
+  auto disassemble = [](const compiler::CodeObject &c) { return compiler::disassemble(c); };
+  auto resources = [](const compiler::CodeObject &c, int v, int w, int l) {
+    return compiler::read_resources(c, v, w, l);
+  };
+#else
+  auto disassemble = [](const compiler::CodeObject &c) { return compiler::comgr_disassemble(c); };
+  auto resources = [](const compiler::CodeObject &c, int v, int w, int l) {
+    return compiler::comgr_read_resources(c, v, w, l);
+  };
+#endif
   if (a.has("--isa")) {
-    auto isa = compiler::disassemble(*code);
+    auto isa = disassemble(*code);
     if (!isa)
       return fail(isa.status());
     fmt::print("{}", *isa);
   }
-  if (a.has("--resources") || a.has("--json") || (!a.has("-o") && !a.has("--isa"))) {
+  if (want_report) {
     // RDNA's LDS belongs to a workgroup processor (two CUs): twice a workgroup's share.
     const int lds_per_unit = t.wave_size == 32 ? 2 * t.lds_bytes : t.lds_bytes;
-    auto r =
-        compiler::read_resources(*code, t.vgpr_file_per_simd, t.max_waves_per_simd, lds_per_unit);
+    auto r = resources(*code, t.vgpr_file_per_simd, t.max_waves_per_simd, lds_per_unit);
     if (!r)
       return fail(r.status());
     for (const auto &report : *r) {
       if (a.has("--json"))
         fmt::print("{}\n", report.to_json());
       else
-        fmt::print("config: {}\n{}\n", job->config.summary(), report.to_text());
+        fmt::print("config: {} ({} rules, {})\n{}\n", job->config.summary(), k->rules,
+                   code->compiler, report.to_text());
     }
   }
   return 0;
-#else
-  return fail(
-      Status::error("this flashjit was built without LLVM 22, so it cannot compile AMD code "
-                    "in-process: rebuild with -DFLASHJIT_WITH_LLVM=ON (apt-get install "
-                    "llvm-22-dev libclang-22-dev liblld-22-dev)"));
-#endif
 }
 
 // Loads q/k/v from DIR (.npy in the spec's layout) into t.
@@ -218,9 +235,20 @@ int cmd_run(const cli::Args &a) {
   if (!p)
     return fail(p.status());
   const std::string device = a.get("--device", "interpreter");
-  if (device != "interpreter")
-    return fail(Status::error(
-        "--device {} is not available in this build: use --device interpreter", device));
+  if (device != "interpreter" && device != "emulator")
+    return fail(Status::error("--device {} is not known: use interpreter (the IR on the CPU) or "
+                              "emulator (the emitted AMD kernel on the CPU, needs --arch)",
+                              device));
+  std::optional<lowering::Lowered> kernel;
+  if (device == "emulator") {
+    if (!job->target || job->target->is_nvidia())
+      return fail(Status::error("--device emulator runs an emitted AMD kernel: give an AMD --arch, "
+                                "e.g. --arch gfx1201"));
+    auto k = lowering::generate(spec, job->config, *job->target);
+    if (!k)
+      return fail(k.status());
+    kernel = std::move(*k);
+  }
   auto seed = a.get_int("--seed", 0);
   if (!seed)
     return fail(seed.status());
@@ -233,7 +261,8 @@ int cmd_run(const cli::Args &a) {
   if (a.has("--load-dir"))
     if (Status s = load_inputs(a.get("--load-dir"), spec, t); !s)
       return fail(s);
-  if (Status s = ir::interpret(*p, t); !s)
+  if (Status s = kernel ? runtime::emulate(*kernel, *job->target, spec, t) : ir::interpret(*p, t);
+      !s)
     return fail(s);
   const ReferenceResult ref = reference_attention(spec, t);
   const ErrorStats err = compare(spec, t, ref);
@@ -241,8 +270,12 @@ int cmd_run(const cli::Args &a) {
   const bool ok = err.within(tol.abs, tol.rel);
   fmt::print("spec:   {}\ndevice: {}\nerror vs float64 reference: max_abs {:.3e}  rel_l2 {:.3e}  "
              "nonfinite {}  (tolerance {}: abs {:.0e}, rel {:.0e}) -> {}\n",
-             spec.summary(), device, err.max_abs, err.rel_l2, err.nonfinite, dtype_name(spec.dtype),
-             tol.abs, tol.rel, ok ? "PASS" : "FAIL");
+             spec.summary(),
+             kernel
+                 ? fmt::format("emulator ({} rules, {})", kernel->rules, job->target->target_id())
+                 : device,
+             err.max_abs, err.rel_l2, err.nonfinite, dtype_name(spec.dtype), tol.abs, tol.rel,
+             ok ? "PASS" : "FAIL");
   if (a.has("--save-dir")) {
     if (Status s = save_tensors(a.get("--save-dir"), spec, t); !s)
       return fail(s);
@@ -269,6 +302,7 @@ std::vector<cli::Command> commands() {
        "--arch ARCH [spec flags] [-o k.co] [--isa] [--resources] [--json]",
        with_spec({{"--arch", "ARCH", "target, e.g. gfx1201", ""},
                   {"-o", "FILE", "write the code object (ELF) to FILE", ""},
+                  {"--compiler", "NAME", "auto, llvm, hiprtc or nvrtc", "auto"},
                   {"--isa", "", "print the disassembly", ""},
                   {"--resources", "",
                    "print the resource report (default when nothing else is asked)", ""},
@@ -277,14 +311,18 @@ std::vector<cli::Command> commands() {
       {"run",
        "Run the kernel for a spec on random (or loaded) inputs, compare with the float64 "
        "reference and print the error; exits 2 past the dtype's tolerance.",
-       "--device interpreter [spec flags] [--seed N] [--save-dir DIR] [--load-dir DIR]",
-       with_spec({{"--device", "NAME",
-                   "where to run: interpreter (the IR's own semantics on the CPU)", "interpreter"},
-                  {"--arch", "ARCH", "target whose default config to use", ""},
-                  {"--seed", "N", "seed of the random inputs", "0"},
-                  {"--save-dir", "DIR",
-                   "write q/k/v/out(/lse).npy in the spec's layout (bf16 widened to f32)", ""},
-                  {"--load-dir", "DIR", "read q/k/v.npy from DIR instead of random inputs", ""}}),
+       "--device interpreter|emulator [--arch ARCH] [spec flags] [--seed N] [--save-dir DIR] "
+       "[--load-dir DIR]",
+       with_spec(
+           {{"--device", "NAME",
+             "interpreter: the IR's own semantics on the CPU; emulator: the kernel emitted "
+             "for --arch, run on the CPU with the matrix instructions' exact lane semantics",
+             "interpreter"},
+            {"--arch", "ARCH", "AMD target (emulator; its default config for either device)", ""},
+            {"--seed", "N", "seed of the random inputs", "0"},
+            {"--save-dir", "DIR",
+             "write q/k/v/out(/lse).npy in the spec's layout (bf16 widened to f32)", ""},
+            {"--load-dir", "DIR", "read q/k/v.npy from DIR instead of random inputs", ""}}),
        cmd_run},
   };
   for (auto &c : cli::cache_commands())

@@ -25,7 +25,10 @@ std::vector<FlagSpec> config_flags() {
   return {
       {"--block-m", "N", "query rows per workgroup", "the target's choice, 64"},
       {"--block-n", "N", "keys per KV block", "the target's choice by head dim"},
-      {"--waves", "N", "waves per workgroup", "4"},
+      {"--waves", "N", "waves per workgroup", "the target's choice"},
+      {"--stages", "N", "K/V pipeline depth: 2 issues each tile's copy one step ahead",
+       "the target's choice"},
+      {"--q-in-lds", "", "keep the Q block in LDS instead of registers", ""},
   };
 }
 
@@ -87,9 +90,15 @@ Expected<ir::Config> config_from(const Args &a, ir::Config base) {
     return bn.status();
   if (!w)
     return w.status();
+  auto st = a.get_int("--stages", c.stages);
+  if (!st)
+    return st.status();
   c.block_m = *bm;
   c.block_n = *bn;
   c.waves = *w;
+  c.stages = *st;
+  if (a.has("--q-in-lds"))
+    c.q_in_lds = true;
   FJ_RETURN_IF_ERROR(ir::validate(c));
   return c;
 }

@@ -1,0 +1,184 @@
+/* flashjit C API: the whole of flashjit::Attention for C and for foreign
+ * function interfaces (Rust, Python ctypes). Plain C99: opaque handles, plain
+ * structs of fixed-size fields, error codes plus messages; no C++ type crosses
+ * this boundary.
+ *
+ * Errors: every function that can fail returns an fj_error (FJ_OK = 0). The
+ * message of the last failure on the calling thread is fj_last_error(); it
+ * names what was wrong (the spec field, the device, the library paths tried,
+ * the pointer and its alignment) and how to fix it.
+ *
+ * Strings handed out are either owned by a handle (valid until it is
+ * destroyed) or malloc'd for the caller (release them with fj_free); each
+ * function says which.
+ *
+ *   fj_spec spec;
+ *   fj_spec_init_bshd(&spec, 1, 16, 4, 1024, 1024, 128, 128, FJ_DTYPE_BF16);
+ *   spec.causal = 1;
+ *   fj_attention *attn;
+ *   if (fj_attention_create(&spec, "hip:0", "auto", &attn) != FJ_OK)
+ *     fprintf(stderr, "%s\n", fj_last_error());
+ *   fj_attention_forward(attn, q, k, v, out, NULL, stream);
+ *   fj_attention_destroy(attn);
+ */
+#ifndef FLASHJIT_FLASHJIT_H
+#define FLASHJIT_FLASHJIT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__) || defined(__clang__)
+#define FJ_API __attribute__((visibility("default")))
+#else
+#define FJ_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- errors ------------------------------------------------------------ */
+
+typedef enum fj_error {
+  FJ_OK = 0,
+  FJ_ERROR_INVALID_ARGUMENT = 1, /* a NULL or misaligned pointer, a bad enum, name or option */
+  FJ_ERROR_INVALID_SPEC = 2,     /* the spec fails validation; the message names the field */
+  FJ_ERROR_DEVICE = 3,           /* unknown device name, vendor library missing, no such device */
+  FJ_ERROR_UNSUPPORTED = 4,      /* no generated kernel for the spec on that target */
+  FJ_ERROR_COMPILE = 5,          /* no device compiler, or the compile failed */
+  FJ_ERROR_RUNTIME = 6,          /* module load, launch, copy, emulator or interpreter failure */
+  FJ_ERROR_OUT_OF_MEMORY = 7
+} fj_error;
+
+/* The message of the last failing call on this thread ("" if none yet). The
+ * pointer stays valid until the next flashjit call on this thread. */
+FJ_API const char *fj_last_error(void);
+/* "FJ_OK", "FJ_ERROR_INVALID_SPEC", ... */
+FJ_API const char *fj_error_name(fj_error error);
+/* The library version, e.g. "0.1.0". */
+FJ_API const char *fj_version(void);
+/* Releases a string that flashjit malloc'd for the caller. NULL is ignored. */
+FJ_API void fj_free(void *pointer);
+
+/* ---- the attention spec ------------------------------------------------ */
+
+typedef enum fj_dtype { FJ_DTYPE_BF16 = 0, FJ_DTYPE_F16 = 1, FJ_DTYPE_F32 = 2 } fj_dtype;
+
+/* The named layouts the helpers below compute strides for; strides can also be
+ * set directly (the layout field is then only a label, used for .npy files). */
+typedef enum fj_layout {
+  FJ_LAYOUT_BSHD = 0,       /* [batch, seq, heads, dim] */
+  FJ_LAYOUT_BHSD = 1,       /* [batch, heads, seq, dim] */
+  FJ_LAYOUT_INTERLEAVED = 2 /* fused QKV projection: [batch, seq, Hq*Dqk + Hkv*Dqk + Hkv*Dv] */
+} fj_layout;
+
+/* Element strides of a logical [batch, head, seq, dim] tensor. */
+typedef struct fj_strides {
+  int64_t batch, head, seq, dim;
+} fj_strides;
+
+/* Every field of flashjit::AttentionSpec. Initialize with fj_spec_init or one
+ * of the fj_spec_init_* helpers, then change fields. */
+typedef struct fj_spec {
+  int64_t batch;
+  int64_t heads;    /* query heads */
+  int64_t kv_heads; /* key/value heads; heads % kv_heads == 0 (GQA/MQA) */
+  int64_t seqlen_q;
+  int64_t seqlen_k;
+  int64_t head_dim_qk;
+  int64_t head_dim_v;
+  int32_t dtype;                     /* fj_dtype, of Q, K, V and O; accumulation is f32 */
+  int32_t layout;                    /* fj_layout the strides came from */
+  double scale;                      /* softmax scale; 0 means 1/sqrt(head_dim_qk) */
+  int32_t causal;                    /* 0 or 1; bottom-right aligned when seqlen_q != seqlen_k */
+  int32_t lse;                       /* 0 or 1: also write the LSE, f32 [batch, heads, seqlen_q] */
+  int64_t window_left, window_right; /* sliding window; -1: unbounded on that side */
+  fj_strides q, k, v, o;
+} fj_spec;
+
+/* The defaults of flashjit::AttentionSpec: all sizes 1, head dims 64, bf16, BSHD. */
+FJ_API void fj_spec_init(fj_spec *spec);
+/* Sets the sizes and the strides of a dense layout; scale 0, not causal, no
+ * window, no LSE. Returns FJ_ERROR_INVALID_ARGUMENT for a NULL spec or a bad
+ * dtype; the sizes are checked by fj_spec_validate (and create). */
+FJ_API fj_error fj_spec_init_bshd(fj_spec *spec, int64_t batch, int64_t heads, int64_t kv_heads,
+                                  int64_t seqlen_q, int64_t seqlen_k, int64_t head_dim_qk,
+                                  int64_t head_dim_v, fj_dtype dtype);
+FJ_API fj_error fj_spec_init_bhsd(fj_spec *spec, int64_t batch, int64_t heads, int64_t kv_heads,
+                                  int64_t seqlen_q, int64_t seqlen_k, int64_t head_dim_qk,
+                                  int64_t head_dim_v, fj_dtype dtype);
+/* Recomputes the q/k/v/o strides from the sizes for a named layout. */
+FJ_API fj_error fj_spec_set_layout(fj_spec *spec, fj_layout layout);
+/* FJ_OK, or FJ_ERROR_INVALID_SPEC with a message naming the field and the fix. */
+FJ_API fj_error fj_spec_validate(const fj_spec *spec);
+
+/* ---- devices ----------------------------------------------------------- */
+
+/* The devices this process can reach, as a JSON array malloc'd into *json
+ * (release with fj_free): [{"id": "hip:0", "kind": "hip", "index": 0,
+ * "name": "...", "arch": "gfx1201"}, ...]. The emulator entry has "arch": "". */
+FJ_API fj_error fj_list_devices(char **json);
+
+/* ---- attention --------------------------------------------------------- */
+
+typedef struct fj_attention fj_attention;
+
+/* Options of fj_attention_create_ex; fj_options_init sets the defaults. */
+typedef struct fj_options {
+  const char *compiler;   /* "auto" (NULL means auto), "llvm", "hiprtc", "nvrtc"; "none" on the
+                             emulator: run the kernel text without compiling a code object */
+  const char *rules;      /* lowering rules: "auto" (NULL means auto), "matrix" or "simt" */
+  int32_t allow_fallback; /* 1: run the IR interpreter when no generated kernel can serve */
+  int32_t synchronize;    /* 1: forward waits for the kernel and reports its errors */
+  int32_t opt_level;      /* device compiler -O level, 0..3 (default 3) */
+  int32_t cpu_threads;    /* emulator worker threads; 0: every core */
+  /* The tuning config; 0 in block_m keeps the default for the target (all of
+   * these are then ignored). */
+  int64_t block_m, block_n, waves, stages, q_in_lds, pad_k;
+} fj_options;
+
+FJ_API void fj_options_init(fj_options *options);
+
+/* Generates, compiles and loads the kernel of `spec` on `device` ("hip:0",
+ * "cuda:0", "emulator:gfx1201"). `compiler` NULL means "auto". Strict: when no
+ * generated kernel can serve the spec on the device this fails, saying why. */
+FJ_API fj_error fj_attention_create(const fj_spec *spec, const char *device, const char *compiler,
+                                    fj_attention **out);
+FJ_API fj_error fj_attention_create_ex(const fj_spec *spec, const char *device,
+                                       const fj_options *options, fj_attention **out);
+
+/* out = attention(q, k, v); lse (f32 [batch, heads, seqlen_q]) when the spec
+ * has lse = 1, else it must be NULL. On hip/cuda devices the pointers are
+ * device pointers laid out by the spec's strides and the kernel is queued on
+ * `stream` (hipStream_t / CUstream; NULL: the default stream). On the emulator
+ * they are host pointers to the 16-bit element bits (bf16 / f16). */
+FJ_API fj_error fj_attention_forward(fj_attention *attention, const void *q, const void *k,
+                                     const void *v, void *out, float *lse, void *stream);
+
+/* What create did: spec, device, target, rules, config, compiler, cache
+ * outcome, executor. Owned by the handle. */
+FJ_API const char *fj_attention_explain(const fj_attention *attention);
+/* The generated HIP source ("" when the fallback runs without one). Owned by the handle. */
+FJ_API const char *fj_attention_source(const fj_attention *attention);
+/* 1 when forward runs the IR interpreter fallback, 0 otherwise. */
+FJ_API int fj_attention_uses_fallback(const fj_attention *attention);
+/* NULL is ignored. */
+FJ_API void fj_attention_destroy(fj_attention *attention);
+
+/* ---- generation and compilation without a device ------------------------ */
+
+/* The HIP source for `spec` on an AMD `arch` ("gfx1201"), malloc'd into
+ * *source (release with fj_free). Nothing is compiled. */
+FJ_API fj_error fj_emit(const fj_spec *spec, const char *arch, char **source);
+
+/* Compiles the kernel for `spec` on `arch` with `compiler` (NULL: "auto"),
+ * through the kernel cache, and returns its resource report as one JSON object
+ * malloc'd into *json: {"kernel": ..., "vgprs": ..., "vgpr_spill": ..., ...}. */
+FJ_API fj_error fj_compile_report(const fj_spec *spec, const char *arch, const char *compiler,
+                                  char **json);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLASHJIT_FLASHJIT_H */

@@ -1,0 +1,36 @@
+// CDNA rules (gfx90a, gfx942, gfx950): wave64 MFMA 16x16x16
+// (`__builtin_amdgcn_mfma_f32_16x16x16{f16,bf16_1k}`, cbsz = abid = blgp = 0 from
+// the table row) with 4-element operands and 4-float accumulators, products
+// computed transposed (doc §6): S^T = K Q^T and O^T = V^T P^T. With
+// quad = lane / 16 and col = lane % 16:
+//
+//   * K (A of S^T) = K[key col][d 4 * quad .. + 3] and V^T (A of O^T) =
+//     V^T[d col][keys 4 * quad .. + 3]: one 64-bit LDS read each;
+//   * Q (B of S^T) = Q[query col][d 4 * quad .. + 3];
+//   * the accumulator: query col, keys / head-dim entries 4 * quad + e, e < 4,
+//     contiguous, so the converted S^T accumulator IS the P^T operand (free);
+//   * row reductions: 4 in-lane steps, then exchanges with lane ^ 16 and ^ 32;
+//     the lanes of quad 0 write per-query values.
+//
+//   S^T accumulator (16 keys x 16 queries), lane L, element e:
+//               query 0    1  ...  15
+//     keys 0-3    L0      L1  ...  L15     e = key
+//     keys 4-7    L16     L17 ...  L31     e = key - 4
+//     keys 8-11   L32     L33 ...  L47     e = key - 8
+//     keys 12-15  L48     L49 ...  L63     e = key - 12
+//
+// The labeling of k is the hardware's (doc §4.2). Everything else is the
+// geometry shared with the other AMD families (transposed_rules.h).
+//
+// Not lowered yet: the 32x32x8 shapes (CDNA2/3) and gfx950's 16x16x32 and
+// 32x32x16; gfx950 runs the 16x16x16 instructions, which it still has.
+#include "lowering/transposed_rules.h"
+
+namespace flashjit::lowering {
+
+const Rules &cdna_rules() {
+  static const TransposedRules rules({.name = "cdna", .wave = 64});
+  return rules;
+}
+
+} // namespace flashjit::lowering

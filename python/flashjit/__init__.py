@@ -1,0 +1,15 @@
+"""flashjit: FlashAttention kernels generated at run time, in the shape Python users know.
+
+    import flashjit
+    out = flashjit.flash_attn_func(q, k, v, causal=True)          # torch CUDA tensors
+    out = flashjit.flash_attn_func(q, k, v, arch="gfx1201")       # NumPy: the CPU emulator
+
+Tensors follow FlashAttention's conventions: [batch, seqlen, heads, head_dim] (BSHD),
+causal masks aligned bottom-right when seqlen_q != seqlen_k, GQA/MQA from the head
+counts. flashjit.emit() returns the generated HIP source, flashjit.compile() the
+resource report of its code object.
+"""
+
+from .api import FlashJitError, compile, emit, flash_attn_func, version
+
+__all__ = ["flash_attn_func", "emit", "compile", "version", "FlashJitError"]

@@ -1,0 +1,100 @@
+"""ctypes binding of include/flashjit/flashjit.h (the C API of libflashjit.so)."""
+
+import ctypes
+import os
+import pathlib
+
+FJ_OK = 0
+_ERROR_NAMES = {
+    1: "invalid argument",
+    2: "invalid spec",
+    3: "device",
+    4: "unsupported",
+    5: "compile",
+    6: "runtime",
+    7: "out of memory",
+}
+DTYPE_BF16, DTYPE_F16 = 0, 1
+LAYOUT_BSHD = 0
+
+
+class Strides(ctypes.Structure):
+    _fields_ = [("batch", ctypes.c_int64), ("head", ctypes.c_int64),
+                ("seq", ctypes.c_int64), ("dim", ctypes.c_int64)]
+
+
+class Spec(ctypes.Structure):
+    _fields_ = [
+        ("batch", ctypes.c_int64), ("heads", ctypes.c_int64), ("kv_heads", ctypes.c_int64),
+        ("seqlen_q", ctypes.c_int64), ("seqlen_k", ctypes.c_int64),
+        ("head_dim_qk", ctypes.c_int64), ("head_dim_v", ctypes.c_int64),
+        ("dtype", ctypes.c_int32), ("layout", ctypes.c_int32), ("scale", ctypes.c_double),
+        ("causal", ctypes.c_int32), ("lse", ctypes.c_int32),
+        ("window_left", ctypes.c_int64), ("window_right", ctypes.c_int64),
+        ("q", Strides), ("k", Strides), ("v", Strides), ("o", Strides),
+    ]
+
+
+class FlashJitError(RuntimeError):
+    """An error reported by libflashjit; the message names the problem and the fix."""
+
+
+def _candidates():
+    env = os.environ.get("FLASHJIT_LIBRARY")
+    if env:
+        return [env]
+    here = pathlib.Path(__file__).resolve().parent
+    names = [str(here / "libflashjit.so")]
+    # Straight from a build tree: python/flashjit -> <repo>/build/runtime/libflashjit.so
+    repo = here.parent.parent
+    names += [str(repo / d / "runtime" / "libflashjit.so") for d in ("build", "build-api")]
+    names.append("libflashjit.so")  # the loader path
+    return names
+
+
+def _load():
+    tried = []
+    for name in _candidates():
+        if "/" in name and not os.path.exists(name):
+            tried.append(f"{name} (missing)")
+            continue
+        try:
+            return ctypes.CDLL(name)
+        except OSError as e:
+            tried.append(f"{name} ({e})")
+    raise ImportError(
+        "flashjit: cannot load libflashjit.so; tried: " + "; ".join(tried)
+        + ". Build it (scripts/setup.sh) or set FLASHJIT_LIBRARY=/path/to/libflashjit.so")
+
+
+lib = _load()
+_p = ctypes.POINTER
+lib.fj_last_error.restype = ctypes.c_char_p
+lib.fj_version.restype = ctypes.c_char_p
+lib.fj_free.argtypes = [ctypes.c_void_p]
+lib.fj_spec_init.argtypes = [_p(Spec)]
+lib.fj_spec_validate.argtypes = [_p(Spec)]
+lib.fj_attention_create.argtypes = [_p(Spec), ctypes.c_char_p, ctypes.c_char_p, _p(ctypes.c_void_p)]
+lib.fj_attention_forward.argtypes = [ctypes.c_void_p] * 5 + [_p(ctypes.c_float), ctypes.c_void_p]
+lib.fj_attention_explain.argtypes = [ctypes.c_void_p]
+lib.fj_attention_explain.restype = ctypes.c_char_p
+lib.fj_attention_source.argtypes = [ctypes.c_void_p]
+lib.fj_attention_source.restype = ctypes.c_char_p
+lib.fj_attention_destroy.argtypes = [ctypes.c_void_p]
+lib.fj_emit.argtypes = [_p(Spec), ctypes.c_char_p, _p(ctypes.c_void_p)]
+lib.fj_compile_report.argtypes = [_p(Spec), ctypes.c_char_p, ctypes.c_char_p, _p(ctypes.c_void_p)]
+lib.fj_list_devices.argtypes = [_p(ctypes.c_void_p)]
+
+
+def check(code, what):
+    if code != FJ_OK:
+        msg = (lib.fj_last_error() or b"").decode()
+        raise FlashJitError(f"{what} failed ({_ERROR_NAMES.get(code, code)}): {msg}")
+
+
+def take_string(ptr):
+    """Decodes and frees a string the library malloc'ed."""
+    try:
+        return ctypes.string_at(ptr.value).decode()
+    finally:
+        lib.fj_free(ptr)

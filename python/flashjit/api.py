@@ -1,0 +1,251 @@
+"""flash_attn_func, emit and compile over libflashjit's C API."""
+
+import ctypes
+import json
+import math
+
+from . import _lib
+from ._lib import FlashJitError
+
+_ATTENTIONS = {}  # (spec fields, device) -> fj_attention handle, built once per shape
+
+
+def version():
+    return _lib.lib.fj_version().decode()
+
+
+# ---- inputs ---------------------------------------------------------------------------
+
+def _kind(x):
+    mod = type(x).__module__
+    if mod.startswith("torch"):
+        return "torch"
+    if mod.startswith("cupy"):
+        return "cupy"
+    if mod.startswith("numpy"):
+        return "numpy"
+    raise TypeError(f"flashjit: q, k and v must be torch tensors, CuPy arrays or NumPy arrays, "
+                    f"got {type(x).__name__}")
+
+
+def _dtype_name(x, kind):
+    if kind == "torch":
+        import torch
+        return {torch.bfloat16: "bf16", torch.float16: "f16"}.get(x.dtype)
+    name = str(x.dtype)
+    if kind == "numpy" and name == "float32":
+        return "bf16"  # NumPy has no bfloat16: float32 runs as bf16, rounded to nearest even
+    return {"float16": "f16"}.get(name)
+
+
+def _strides(x, kind):
+    if kind == "torch":
+        s = tuple(x.stride())
+    else:
+        s = tuple(b // x.itemsize for b in x.strides)
+    if any(v < 0 for v in s) or any(b % x.itemsize for b in ([] if kind == "torch" else x.strides)):
+        raise ValueError("flashjit: negative or fractional strides are not supported; pass a "
+                         "copy (e.g. .contiguous() / np.ascontiguousarray)")
+    return s
+
+
+def _device(x, kind, arch):
+    if kind == "numpy":
+        if not arch:
+            raise ValueError("flashjit: NumPy arrays run on the CPU emulator of an AMD GPU: pass "
+                             "arch='gfx1201' (or another AMD arch, see `flashjit archs`)")
+        return f"emulator:{arch}", None
+    if arch:
+        raise ValueError(f"flashjit: arch={arch!r} applies to NumPy inputs (the emulator); GPU "
+                         "tensors run for the arch of the device they live on")
+    if kind == "torch":
+        import torch
+        if not x.is_cuda:
+            raise ValueError("flashjit: torch tensors must live on a GPU (device 'cuda'); for the "
+                             "CPU, pass NumPy arrays with arch='gfx1201'")
+        backend = "hip" if getattr(torch.version, "hip", None) else "cuda"
+        return f"{backend}:{x.device.index or 0}", torch.cuda.current_stream(x.device).cuda_stream
+    import cupy
+    return f"cuda:{x.device.id}", cupy.cuda.get_current_stream().ptr
+
+
+def _ptr(x, kind):
+    if kind == "torch":
+        return x.data_ptr()
+    if kind == "cupy":
+        return x.data.ptr
+    return x.ctypes.data
+
+
+def _bf16_bits(a):
+    """float32 NumPy array -> uint16 bf16 bit patterns, round to nearest even."""
+    import numpy as np
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    nan = np.isnan(a)
+    bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    bits[nan] = 0x7FC0
+    return bits
+
+
+def _spec(b, sq, sk, hq, hkv, d, dv, dtype, softmax_scale, causal, window_size, lse, strides):
+    s = _lib.Spec()
+    _lib.lib.fj_spec_init(ctypes.byref(s))
+    s.batch, s.heads, s.kv_heads, s.seqlen_q, s.seqlen_k = b, hq, hkv, sq, sk
+    s.head_dim_qk, s.head_dim_v = d, dv
+    s.dtype = _lib.DTYPE_BF16 if dtype == "bf16" else _lib.DTYPE_F16
+    s.layout = _lib.LAYOUT_BSHD
+    s.scale = 0.0 if softmax_scale is None else float(softmax_scale)
+    s.causal, s.lse = int(bool(causal)), int(bool(lse))
+    s.window_left, s.window_right = int(window_size[0]), int(window_size[1])
+    for name, (sb, ss, sh, sd) in zip("qkvo", strides):
+        setattr(s, name, _lib.Strides(sb, sh, ss, sd))  # BSHD tensor strides -> (batch, head, seq, dim)
+    return s
+
+
+def _spec_key(s):
+    return tuple(getattr(s, f) for f, _ in _lib.Spec._fields_ if f not in "qkvo") + tuple(
+        (st.batch, st.head, st.seq, st.dim) for st in (s.q, s.k, s.v, s.o))
+
+
+def _attention(spec, device):
+    key = (_spec_key(spec), device)
+    handle = _ATTENTIONS.get(key)
+    if handle is None:
+        h = ctypes.c_void_p()
+        _lib.check(_lib.lib.fj_attention_create(ctypes.byref(spec), device.encode(), None,
+                                                ctypes.byref(h)), "fj_attention_create")
+        handle = _ATTENTIONS[key] = h
+    return handle
+
+
+# ---- the public functions --------------------------------------------------------------
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+                    window_size=(-1, -1), return_lse=False, *, arch=None):
+    """Attention with FlashAttention's conventions.
+
+    q: [batch, seqlen_q, heads, head_dim]; k: [batch, seqlen_k, kv_heads, head_dim];
+    v: [batch, seqlen_k, kv_heads, head_dim_v]; heads a multiple of kv_heads (GQA/MQA).
+    Torch CUDA tensors (bf16/f16) run on their GPU, on torch's current stream; CuPy
+    arrays (float16) on theirs; NumPy arrays on the CPU emulator of the AMD GPU
+    `arch` (float16 as f16; float32 as bf16, rounded to nearest even, with a float32
+    result). Any strides work. causal is bottom-right aligned when seqlen_q !=
+    seqlen_k; window_size = (left, right), -1 unbounded. Returns out, or (out, lse)
+    with lse [batch, heads, seqlen_q] float32 (natural log) when return_lse.
+    """
+    if dropout_p != 0.0:
+        raise NotImplementedError("flashjit: dropout is not implemented yet: pass dropout_p=0.0")
+    kinds = {_kind(x) for x in (q, k, v)}
+    if len(kinds) != 1:
+        raise TypeError(f"flashjit: q, k and v must be of one kind, got {sorted(kinds)}")
+    kind = kinds.pop()
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if len(x.shape) != 4:
+            raise ValueError(f"flashjit: {name} must be 4-D [batch, seqlen, heads, head_dim], got "
+                             f"shape {tuple(x.shape)}")
+    b, sq, hq, d = q.shape
+    bk, sk, hkv, dk = k.shape
+    bv, skv, hv, dv = v.shape
+    if not (b == bk == bv):
+        raise ValueError(f"flashjit: batch sizes differ: q {b}, k {bk}, v {bv}")
+    if sk != skv or hkv != hv:
+        raise ValueError(f"flashjit: k {tuple(k.shape)} and v {tuple(v.shape)} must share seqlen "
+                         "and heads")
+    if d != dk:
+        raise ValueError(f"flashjit: q and k head dims differ ({d} vs {dk})")
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"flashjit: q heads ({hq}) must be a multiple of k/v heads ({hkv})")
+    dtypes = {_dtype_name(x, kind) for x in (q, k, v)}
+    if None in dtypes or len(dtypes) != 1:
+        allowed = {"torch": "torch.bfloat16 or torch.float16", "cupy": "float16",
+                   "numpy": "float16 or float32 (as bf16)"}[kind]
+        raise TypeError(f"flashjit: q, k and v must all be {allowed}; got "
+                        f"{[str(x.dtype) for x in (q, k, v)]}")
+    dtype = dtypes.pop()
+    device, stream = _device(q, kind, arch)
+    if kind != "numpy":
+        devs = {str(x.device) for x in (q, k, v)}
+        if len(devs) != 1:
+            raise ValueError(f"flashjit: q, k and v are on different devices: {sorted(devs)}")
+
+    if kind == "numpy":
+        import numpy as np
+        if dtype == "bf16":
+            q16, k16, v16 = (_bf16_bits(x) for x in (q, k, v))
+        else:
+            q16, k16, v16 = q, k, v
+        # Outputs start as NaN, so anything the kernel failed to write shows.
+        if dtype == "bf16":
+            out16 = np.full((b, sq, hq, dv), 0x7FC0, dtype=np.uint16)
+        else:
+            out16 = np.full((b, sq, hq, dv), np.nan, dtype=np.float16)
+        lse = np.full((b, hq, sq), np.nan, dtype=np.float32) if return_lse else None
+        ins = (q16, k16, v16)
+    elif kind == "torch":
+        import torch
+        out16 = torch.empty((b, sq, hq, dv), dtype=q.dtype, device=q.device)
+        lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device) if return_lse else None
+        ins = (q, k, v)
+    else:
+        import cupy
+        out16 = cupy.empty((b, sq, hq, dv), dtype=q.dtype)
+        lse = cupy.empty((b, hq, sq), dtype=cupy.float32) if return_lse else None
+        ins = (q, k, v)
+
+    strides = [_strides(x, kind) for x in ins] + [_strides(out16, kind)]
+    spec = _spec(b, sq, sk, hq, hkv, d, dv, dtype, softmax_scale, causal, window_size,
+                 return_lse, strides)
+    _lib.check(_lib.lib.fj_spec_validate(ctypes.byref(spec)), "spec validation")
+    handle = _attention(spec, device)
+    lse_ptr = ctypes.cast(ctypes.c_void_p(_ptr(lse, kind)), ctypes.POINTER(ctypes.c_float)) \
+        if return_lse else None
+    _lib.check(_lib.lib.fj_attention_forward(handle, *(ctypes.c_void_p(_ptr(x, kind)) for x in ins),
+                                             ctypes.c_void_p(_ptr(out16, kind)), lse_ptr,
+                                             ctypes.c_void_p(stream) if stream else None),
+               "fj_attention_forward")
+    out = out16
+    if kind == "numpy" and dtype == "bf16":
+        out = (out16.astype("uint32") << 16).view("float32")
+    return (out, lse) if return_lse else out
+
+
+def _spec_from_args(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, head_dim_v, dtype,
+                    causal, window_size, softmax_scale, return_lse):
+    if dtype not in ("bf16", "f16"):
+        raise ValueError(f"flashjit: dtype must be 'bf16' or 'f16', got {dtype!r}")
+    kv_heads = heads if kv_heads is None else kv_heads
+    seqlen_k = seqlen_q if seqlen_k is None else seqlen_k
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
+
+    def bshd(s, h, dd):  # dense BSHD strides: (batch, seq, head, dim)
+        return (s * h * dd, h * dd, dd, 1)
+    strides = [bshd(seqlen_q, heads, head_dim), bshd(seqlen_k, kv_heads, head_dim),
+               bshd(seqlen_k, kv_heads, head_dim_v), bshd(seqlen_q, heads, head_dim_v)]
+    spec = _spec(batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim, head_dim_v, dtype,
+                 softmax_scale, causal, window_size, return_lse, strides)
+    _lib.check(_lib.lib.fj_spec_validate(ctypes.byref(spec)), "spec validation")
+    return spec
+
+
+def emit(*, arch, batch=1, heads=1, kv_heads=None, seqlen_q=128, seqlen_k=None, head_dim=64,
+         head_dim_v=None, dtype="bf16", causal=False, window_size=(-1, -1), softmax_scale=None,
+         return_lse=False):
+    """The generated HIP source for a spec on `arch` (e.g. 'gfx1201', 'sm_90')."""
+    spec = _spec_from_args(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, head_dim_v,
+                           dtype, causal, window_size, softmax_scale, return_lse)
+    out = ctypes.c_void_p()
+    _lib.check(_lib.lib.fj_emit(ctypes.byref(spec), arch.encode(), ctypes.byref(out)), "fj_emit")
+    return _lib.take_string(out)
+
+
+def compile(*, arch, compiler="auto", **spec_args):
+    """Compiles the kernel for a spec on `arch` and returns its resource report as a dict
+    (VGPRs, SGPRs, spills, scratch, LDS, wave size, occupancy, matrix instructions)."""
+    spec = _spec_from_args(**{**dict(batch=1, heads=1, kv_heads=None, seqlen_q=128, seqlen_k=None,
+                                     head_dim=64, head_dim_v=None, dtype="bf16", causal=False,
+                                     window_size=(-1, -1), softmax_scale=None, return_lse=False),
+                              **spec_args})
+    out = ctypes.c_void_p()
+    _lib.check(_lib.lib.fj_compile_report(ctypes.byref(spec), arch.encode(), compiler.encode(),
+                                          ctypes.byref(out)), "fj_compile_report")
+    return json.loads(_lib.take_string(out))

@@ -1,0 +1,39 @@
+"""A float64 NumPy reference with FlashAttention's conventions (BSHD, bottom-right causal)."""
+import math
+
+import numpy as np
+
+
+def attention(q, k, v, causal=False, window_size=(-1, -1), softmax_scale=None):
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    b, sq, hq, d = q.shape
+    _, sk, hkv, dv = v.shape
+    g = hq // hkv
+    k = np.repeat(k, g, axis=2)
+    v = np.repeat(v, g, axis=2)
+    scale = 1 / math.sqrt(d) if softmax_scale is None else softmax_scale
+    s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    i = np.arange(sq)[:, None]
+    j = np.arange(sk)[None, :]
+    diag = i + sk - sq
+    visible = np.ones((sq, sk), dtype=bool)
+    if causal:
+        visible &= j <= diag
+    if window_size[0] >= 0:
+        visible &= j >= diag - window_size[0]
+    if window_size[1] >= 0:
+        visible &= j <= diag + window_size[1]
+    s = np.where(visible, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    m = np.where(np.isinf(m), 0.0, m)
+    p = np.exp(s - m)
+    l = p.sum(axis=-1, keepdims=True)
+    o = np.einsum("bhqk,bkhd->bhqd", p, v)
+    o = np.where(l > 0, o / np.where(l > 0, l, 1), 0.0)
+    lse = np.where(l[..., 0] > 0, (m + np.log(np.where(l > 0, l, 1)))[..., 0], -np.inf)
+    return o.transpose(0, 2, 1, 3), lse
+
+
+def bf16_round(a):
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)

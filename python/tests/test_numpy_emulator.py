@@ -1,0 +1,93 @@
+"""flash_attn_func on NumPy arrays: the emitted AMD kernel runs on the CPU emulator.
+
+Inputs are fresh random values in [-1, 1); outputs start as NaN (the package fills them)
+and are compared with a float64 reference. Tolerances: bf16 abs 3e-2, f16 abs 4e-3
+(P is rounded to the input dtype before P V, as on the GPU).
+"""
+import numpy as np
+import pytest
+
+import flashjit
+from reference import attention, bf16_round
+
+TOL = {"bf16": 3e-2, "f16": 4e-3}
+ARCH = "gfx1201"
+
+
+def inputs(rng, b, sq, sk, hq, hkv, d, dv, dtype):
+    def make(shape):
+        x = rng.uniform(-1, 1, size=shape).astype(np.float32)
+        return x.astype(np.float16) if dtype == "f16" else bf16_round(x)
+    return make((b, sq, hq, d)), make((b, sk, hkv, d)), make((b, sk, hkv, dv))
+
+
+CASES = [
+    # b, sq, sk, hq, hkv, d, dv, dtype, causal, window
+    (1, 17, 17, 2, 2, 64, 64, "f16", False, (-1, -1)),
+    (1, 113, 203, 4, 1, 80, 80, "bf16", True, (-1, -1)),      # GQA 4:1, bottom-right causal
+    (2, 40, 33, 2, 2, 40, 40, "f16", True, (-1, -1)),         # causal with sq > sk
+    (1, 65, 65, 2, 1, 72, 72, "bf16", False, (16, 4)),        # window, MQA
+    (1, 33, 47, 2, 2, 100, 100, "f16", False, (-1, -1)),      # odd head dim
+]
+
+
+@pytest.mark.parametrize("b,sq,sk,hq,hkv,d,dv,dtype,causal,window", CASES)
+def test_matches_float64_reference(b, sq, sk, hq, hkv, d, dv, dtype, causal, window):
+    rng = np.random.default_rng(1 + d + sq)
+    q, k, v = inputs(rng, b, sq, sk, hq, hkv, d, dv, dtype)
+    out, lse = flashjit.flash_attn_func(q, k, v, causal=causal, window_size=window,
+                                        return_lse=True, arch=ARCH)
+    ref, ref_lse = attention(q, k, v, causal=causal, window_size=window)
+    assert out.shape == (b, sq, hq, dv)
+    assert not np.isnan(out).any()
+    assert np.abs(out.astype(np.float64) - ref).max() <= TOL[dtype]
+    finite = np.isfinite(ref_lse)
+    assert np.array_equal(np.isneginf(lse), ~finite)
+    assert np.abs(lse[finite] - ref_lse[finite]).max() <= 1e-3
+
+
+def test_non_contiguous_inputs_work_through_strides():
+    rng = np.random.default_rng(7)
+    # [b, h, s, d] storage viewed as BSHD: every stride differs from a dense BSHD tensor.
+    q = rng.uniform(-1, 1, size=(1, 2, 37, 32)).astype(np.float16).transpose(0, 2, 1, 3)
+    k = rng.uniform(-1, 1, size=(1, 2, 50, 32)).astype(np.float16).transpose(0, 2, 1, 3)
+    v = rng.uniform(-1, 1, size=(1, 2, 50, 32)).astype(np.float16).transpose(0, 2, 1, 3)
+    assert not q.flags.c_contiguous
+    out = flashjit.flash_attn_func(q, k, v, causal=True, arch=ARCH)
+    ref, _ = attention(q, k, v, causal=True)
+    assert np.abs(out.astype(np.float64) - ref).max() <= TOL["f16"]
+
+
+def test_bad_inputs_raise_clear_errors():
+    q = np.zeros((1, 8, 2, 16), dtype=np.float16)
+    with pytest.raises(NotImplementedError, match="dropout"):
+        flashjit.flash_attn_func(q, q, q, dropout_p=0.1, arch=ARCH)
+    with pytest.raises(TypeError, match="float16"):
+        flashjit.flash_attn_func(q.astype(np.int32), q, q, arch=ARCH)
+    with pytest.raises(ValueError, match="arch="):
+        flashjit.flash_attn_func(q, q, q)
+    with pytest.raises(ValueError, match="4-D"):
+        flashjit.flash_attn_func(q[0], q, q, arch=ARCH)
+    with pytest.raises(ValueError, match="multiple"):
+        flashjit.flash_attn_func(np.zeros((1, 8, 3, 16), np.float16), q, q, arch=ARCH)
+    with pytest.raises(ValueError, match="head dims"):
+        flashjit.flash_attn_func(np.zeros((1, 8, 2, 32), np.float16), q, q, arch=ARCH)
+    with pytest.raises(TypeError):
+        flashjit.flash_attn_func([1, 2], q, q, arch=ARCH)
+
+
+def test_emit_returns_hip_for_the_arch():
+    src = flashjit.emit(arch="gfx1201", head_dim=80, heads=4, kv_heads=1, causal=True)
+    assert "__builtin_amdgcn_wmma_f32_16x16x16_bf16_w32_gfx12" in src
+    assert "constexpr int kDimQK = 80;" in src
+    with pytest.raises(flashjit.FlashJitError, match="gfx9999"):
+        flashjit.emit(arch="gfx9999")
+
+
+def test_compile_returns_the_resource_report():
+    report = flashjit.compile(arch="gfx1201", head_dim=64, causal=True)
+    if isinstance(report, list):
+        report = report[0]
+    assert report["wavefront_size"] == 32
+    assert report["vgpr_spill_count"] == 0
+    assert report["matrix_instructions"] > 0

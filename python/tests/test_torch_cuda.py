@@ -1,0 +1,60 @@
+"""flash_attn_func on torch CUDA tensors against SDPA computed in float64 (GPU machines)."""
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+import torch.nn.functional as F  # noqa: E402
+
+import flashjit  # noqa: E402
+
+TOL = {torch.bfloat16: 3e-2, torch.float16: 4e-3}
+
+
+def reference(q, k, v, causal, window):
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    q, k, v = (x.double().transpose(1, 2) for x in (q, k, v))
+    k = k.repeat_interleave(hq // hkv, 1)
+    v = v.repeat_interleave(hq // hkv, 1)
+    i = torch.arange(sq, device=q.device)[:, None]
+    j = torch.arange(sk, device=q.device)[None, :]
+    diag = i + sk - sq
+    mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+    if causal:
+        mask &= j <= diag
+    if window[0] >= 0:
+        mask &= j >= diag - window[0]
+    if window[1] >= 0:
+        mask &= j <= diag + window[1]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return torch.nan_to_num(out, nan=0.0).transpose(1, 2)
+
+
+CASES = [(2, 113, 203, 8, 2, 80, torch.bfloat16, True, (-1, -1)),
+         (1, 256, 256, 4, 4, 128, torch.float16, False, (-1, -1)),
+         (1, 300, 200, 4, 1, 72, torch.bfloat16, True, (-1, -1)),
+         (1, 128, 512, 2, 2, 256, torch.bfloat16, False, (64, 0)),
+         (3, 1, 1000, 16, 2, 96, torch.float16, True, (-1, -1))]
+
+
+@pytest.mark.parametrize("b,sq,sk,hq,hkv,d,dtype,causal,window", CASES)
+def test_matches_sdpa_in_float64(b, sq, sk, hq, hkv, d, dtype, causal, window):
+    torch.manual_seed(d + sq)
+    q = (torch.rand(b, sq, hq, d, device="cuda") * 2 - 1).to(dtype)
+    k = (torch.rand(b, sk, hkv, d, device="cuda") * 2 - 1).to(dtype)
+    v = (torch.rand(b, sk, hkv, d, device="cuda") * 2 - 1).to(dtype)
+    out = flashjit.flash_attn_func(q, k, v, causal=causal, window_size=window)
+    torch.cuda.synchronize()
+    ref = reference(q, k, v, causal, window)
+    assert not torch.isnan(out).any()
+    assert (out.double() - ref).abs().max().item() <= TOL[dtype]
+
+
+def test_non_contiguous_torch_tensors():
+    q = torch.rand(1, 4, 100, 64, device="cuda", dtype=torch.float16).transpose(1, 2)
+    out = flashjit.flash_attn_func(q, q, q, causal=True)
+    ref = reference(q, q, q, True, (-1, -1))
+    assert (out.double() - ref).abs().max().item() <= TOL[torch.float16]

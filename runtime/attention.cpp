@@ -1,0 +1,600 @@
+// Attention: the pipeline of attention.h, and the three executors behind
+// forward(): a generated kernel on a GPU, the same kernel on the CPU emulator,
+// and (only when asked for) the IR interpreter fallback.
+#include "runtime/attention.h"
+
+#include "compiler/code_object.h"
+#include "compiler/kernel_cache.h"
+#include "compiler/knobs.h"
+#include "compiler/select.h"
+#include "ir/interpreter.h"
+#include "ir/reference.h"
+#include "lowering/lower.h"
+#include "runtime/attention_detail.h"
+#include "runtime/emulator.h"
+#include "runtime/gpu_driver.h"
+#include "templates/templates.h"
+
+#include <fmt/ranges.h>
+
+#include <cstring>
+#include <functional>
+#include <limits>
+
+#ifndef FLASHJIT_VERSION
+#error "FLASHJIT_VERSION must be defined by the build (runtime/CMakeLists.txt)"
+#endif
+
+namespace flashjit {
+
+using detail::Failure;
+
+namespace {
+
+/// The generated kernel: everything between the spec and a compiler.
+struct Generated {
+  lowering::Target target;
+  ir::Config config;
+  ir::Program program;
+  std::string ir_text;
+  lowering::Lowered lowered;
+};
+
+/// The compiled kernel and where it came from.
+struct Compiled {
+  compiler::CodeObject code;
+  std::string compiler;      // Compiler::identity()
+  std::string options_text;  // KeyParts::compile_options
+  std::string cache_outcome; // outcome_name()
+  std::string cache_key;     // KeyParts::hash()
+  std::string override_path; // FLASHJIT_OVERRIDE_DIR source, if one was used
+};
+
+enum class Executor { gpu, emulator, interpreter };
+
+std::string short_key(const std::string &key) { return key.substr(0, 16); }
+
+/// Records the failing stage for the C API and passes the Status on.
+Status failed(Failure *out, Failure stage, Status status) {
+  if (out)
+    *out = stage;
+  return status;
+}
+
+Expected<Generated> generate(const AttentionSpec &spec, std::string_view arch,
+                             const Options &options, Failure *failure) {
+  auto choice = lowering::parse_rules_choice(options.rules);
+  if (!choice)
+    return failed(failure, Failure::argument, choice.status());
+  auto target = lowering::parse_target(arch);
+  if (!target)
+    return failed(failure, Failure::unsupported, target.status());
+  Generated g{
+      *target, options.config.value_or(lowering::default_config(spec, *target)), {}, {}, {}};
+  if (Status s = ir::validate(g.config); !s)
+    return failed(failure, Failure::argument, s);
+  if (Status s = lowering::check_fits(spec, g.config, g.target, *choice); !s)
+    return failed(failure, Failure::unsupported, s);
+  auto program = ir::build_attention(spec, g.config);
+  if (!program)
+    return failed(failure, Failure::unsupported, program.status());
+  g.program = program.take();
+  g.ir_text = ir::print(g.program);
+  auto lowered = lowering::lower(g.program, g.target, *choice);
+  if (!lowered)
+    return failed(failure, Failure::unsupported, lowered.status());
+  g.lowered = lowered.take();
+  return g;
+}
+
+compiler::CompileOptions compile_options(const lowering::Target &target, const Options &options) {
+  compiler::CompileOptions c;
+  c.arch = target.arch;
+  c.features = target.features;
+  c.wave_size = target.wave_size;
+  c.opt_level = options.opt_level;
+  c.extra_flags = options.extra_flags;
+  return c;
+}
+
+/// Everything in CompileOptions that changes the code object, and the rule set
+/// that wrote the source (the printed IR does not say which), as cache-key text.
+std::string compile_options_text(const compiler::CompileOptions &c, const std::string &rules) {
+  return fmt::format("arch={} features={} wave{} -O{} flags=[{}] rules={}", c.arch, c.features,
+                     c.wave_size, c.opt_level, fmt::join(c.extra_flags, " "), rules);
+}
+
+/// Compiles the generated kernel (or its FLASHJIT_OVERRIDE_DIR replacement)
+/// through the process-wide kernel cache.
+Expected<Compiled> compile(const Generated &g, const Options &options, Failure *failure) {
+  auto fail = [&](Status s) { return failed(failure, Failure::compile, s); };
+  auto made = compiler::make_compiler(options.compiler, g.target.target_id());
+  if (!made)
+    return fail(made.status());
+  compiler::Compiler &device_compiler = **made;
+  const compiler::CompileOptions co = compile_options(g.target, options);
+
+  Compiled c;
+  c.compiler = device_compiler.identity();
+  c.options_text = compile_options_text(co, g.lowered.rules);
+  std::string_view source = g.lowered.source;
+  auto override = compiler::source_override(g.lowered.kernel_name);
+  if (!override)
+    return fail(override.status());
+  if (*override) {
+    source = (*override)->source;
+    c.override_path = (*override)->path;
+  }
+  const compiler::KeyParts key{g.ir_text,
+                               g.target.target_id(),
+                               g.config.summary(),
+                               c.options_text,
+                               std::string(templates::bundle_hash),
+                               FLASHJIT_VERSION,
+                               c.compiler,
+                               *override ? (*override)->hash : std::string()};
+  c.cache_key = key.hash();
+  compiler::CacheOutcome outcome = compiler::CacheOutcome::compiled;
+  const std::string &kernel = g.lowered.kernel_name;
+  auto code = compiler::KernelCache::global().get_or_compile(
+      key,
+      [&] {
+        compiler::debug_log(3, "source of {} for {}:\n{}", kernel, g.target.target_id(), source);
+        return device_compiler.compile(source, co);
+      },
+      &outcome);
+  if (!code)
+    return fail(code.status());
+  c.code = code.take();
+  c.cache_outcome = std::string(compiler::outcome_name(outcome));
+
+  // FLASHJIT_DUMP_DIR: the source and the code object, named by kernel and key.
+  auto vendor = compiler::target_vendor(g.target.target_id());
+  const char *extension = vendor && *vendor == compiler::Vendor::nvidia ? "cubin" : "co";
+  const std::string stem = fmt::format("{}-{}", kernel, short_key(c.cache_key));
+  // A debugging aid that fails is reported, never fatal.
+  for (Status s : {compiler::dump_file(stem + ".hip", source),
+                   compiler::dump_file(
+                       fmt::format("{}.{}", stem, extension),
+                       {reinterpret_cast<const char *>(c.code.bytes.data()), c.code.bytes.size()})})
+    if (!s)
+      fmt::print(stderr, "flashjit: FLASHJIT_DUMP_DIR: {}\n", s.message());
+  return c;
+}
+
+// ---- host copies of strided tensors ----------------------------------------
+
+/// Calls f(offset) for every logical element of a [b, h, n, d] tensor.
+template <typename F>
+void for_each_element(const Strides &s, int64_t b, int64_t h, int64_t n, int64_t d, F &&f) {
+  for (int64_t ib = 0; ib < b; ++ib)
+    for (int64_t ih = 0; ih < h; ++ih)
+      for (int64_t is = 0; is < n; ++is)
+        for (int64_t id = 0; id < d; ++id)
+          f(ib * s.batch + ih * s.head + is * s.seq + id * s.dim);
+}
+
+struct TensorShape {
+  const Strides *strides;
+  int64_t heads, seq, dim, extent;
+};
+
+/// The logical elements of a buffer of `t` elements as floats at the same
+/// offsets; the gaps between rows are NaN (the poison the emulator and the
+/// interpreter expect there).
+std::vector<float> to_floats(const void *buffer, const AttentionSpec &spec, const TensorShape &s) {
+  std::vector<float> out(size_t(s.extent), std::numeric_limits<float>::quiet_NaN());
+  const auto *bytes = static_cast<const uint8_t *>(buffer);
+  const int size = dtype_bytes(spec.dtype);
+  for_each_element(*s.strides, spec.batch, s.heads, s.seq, s.dim, [&](int64_t i) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, bytes + i * size, size_t(size)); // little-endian hosts only
+    out[size_t(i)] = from_bits(spec.dtype, bits);
+  });
+  return out;
+}
+
+/// Writes the logical elements back as `t` bits, leaving the gaps untouched.
+void from_floats(const std::vector<float> &values, const AttentionSpec &spec, const TensorShape &s,
+                 void *buffer) {
+  auto *bytes = static_cast<uint8_t *>(buffer);
+  const int size = dtype_bytes(spec.dtype);
+  for_each_element(*s.strides, spec.batch, s.heads, s.seq, s.dim, [&](int64_t i) {
+    const uint32_t bits = to_bits(spec.dtype, values[size_t(i)]);
+    std::memcpy(bytes + i * size, &bits, size_t(size));
+  });
+}
+
+struct Shapes {
+  TensorShape q, k, v, o;
+};
+Shapes shapes_of(const AttentionSpec &s) {
+  return {{&s.q, s.heads, s.seqlen_q, s.head_dim_qk, s.q_elements()},
+          {&s.k, s.kv_heads, s.seqlen_k, s.head_dim_qk, s.k_elements()},
+          {&s.v, s.kv_heads, s.seqlen_k, s.head_dim_v, s.v_elements()},
+          {&s.o, s.heads, s.seqlen_q, s.head_dim_v, s.o_elements()}};
+}
+
+/// Runs `run` over host copies of host buffers.
+Status run_on_host(const AttentionSpec &spec, const void *q, const void *k, const void *v,
+                   void *out, float *lse, const std::function<Status(HostTensors &)> &run) {
+  const Shapes sh = shapes_of(spec);
+  HostTensors t;
+  t.q = to_floats(q, spec, sh.q);
+  t.k = to_floats(k, spec, sh.k);
+  t.v = to_floats(v, spec, sh.v);
+  t.o.assign(size_t(sh.o.extent), std::numeric_limits<float>::quiet_NaN());
+  t.lse.assign(spec.lse ? size_t(spec.lse_elements()) : 0, std::numeric_limits<float>::quiet_NaN());
+  FJ_RETURN_IF_ERROR(run(t));
+  from_floats(t.o, spec, sh.o, out);
+  if (spec.lse)
+    std::memcpy(lse, t.lse.data(), t.lse.size() * sizeof(float));
+  return Status::ok();
+}
+
+} // namespace
+
+// ---- Attention -------------------------------------------------------------
+
+struct Attention::Impl {
+  AttentionSpec spec;
+  DeviceInfo device;
+  Options options;
+  std::optional<Generated> generated; // absent when generation failed (fallback)
+  std::optional<Compiled> compiled;   // absent on the emulator with compiler "none"
+  runtime::GpuDriver *driver = nullptr;
+  std::unique_ptr<runtime::GpuKernel> kernel;
+  Executor executor = Executor::emulator;
+  std::optional<ir::Program> fallback_program;
+  std::string fallback_reason;
+  std::string empty;
+  std::vector<uint8_t> no_code;
+
+  /// Generation, compile and module load; the first failure with its stage.
+  Status build(Failure *failure);
+  Status prepare_fallback(const Status &why);
+  Status check_arguments(const void *q, const void *k, const void *v, const void *out,
+                         const float *lse) const;
+  Status run_gpu(const void *q, const void *k, const void *v, void *out, float *lse, void *stream);
+  Status run_emulator(const void *q, const void *k, const void *v, void *out, float *lse);
+  Status run_interpreter(const void *q, const void *k, const void *v, void *out, float *lse,
+                         void *stream);
+  std::string kernel_name() const {
+    return generated ? generated->lowered.kernel_name : fallback_program->name;
+  }
+};
+
+Status Attention::Impl::build(Failure *failure) {
+  auto g = generate(spec, device.arch, options, failure);
+  if (!g)
+    return g.status().with_context(fmt::format("no generated kernel for {} on {} ({})",
+                                               spec.summary(), device.id(), device.arch));
+  generated = g.take();
+  const Generated &gen = *generated;
+  const bool emulator = device.kind == DeviceKind::emulator;
+  if (options.compiler == "none" && !emulator)
+    return failed(failure, Failure::argument,
+                  Status::error("compiler 'none' only serves the emulator: {} needs a code object; "
+                                "use \"auto\"",
+                                device.id()));
+  if (options.compiler != "none") {
+    auto c = compile(gen, options, failure);
+    if (!c)
+      return c.status().with_context(
+          fmt::format("compiling {} for {}", gen.lowered.kernel_name, gen.target.target_id()));
+    compiled = c.take();
+  }
+  if (emulator) {
+    executor = Executor::emulator;
+    return Status::ok();
+  }
+  auto k = driver->load_kernel(device.index, compiled->code.bytes, gen.lowered.kernel_name);
+  if (!k)
+    return failed(failure, Failure::runtime,
+                  k.status().with_context(
+                      fmt::format("loading {} on {}", gen.lowered.kernel_name, device.id())));
+  kernel = k.take();
+  executor = Executor::gpu;
+  return Status::ok();
+}
+
+Status Attention::Impl::prepare_fallback(const Status &why) {
+  const ir::Config config = generated ? generated->config : options.config.value_or(ir::Config{});
+  auto program = ir::build_attention(spec, config);
+  if (!program)
+    return Status::error("{}; the IR interpreter fallback cannot run it either: {}", why.message(),
+                         program.status().message());
+  fallback_program = program.take();
+  fallback_reason = why.message();
+  kernel.reset();
+  executor = Executor::interpreter;
+  return Status::ok();
+}
+
+Status Attention::Impl::check_arguments(const void *q, const void *k, const void *v,
+                                        const void *out, const float *lse) const {
+  const bool generated_kernel = executor != Executor::interpreter;
+  const int align =
+      generated_kernel ? generated->lowered.pointer_alignment : dtype_bytes(spec.dtype);
+  const struct {
+    const char *name;
+    const void *pointer;
+    int alignment;
+  } args[] = {{"q", q, align},
+              {"k", k, align},
+              {"v", v, align},
+              {"out", out, align},
+              {"lse", lse, int(sizeof(float))}};
+  if (spec.lse && lse == nullptr)
+    return Status::error("forward: lse is null but the spec asks for the LSE (lse = true): pass "
+                         "a float buffer of batch*heads*seqlen_q = {} elements",
+                         spec.lse_elements());
+  if (!spec.lse && lse != nullptr)
+    return Status::error("forward: lse is given but the spec has lse = false, so nothing would be "
+                         "written to it: pass null, or create the Attention with lse = true");
+  for (const auto &a : args) {
+    if (a.pointer == nullptr) {
+      if (std::string_view(a.name) == "lse")
+        continue;
+      return Status::error("forward: {} is null", a.name);
+    }
+    if (reinterpret_cast<uintptr_t>(a.pointer) % uintptr_t(a.alignment) != 0)
+      return Status::error(
+          "forward: {} ({}) is not aligned to {} bytes, which {} requires{}", a.name, a.pointer,
+          a.alignment,
+          generated_kernel ? "kernel " + generated->lowered.kernel_name : "the fallback",
+          a.alignment >= 16 && std::string_view(a.name) != "lse"
+              ? " (its rows allow 128-bit loads and stores, so every tensor pointer must be too)"
+              : "");
+  }
+  return Status::ok();
+}
+
+Status Attention::Impl::run_gpu(const void *q, const void *k, const void *v, void *out, float *lse,
+                                void *stream) {
+  const lowering::Lowered &l = generated->lowered;
+  runtime::LaunchGeometry geometry;
+  std::copy(std::begin(l.grid), std::end(l.grid), geometry.grid);
+  geometry.block[0] = l.block_threads;
+  geometry.dynamic_lds_bytes = 0; // the kernel's LDS is static (Lowered::lds_bytes)
+  void *const args[] = {const_cast<void *>(q), const_cast<void *>(k), const_cast<void *>(v), out,
+                        lse};
+  FJ_RETURN_IF_ERROR(
+      kernel->launch(geometry, args, stream)
+          .with_context(fmt::format("launching {} on {}", l.kernel_name, device.id())));
+  if (options.synchronize)
+    FJ_RETURN_IF_ERROR(
+        driver->synchronize(device.index, stream)
+            .with_context(fmt::format("running {} on {}", l.kernel_name, device.id())));
+  return Status::ok();
+}
+
+Status Attention::Impl::run_emulator(const void *q, const void *k, const void *v, void *out,
+                                     float *lse) {
+  runtime::EmulatorOptions eo;
+  eo.threads = options.cpu_threads;
+  return run_on_host(spec, q, k, v, out, lse, [&](HostTensors &t) {
+    return runtime::emulate(generated->lowered, generated->target, spec, t, eo);
+  });
+}
+
+Status Attention::Impl::run_interpreter(const void *q, const void *k, const void *v, void *out,
+                                        float *lse, void *stream) {
+  auto interpret = [&](HostTensors &t) { return ir::interpret(*fallback_program, t); };
+  if (device.kind == DeviceKind::emulator)
+    return run_on_host(spec, q, k, v, out, lse, interpret);
+
+  // A GPU: wait for the stream, copy the buffers to the host, interpret, copy
+  // O (with its gaps as they were) and the LSE back.
+  const Shapes sh = shapes_of(spec);
+  const size_t element = size_t(dtype_bytes(spec.dtype));
+  auto fetch = [&](const void *device_pointer, int64_t elements) -> Expected<std::vector<uint8_t>> {
+    std::vector<uint8_t> host(size_t(elements) * element);
+    FJ_RETURN_IF_ERROR(
+        driver->copy_to_host(device.index, host.data(), device_pointer, host.size()));
+    return host;
+  };
+  FJ_RETURN_IF_ERROR(driver->synchronize(device.index, stream));
+  auto hq = fetch(q, sh.q.extent), hk = fetch(k, sh.k.extent), hv = fetch(v, sh.v.extent),
+       ho = fetch(out, sh.o.extent);
+  for (auto *h : {&hq, &hk, &hv, &ho})
+    if (!*h)
+      return h->status();
+  std::vector<float> host_lse(spec.lse ? size_t(spec.lse_elements()) : 0);
+  FJ_RETURN_IF_ERROR(run_on_host(spec, hq->data(), hk->data(), hv->data(), ho->data(),
+                                 host_lse.data(), interpret));
+  FJ_RETURN_IF_ERROR(driver->copy_to_device(device.index, out, ho->data(), ho->size()));
+  if (spec.lse)
+    FJ_RETURN_IF_ERROR(driver->copy_to_device(device.index, lse, host_lse.data(),
+                                              host_lse.size() * sizeof(float)));
+  return Status::ok();
+}
+
+Attention::Attention(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Attention::Attention(Attention &&) noexcept = default;
+Attention &Attention::operator=(Attention &&) noexcept = default;
+Attention::~Attention() = default;
+
+Expected<Attention> Attention::create(const AttentionSpec &spec, const Device &device,
+                                      const Options &options) {
+  return detail::AttentionAccess::create(spec, device, options, nullptr);
+}
+
+Status Attention::forward(const void *q, const void *k, const void *v, void *out, float *lse,
+                          void *stream) {
+  return detail::AttentionAccess::forward(*this, q, k, v, out, lse, stream, nullptr);
+}
+
+std::string Attention::explain() const {
+  const Impl &m = *impl_;
+  std::string s;
+  auto line = [&](std::string_view key, const std::string &value) {
+    s += fmt::format("{:<9} {}\n", std::string(key) + ":", value);
+  };
+  line("spec", m.spec.summary());
+  line("device", fmt::format("{} ({})", m.device.id(), m.device.name));
+  if (m.generated) {
+    const Generated &g = *m.generated;
+    const lowering::Lowered &l = g.lowered;
+    line("target", fmt::format("{} ({} family, wave{}, {} bytes LDS)", g.target.target_id(),
+                               g.target.family_name(), g.target.wave_size, g.target.lds_bytes));
+    line("rules",
+         fmt::format("{} ({}){}", l.rules, l.mma ? l.mma->mnemonic : "no matrix instruction",
+                     l.rules_note.empty() ? "" : ": " + l.rules_note));
+    line("config", g.config.summary());
+    line("kernel", fmt::format("{}: grid {}x{}x{}, {} work-items, {} bytes LDS, pointers aligned "
+                               "to {} bytes",
+                               l.kernel_name, l.grid[0], l.grid[1], l.grid[2], l.block_threads,
+                               l.lds_bytes, l.pointer_alignment));
+  }
+  if (m.compiled) {
+    const Compiled &c = *m.compiled;
+    line("compiler",
+         fmt::format("{} ({}){}", c.compiler, c.options_text,
+                     c.override_path.empty() ? "" : ", source from " + c.override_path));
+    line("cache", fmt::format("{} (key {}, {} bytes)", c.cache_outcome, short_key(c.cache_key),
+                              c.code.bytes.size()));
+  } else if (m.generated && m.executor == Executor::emulator) {
+    line("compiler", "none (compiler \"none\": the emulator JIT-compiles the kernel text for "
+                     "the host)");
+    line("cache", "not used (no code object)");
+  }
+  switch (m.executor) {
+  case Executor::gpu:
+    line("executor",
+         fmt::format("the generated kernel on {} via {}", m.device.id(), m.driver->library_path()));
+    break;
+  case Executor::emulator:
+    line("executor", fmt::format("the generated kernel on the CPU emulator of {}", m.device.arch));
+    break;
+  case Executor::interpreter:
+    line("executor",
+         fmt::format("the IR interpreter on the CPU (fallback: {})", m.fallback_reason));
+    break;
+  }
+  return s;
+}
+
+const std::string &Attention::source() const {
+  return impl_->generated ? impl_->generated->lowered.source : impl_->empty;
+}
+const std::vector<uint8_t> &Attention::code_object() const {
+  return impl_->compiled && impl_->executor != Executor::interpreter ? impl_->compiled->code.bytes
+                                                                     : impl_->no_code;
+}
+const AttentionSpec &Attention::spec() const { return impl_->spec; }
+const DeviceInfo &Attention::device() const { return impl_->device; }
+bool Attention::uses_fallback() const { return impl_->executor == Executor::interpreter; }
+
+// ---- the entry points, with their failure stages ---------------------------
+
+Expected<Attention> detail::AttentionAccess::create(const AttentionSpec &spec, const Device &device,
+                                                    const Options &options, Failure *failure) {
+  if (Status s = spec.validate(); !s)
+    return failed(failure, Failure::spec, s.with_context("invalid attention spec"));
+  auto info = find_device(device.id());
+  if (!info)
+    return failed(failure, Failure::device, info.status());
+
+  auto impl = std::make_unique<Attention::Impl>();
+  impl->spec = spec;
+  impl->device = *info;
+  impl->options = options;
+  if (info->kind != DeviceKind::emulator) {
+    auto driver = runtime::gpu_driver(info->kind);
+    if (!driver)
+      return failed(failure, Failure::device, driver.status());
+    impl->driver = *driver;
+  }
+
+  Failure stage = Failure::none;
+  Status built = impl->build(&stage);
+  if (!built) {
+    // Strict by default: a bad argument always fails; anything else falls back
+    // to the interpreter only when asked to.
+    if (stage == Failure::argument || !options.allow_fallback)
+      return failed(failure, stage,
+                    stage == Failure::argument
+                        ? built
+                        : Status::error("{} (Options::allow_fallback would run the IR "
+                                        "interpreter on the CPU instead)",
+                                        built.message()));
+    if (Status s = impl->prepare_fallback(built); !s)
+      return failed(failure, stage, s);
+    compiler::debug_log(1, "falling back to the IR interpreter: {}", impl->fallback_reason);
+  }
+  return Attention(std::move(impl));
+}
+
+Status detail::AttentionAccess::forward(Attention &a, const void *q, const void *k, const void *v,
+                                        void *out, float *lse, void *stream, Failure *failure) {
+  Attention::Impl &m = *a.impl_;
+  if (Status s = m.check_arguments(q, k, v, out, lse); !s)
+    return failed(failure, Failure::argument, s);
+  Status s;
+  switch (m.executor) {
+  case Executor::gpu:
+    s = m.run_gpu(q, k, v, out, lse, stream);
+    break;
+  case Executor::emulator:
+    s = m.run_emulator(q, k, v, out, lse);
+    break;
+  case Executor::interpreter:
+    s = m.run_interpreter(q, k, v, out, lse, stream);
+    break;
+  }
+  return s ? s : failed(failure, Failure::runtime, s);
+}
+
+Expected<std::string> detail::AttentionAccess::emit_source(const AttentionSpec &spec,
+                                                           std::string_view arch,
+                                                           const Options &options,
+                                                           Failure *failure) {
+  if (Status s = spec.validate(); !s)
+    return failed(failure, Failure::spec, s.with_context("invalid attention spec"));
+  auto g = generate(spec, arch, options, failure);
+  if (!g)
+    return g.status();
+  return g->lowered.source;
+}
+
+Expected<std::string> detail::AttentionAccess::compile_report(const AttentionSpec &spec,
+                                                              std::string_view arch,
+                                                              const Options &options,
+                                                              Failure *failure) {
+  if (Status s = spec.validate(); !s)
+    return failed(failure, Failure::spec, s.with_context("invalid attention spec"));
+  auto g = generate(spec, arch, options, failure);
+  if (!g)
+    return g.status();
+  auto c = compile(*g, options, failure);
+  if (!c)
+    return c.status();
+  const lowering::Target &t = g->target;
+  // RDNA's LDS belongs to a workgroup processor (two CUs): twice a workgroup's share.
+  const int lds_per_unit = t.wave_size == 32 ? 2 * t.lds_bytes : t.lds_bytes;
+  auto reports =
+      compiler::read_resources(c->code, t.vgpr_file_per_simd, t.max_waves_per_simd, lds_per_unit);
+  if (!reports)
+    return failed(failure, Failure::compile, reports.status());
+  for (const compiler::ResourceReport &r : *reports)
+    if (r.kernel == g->lowered.kernel_name)
+      return r.to_json();
+  return failed(failure, Failure::compile,
+                Status::error("the code object of {} has no resource metadata for that kernel",
+                              g->lowered.kernel_name));
+}
+
+Expected<std::string> emit_source(const AttentionSpec &spec, std::string_view arch,
+                                  const Options &options) {
+  return detail::AttentionAccess::emit_source(spec, arch, options, nullptr);
+}
+
+Expected<std::string> compile_report(const AttentionSpec &spec, std::string_view arch,
+                                     const Options &options) {
+  return detail::AttentionAccess::compile_report(spec, arch, options, nullptr);
+}
+
+std::string_view version() { return FLASHJIT_VERSION; }
+
+} // namespace flashjit

@@ -1,0 +1,132 @@
+// flashjit::Attention: the public C++ API. One object is one attention spec on
+// one device, with its kernel generated, compiled (through the kernel cache) and
+// loaded at create(); forward() launches it.
+//
+//   auto attn = flashjit::Attention::create(spec, "hip:0");
+//   if (!attn) { report(attn.status().message()); ... }
+//   Status s = attn->forward(q, k, v, out, lse, stream);
+//
+// create() runs the pipeline of DESIGN.md:
+//   spec.validate -> the device and its arch -> lowering::parse_target ->
+//   config (Options::config or lowering::default_config) -> ir::build_attention
+//   -> lowering::lower -> the device compiler (compiler::make_compiler) through
+//   compiler::KernelCache -> module load.
+// It is strict: when no generated kernel can serve the spec on the device,
+// create() fails with the reason. Only Options::allow_fallback lets the IR
+// interpreter run instead, and explain() then says so and why.
+#pragma once
+
+#include "ir/build.h"
+#include "ir/spec.h"
+#include "ir/status.h"
+#include "runtime/device.h"
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace flashjit {
+
+/// A device name: "hip:0", "cuda:1" or "emulator:gfx1201" (see device.h).
+/// Parsed by Attention::create(), which reports a malformed one.
+class Device {
+public:
+  Device(const char *id) : id_(id ? id : "") {}
+  Device(std::string id) : id_(std::move(id)) {}
+  Device(const DeviceInfo &info) : id_(info.id()) {}
+  const std::string &id() const { return id_; }
+
+private:
+  std::string id_;
+};
+
+struct Options {
+  /// The device compiler: "auto" (the best one this build and machine have for
+  /// the target), or a name compiler::make_compiler knows ("llvm", "hiprtc",
+  /// "nvrtc"). On the emulator, "none" skips compiling the AMD code object and
+  /// only runs the kernel text (the emulator JIT-compiles it for the host).
+  std::string compiler = "auto";
+  /// Which lowering rules: "auto" (the family's matrix-instruction rules where
+  /// they can lower the spec, else the portable simt rules, with the reason in
+  /// explain()), "matrix" (those rules or an error) or "simt".
+  std::string rules = "auto";
+  /// The tuning config; lowering::default_config for the spec and target if unset.
+  std::optional<ir::Config> config;
+  /// Clang -O level and further flags of the device compile (both in the cache key).
+  int opt_level = 3;
+  std::vector<std::string> extra_flags;
+  /// When no generated kernel can serve the spec on the device, run the IR
+  /// interpreter on the CPU instead of failing (slow: for coverage and checking,
+  /// never for speed). On a GPU the buffers are copied to the host and back.
+  bool allow_fallback = false;
+  /// forward() waits for the kernel, so errors of its execution surface there.
+  bool synchronize = false;
+  /// Worker threads of the emulator (0: every core).
+  int cpu_threads = 0;
+};
+
+namespace detail {
+struct AttentionAccess;
+}
+
+class Attention {
+public:
+  /// Generates, compiles and loads the kernel for `spec` on `device`.
+  static Expected<Attention> create(const AttentionSpec &spec, const Device &device,
+                                    const Options &options = {});
+
+  Attention(Attention &&) noexcept;
+  Attention &operator=(Attention &&) noexcept;
+  ~Attention();
+
+  /// out = softmax(q k^T * scale + mask) v, and lse (f32 [batch, heads,
+  /// seqlen_q]) when the spec asks for it (otherwise lse must be null).
+  ///
+  /// On hip and cuda devices the pointers are device pointers to buffers laid
+  /// out by the spec's strides, with 16-bit elements (the spec's dtype); the
+  /// kernel is queued on `stream` (a hipStream_t / CUstream; null: the default
+  /// stream) and forward() returns without waiting unless Options::synchronize.
+  /// On the emulator the pointers are host pointers to the same layout (the
+  /// uint16 bits of each bf16 / f16 element), and forward() returns when done.
+  /// Every pointer must be aligned as the kernel requires (16 bytes when its
+  /// rows allow 128-bit accesses); the error names the pointer otherwise.
+  Status forward(const void *q, const void *k, const void *v, void *out, float *lse = nullptr,
+                 void *stream = nullptr);
+
+  /// What create() did, one fact per line: spec, device, target, rules, config,
+  /// kernel geometry, compiler, cache outcome and key, and which executor runs.
+  std::string explain() const;
+  /// The generated HIP source (empty when the fallback runs without one).
+  const std::string &source() const;
+  /// The compiled code object (empty on the emulator with compiler "none" and
+  /// when the fallback runs).
+  const std::vector<uint8_t> &code_object() const;
+  const AttentionSpec &spec() const;
+  const DeviceInfo &device() const;
+  /// Whether forward() runs the IR interpreter fallback instead of a generated kernel.
+  bool uses_fallback() const;
+
+private:
+  struct Impl;
+  explicit Attention(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+  friend struct detail::AttentionAccess;
+};
+
+/// The HIP source flashjit generates for `spec` on an AMD `arch` (e.g. "gfx1201"),
+/// with the config of `options` (or the default one); nothing is compiled.
+Expected<std::string> emit_source(const AttentionSpec &spec, std::string_view arch,
+                                  const Options &options = {});
+
+/// Compiles the kernel for `spec` on `arch` (through the kernel cache) and
+/// returns the resource report of its code object as JSON: registers, spills,
+/// scratch, LDS, matrix instructions, occupancy (compiler::ResourceReport).
+Expected<std::string> compile_report(const AttentionSpec &spec, std::string_view arch,
+                                     const Options &options = {});
+
+/// The flashjit version, e.g. "0.1.0".
+std::string_view version();
+
+} // namespace flashjit

@@ -1,0 +1,254 @@
+#include "runtime/cuda_driver.h"
+
+#include <climits>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <vector>
+
+namespace flashjit::runtime::cuda {
+namespace {
+
+/// A failed call as a Status: "cuModuleLoadData failed: CUDA_ERROR_INVALID_IMAGE
+/// (device kernel image is invalid), error 200".
+Status check(const Api &api, const char *call, CUresult error) {
+  if (error == CUDA_SUCCESS)
+    return Status::ok();
+  const char *name = nullptr, *text = nullptr;
+  if (api.cuGetErrorName == nullptr || api.cuGetErrorName(error, &name) != CUDA_SUCCESS)
+    name = nullptr;
+  if (api.cuGetErrorString == nullptr || api.cuGetErrorString(error, &text) != CUDA_SUCCESS)
+    text = nullptr;
+  return Status::error("{} failed: {} ({}), error {}", call, name ? name : "?",
+                       text ? text : "no description", error);
+}
+
+#define FJ_CUDA_CHECK(api, call, ...) check(api, #call, (api).call(__VA_ARGS__))
+
+Expected<Api> load() {
+  auto library = SharedLibrary::open("the CUDA driver (libcuda.so.1)", library_candidates());
+  if (!library)
+    return library.status();
+  Api api;
+  api.path = library->path();
+#define FJ_CUDA_RESOLVE(member, symbol, params)                                                    \
+  FJ_RETURN_IF_ERROR(library->resolve(symbol, api.member));
+  FJ_CUDA_FUNCTIONS(FJ_CUDA_RESOLVE)
+#undef FJ_CUDA_RESOLVE
+  api.init_result = api.cuInit(0);
+  if (api.init_result != CUDA_SUCCESS && api.init_result != CUDA_ERROR_NO_DEVICE)
+    return check(api, "cuInit", api.init_result).with_context(api.path);
+  return api;
+}
+
+class CudaDriver;
+
+class CudaKernel final : public GpuKernel {
+public:
+  CudaKernel(CudaDriver &driver, int device, CUmodule module, CUfunction function)
+      : driver_(driver), device_(device), module_(module), function_(function) {}
+  ~CudaKernel() override;
+  Status launch(const LaunchGeometry &g, std::span<void *const> args, void *stream) override;
+
+private:
+  CudaDriver &driver_;
+  int device_;
+  CUmodule module_;
+  CUfunction function_;
+  int dynamic_shared_limit_ = kDefaultDynamicSharedBytes;
+};
+
+class CudaDriver final : public GpuDriver {
+public:
+  explicit CudaDriver(const Api &api) : api_(api) {}
+  DeviceKind kind() const override { return DeviceKind::cuda; }
+  const std::string &library_path() const override { return api_.path; }
+  const Api &api() const { return api_; }
+
+  Expected<int> device_count() override {
+    if (api_.init_result == CUDA_ERROR_NO_DEVICE)
+      return 0;
+    int count = 0;
+    CUresult e = api_.cuDeviceGetCount(&count);
+    if (e == CUDA_ERROR_NO_DEVICE)
+      return 0;
+    FJ_RETURN_IF_ERROR(check(api_, "cuDeviceGetCount", e));
+    return count;
+  }
+
+  Expected<DeviceInfo> device_info(int index) override {
+    auto device = get_device(index);
+    if (!device)
+      return device.status();
+    char name[256] = {};
+    int major = 0, minor = 0;
+    FJ_RETURN_IF_ERROR(FJ_CUDA_CHECK(api_, cuDeviceGetName, name, int(sizeof name), *device));
+    FJ_RETURN_IF_ERROR(FJ_CUDA_CHECK(api_, cuDeviceGetAttribute, &major,
+                                     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, *device));
+    FJ_RETURN_IF_ERROR(FJ_CUDA_CHECK(api_, cuDeviceGetAttribute, &minor,
+                                     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, *device));
+    DeviceInfo info;
+    info.kind = DeviceKind::cuda;
+    info.index = index;
+    info.name = name;
+    info.arch = fmt::format("sm_{}{}", major, minor);
+    return info;
+  }
+
+  Expected<std::unique_ptr<GpuKernel>> load_kernel(int device, std::span<const uint8_t> code,
+                                                   const std::string &name) override {
+    // cuModuleLoadData reads PTX as NUL-terminated text; CUBIN and fatbin images
+    // carry their own sizes, so one trailing NUL serves every format.
+    std::vector<uint8_t> image(code.begin(), code.end());
+    image.push_back(0);
+    CUmodule module = nullptr;
+    CUfunction function = nullptr;
+    FJ_RETURN_IF_ERROR(in_context(device, [&] {
+      FJ_RETURN_IF_ERROR(FJ_CUDA_CHECK(api_, cuModuleLoadData, &module, image.data()));
+      Status found = FJ_CUDA_CHECK(api_, cuModuleGetFunction, &function, module, name.c_str());
+      if (!found) {
+        (void)FJ_CUDA_CHECK(api_, cuModuleUnload, module);
+        return found.with_context(fmt::format("kernel {}", name));
+      }
+      return Status::ok();
+    }));
+    return std::unique_ptr<GpuKernel>(new CudaKernel(*this, device, module, function));
+  }
+
+  Expected<void *> allocate(int device, size_t bytes) override {
+    CUdeviceptr pointer = 0;
+    FJ_RETURN_IF_ERROR(
+        in_context(device, [&] { return FJ_CUDA_CHECK(api_, cuMemAlloc, &pointer, bytes); }));
+    return reinterpret_cast<void *>(pointer);
+  }
+  Status release(int device, void *pointer) override {
+    return in_context(device, [&] { return FJ_CUDA_CHECK(api_, cuMemFree, address(pointer)); });
+  }
+  Status copy_to_device(int device, void *dst, const void *src, size_t bytes) override {
+    return in_context(device,
+                      [&] { return FJ_CUDA_CHECK(api_, cuMemcpyHtoD, address(dst), src, bytes); });
+  }
+  Status copy_to_host(int device, void *dst, const void *src, size_t bytes) override {
+    return in_context(device,
+                      [&] { return FJ_CUDA_CHECK(api_, cuMemcpyDtoH, dst, address(src), bytes); });
+  }
+  Status synchronize(int device, void *stream) override {
+    return in_context(device, [&] {
+      return FJ_CUDA_CHECK(api_, cuStreamSynchronize, static_cast<CUstream>(stream));
+    });
+  }
+
+  static CUdeviceptr address(const void *pointer) { return reinterpret_cast<CUdeviceptr>(pointer); }
+
+  /// Runs `body` with the device's primary context current on this thread, then
+  /// makes the caller's context current again.
+  template <typename Body> Status in_context(int index, Body &&body) {
+    auto context = primary_context(index);
+    if (!context)
+      return context.status();
+    CUcontext previous = nullptr;
+    FJ_RETURN_IF_ERROR(FJ_CUDA_CHECK(api_, cuCtxGetCurrent, &previous));
+    if (previous != *context)
+      FJ_RETURN_IF_ERROR(FJ_CUDA_CHECK(api_, cuCtxSetCurrent, *context));
+    Status status = body();
+    if (previous != *context) {
+      Status restored = FJ_CUDA_CHECK(api_, cuCtxSetCurrent, previous);
+      if (status && !restored)
+        return restored;
+    }
+    return status;
+  }
+
+private:
+  Expected<CUdevice> get_device(int index) {
+    auto count = device_count();
+    if (!count)
+      return count.status();
+    if (index < 0 || index >= *count)
+      return Status::error("cuda:{} does not exist: the CUDA driver ({}) reports {} device{}",
+                           index, api_.path, *count, *count == 1 ? "" : "s");
+    CUdevice device = 0;
+    FJ_RETURN_IF_ERROR(FJ_CUDA_CHECK(api_, cuDeviceGet, &device, index));
+    return device;
+  }
+
+  /// The device's primary context, retained on first use and kept for the life
+  /// of the process (modules loaded into it must outlive every kernel).
+  Expected<CUcontext> primary_context(int index) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto it = contexts_.find(index); it != contexts_.end())
+      return it->second;
+    auto device = get_device(index);
+    if (!device)
+      return device.status();
+    CUcontext context = nullptr;
+    FJ_RETURN_IF_ERROR(FJ_CUDA_CHECK(api_, cuDevicePrimaryCtxRetain, &context, *device));
+    contexts_.emplace(index, context);
+    return context;
+  }
+
+  const Api &api_;
+  std::mutex mutex_;
+  std::map<int, CUcontext> contexts_;
+};
+
+CudaKernel::~CudaKernel() {
+  // Nothing to report to from a destructor; a failed unload leaks the module.
+  (void)driver_.in_context(device_,
+                           [&] { return FJ_CUDA_CHECK(driver_.api(), cuModuleUnload, module_); });
+}
+
+Status CudaKernel::launch(const LaunchGeometry &g, std::span<void *const> args, void *stream) {
+  const Api &api = driver_.api();
+  for (int i = 0; i < 3; ++i)
+    if (g.grid[i] < 1 || g.grid[i] > UINT_MAX || g.block[i] < 1)
+      return Status::error("cuLaunchKernel: grid {}x{}x{} / block {}x{}x{} out of range", g.grid[0],
+                           g.grid[1], g.grid[2], g.block[0], g.block[1], g.block[2]);
+  // The kernel parameters: the address of each argument's value.
+  std::vector<CUdeviceptr> values;
+  for (void *arg : args)
+    values.push_back(CudaDriver::address(arg));
+  std::vector<void *> params;
+  for (CUdeviceptr &value : values)
+    params.push_back(&value);
+  return driver_.in_context(device_, [&] {
+    if (g.dynamic_lds_bytes > dynamic_shared_limit_) {
+      FJ_RETURN_IF_ERROR(FJ_CUDA_CHECK(api, cuFuncSetAttribute, function_,
+                                       CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                       g.dynamic_lds_bytes));
+      dynamic_shared_limit_ = g.dynamic_lds_bytes;
+    }
+    return FJ_CUDA_CHECK(api, cuLaunchKernel, function_, unsigned(g.grid[0]), unsigned(g.grid[1]),
+                         unsigned(g.grid[2]), unsigned(g.block[0]), unsigned(g.block[1]),
+                         unsigned(g.block[2]), unsigned(g.dynamic_lds_bytes),
+                         static_cast<CUstream>(stream), params.data(), nullptr);
+  });
+}
+
+} // namespace
+
+std::vector<std::string> library_candidates() {
+  return {"libcuda.so.1",
+          "libcuda.so",
+          "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+          "/usr/lib64/libcuda.so.1",
+          "/usr/local/nvidia/lib64/libcuda.so.1",
+          "/usr/lib/wsl/lib/libcuda.so.1"};
+}
+
+Expected<const Api *> api() {
+  static const Expected<Api> loaded = load();
+  if (!loaded)
+    return loaded.status();
+  return &*loaded;
+}
+
+Expected<GpuDriver *> driver() {
+  auto table = api();
+  if (!table)
+    return table.status();
+  static CudaDriver instance(**table);
+  return static_cast<GpuDriver *>(&instance);
+}
+
+} // namespace flashjit::runtime::cuda

@@ -1,0 +1,100 @@
+// The CUDA driver (libcuda.so.1), loaded at run time: one function table filled
+// once per process, and the GpuDriver over it.
+//
+// No CUDA header is included. The handful of types and values used are
+// declared here with the header they come from (cuda.h); every function in the
+// table is called through cuda_driver.cpp's check(), which turns a failed call
+// into a Status naming the call and the driver's own error string.
+//
+// Work runs in each device's primary context (the one the CUDA runtime, and so
+// PyTorch, uses): it is made current around each call and the caller's current
+// context restored afterwards.
+#pragma once
+
+#include "runtime/gpu_driver.h"
+#include "runtime/shared_library.h"
+
+#include <cstddef>
+
+namespace flashjit::runtime::cuda {
+
+// cuda.h: `typedef enum cudaError_enum { CUDA_SUCCESS = 0, ...,
+// CUDA_ERROR_NO_DEVICE = 100, ... } CUresult;` (an int-sized enum).
+using CUresult = int;
+constexpr CUresult CUDA_SUCCESS = 0;
+constexpr CUresult CUDA_ERROR_NO_DEVICE = 100;
+
+// cuda.h: `typedef int CUdevice_v1; typedef CUdevice_v1 CUdevice;`,
+// `typedef unsigned long long CUdeviceptr_v2; typedef CUdeviceptr_v2 CUdeviceptr;`
+// and the opaque handles.
+using CUdevice = int;
+using CUdeviceptr = unsigned long long;
+using CUcontext = struct CUctx_st *;
+using CUmodule = struct CUmod_st *;
+using CUfunction = struct CUfunc_st *;
+using CUstream = struct CUstream_st *;
+
+// cuda.h, enum CUdevice_attribute.
+using CUdevice_attribute = int;
+constexpr CUdevice_attribute CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
+constexpr CUdevice_attribute CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
+
+// cuda.h, enum CUfunction_attribute.
+using CUfunction_attribute = int;
+constexpr CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
+
+/// Dynamic shared memory a kernel may use without opting in (cuFuncSetAttribute).
+constexpr int kDefaultDynamicSharedBytes = 48 * 1024;
+
+// X(member, exported symbol, parameters): every driver function flashjit calls;
+// each returns CUresult. cuda.h maps several names to versioned symbols
+// (`#define cuMemAlloc cuMemAlloc_v2`); dlsym needs the versioned ones.
+#define FJ_CUDA_FUNCTIONS(X)                                                                       \
+  X(cuInit, "cuInit", (unsigned flags))                                                            \
+  X(cuDeviceGetCount, "cuDeviceGetCount", (int *count))                                            \
+  X(cuDeviceGet, "cuDeviceGet", (CUdevice * device, int ordinal))                                  \
+  X(cuDeviceGetAttribute, "cuDeviceGetAttribute",                                                  \
+    (int *value, CUdevice_attribute attribute, CUdevice device))                                   \
+  X(cuDeviceGetName, "cuDeviceGetName", (char *name, int length, CUdevice device))                 \
+  X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", (CUcontext * context, CUdevice device))  \
+  X(cuCtxGetCurrent, "cuCtxGetCurrent", (CUcontext * context))                                     \
+  X(cuCtxSetCurrent, "cuCtxSetCurrent", (CUcontext context))                                       \
+  X(cuModuleLoadData, "cuModuleLoadData", (CUmodule * module, const void *image))                  \
+  X(cuModuleGetFunction, "cuModuleGetFunction",                                                    \
+    (CUfunction * function, CUmodule module, const char *name))                                    \
+  X(cuModuleUnload, "cuModuleUnload", (CUmodule module))                                           \
+  X(cuFuncSetAttribute, "cuFuncSetAttribute",                                                      \
+    (CUfunction function, CUfunction_attribute attribute, int value))                              \
+  X(cuLaunchKernel, "cuLaunchKernel",                                                              \
+    (CUfunction function, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,     \
+     unsigned block_y, unsigned block_z, unsigned dynamic_shared_bytes, CUstream stream,           \
+     void **params, void **extra))                                                                 \
+  X(cuMemAlloc, "cuMemAlloc_v2", (CUdeviceptr * pointer, size_t bytes))                            \
+  X(cuMemFree, "cuMemFree_v2", (CUdeviceptr pointer))                                              \
+  X(cuMemcpyHtoD, "cuMemcpyHtoD_v2", (CUdeviceptr dst, const void *src, size_t bytes))             \
+  X(cuMemcpyDtoH, "cuMemcpyDtoH_v2", (void *dst, CUdeviceptr src, size_t bytes))                   \
+  X(cuStreamSynchronize, "cuStreamSynchronize", (CUstream stream))                                 \
+  X(cuGetErrorName, "cuGetErrorName", (CUresult error, const char **name))                         \
+  X(cuGetErrorString, "cuGetErrorString", (CUresult error, const char **text))
+
+/// The function table.
+struct Api {
+#define FJ_CUDA_POINTER(member, symbol, params) CUresult(*member) params = nullptr;
+  FJ_CUDA_FUNCTIONS(FJ_CUDA_POINTER)
+#undef FJ_CUDA_POINTER
+  std::string path; ///< the library file
+  /// cuInit's result: CUDA_ERROR_NO_DEVICE leaves a usable table with no devices.
+  CUresult init_result = CUDA_SUCCESS;
+};
+
+/// The library names and paths tried, in order.
+std::vector<std::string> library_candidates();
+
+/// Loads the library, fills the table and calls cuInit(0), once per process.
+/// The error names every path tried, or the symbol that is missing.
+Expected<const Api *> api();
+
+/// The process-wide CUDA GpuDriver.
+Expected<GpuDriver *> driver();
+
+} // namespace flashjit::runtime::cuda

@@ -1,0 +1,44 @@
+// The emulator's compiler: emulation prelude + kernel text -> host machine code,
+// in process (Clang as a library -> llvm::Module -> ORC LLJIT). No compiler
+// process, no temporary files. Compiled kernels live for the whole process and
+// are shared by every emulate() call with the same kernel text.
+#pragma once
+
+#include "ir/status.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace flashjit::runtime::emu {
+
+/// The kernel's entry point: (Q, K, V, O, LSE), as FJ_GLOBAL declares it.
+using KernelEntry = void (*)(const uint16_t *, const uint16_t *, const uint16_t *, uint16_t *,
+                             float *);
+
+struct CompiledKernel {
+  KernelEntry entry = nullptr;
+  /// The n of FJ_WORKGROUP_SIZE(n) on the kernel, 0 when it has none.
+  int workgroup_size = 0;
+  double compile_seconds = 0;
+};
+
+/// A symbol the JIT'd code may call: the emulator's hooks and the few C library
+/// functions the optimizer introduces (memcpy, memset).
+struct HostSymbol {
+  std::string name;
+  void *address;
+};
+
+/// Compiles `prelude` + `kernel_text` once per distinct text and returns the
+/// entry point named `kernel_name`; `symbols` resolve its external calls (bound
+/// as absolute symbols in the kernel's own JITDylib). Thread-safe. Compile
+/// errors come back with Clang's diagnostics.
+Expected<std::shared_ptr<const CompiledKernel>>
+compile_for_host(std::string_view prelude, std::string_view kernel_text,
+                 std::string_view kernel_name, const std::vector<HostSymbol> &symbols);
+
+} // namespace flashjit::runtime::emu

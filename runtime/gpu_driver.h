@@ -1,0 +1,60 @@
+// What the runtime needs from a GPU driver: devices, modules loaded from code
+// objects, kernel launches and plain memory copies. The HIP runtime
+// (hip_driver.h) and the CUDA driver (cuda_driver.h) implement it over their
+// function tables, so the launch path above them is written once.
+#pragma once
+
+#include "ir/status.h"
+#include "runtime/device.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace flashjit::runtime {
+
+struct LaunchGeometry {
+  int64_t grid[3] = {1, 1, 1}; ///< workgroups in x, y, z
+  int block[3] = {1, 1, 1};    ///< work-items per workgroup in x, y, z
+  /// LDS (shared memory) beyond the kernel's static arrays, in bytes.
+  int dynamic_lds_bytes = 0;
+};
+
+/// One kernel of a module loaded on one device. Destroying it unloads the module.
+class GpuKernel {
+public:
+  virtual ~GpuKernel();
+  /// Enqueues the kernel on `stream` (nullptr: the device's default stream) with
+  /// `args` as its pointer arguments, in order. Returns once the launch is
+  /// queued; errors of the execution itself surface at the next synchronize().
+  virtual Status launch(const LaunchGeometry &geometry, std::span<void *const> args,
+                        void *stream) = 0;
+};
+
+class GpuDriver {
+public:
+  virtual ~GpuDriver();
+  virtual DeviceKind kind() const = 0;
+  /// The file the library was loaded from.
+  virtual const std::string &library_path() const = 0;
+  virtual Expected<int> device_count() = 0;
+  virtual Expected<DeviceInfo> device_info(int device) = 0;
+  /// Loads a code object (an AMDGPU ELF for HIP; a CUBIN, fatbin or PTX text for
+  /// CUDA) on `device` and finds the kernel `name` in it.
+  virtual Expected<std::unique_ptr<GpuKernel>>
+  load_kernel(int device, std::span<const uint8_t> code_object, const std::string &name) = 0;
+  virtual Expected<void *> allocate(int device, size_t bytes) = 0;
+  virtual Status release(int device, void *pointer) = 0;
+  /// Synchronous copies between host memory and device memory.
+  virtual Status copy_to_device(int device, void *dst, const void *src, size_t bytes) = 0;
+  virtual Status copy_to_host(int device, void *dst, const void *src, size_t bytes) = 0;
+  /// Waits for everything queued on `stream` (nullptr: the default stream).
+  virtual Status synchronize(int device, void *stream) = 0;
+};
+
+/// The process-wide driver of a GPU kind (hip or cuda), loaded on first use.
+Expected<GpuDriver *> gpu_driver(DeviceKind kind);
+
+} // namespace flashjit::runtime

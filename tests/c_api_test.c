@@ -1,0 +1,295 @@
+/* The C API, from C (compiled as C99, linked against libflashjit.so):
+ *   - spec helpers, validation errors that name the field;
+ *   - fj_emit for gfx1201;
+ *   - errors: bad spec, bad enum, unknown device, NULL pointers, missing GPU
+ *     libraries; each with its code and a message saying what to fix;
+ *   - with the emulator (builds with LLVM): create on "emulator:gfx1201", forward
+ *     on host buffers of bf16 bits with random inputs against a float64
+ *     reference written here, explain, source, fallback, compile report.
+ * Exits 0 when every check passes; prints each failure. */
+#include <flashjit/flashjit.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures = 0;
+
+#define CHECK(cond)                                                                                \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed; fj_last_error: %s\n", __FILE__, __LINE__, #cond,   \
+              fj_last_error());                                                                    \
+      ++failures;                                                                                  \
+    }                                                                                              \
+  } while (0)
+
+#define CHECK_ERROR(call, code, text)                                                              \
+  do {                                                                                             \
+    fj_error e_ = (call);                                                                          \
+    if (e_ != (code) || strstr(fj_last_error(), (text)) == NULL) {                                 \
+      fprintf(stderr, "%s:%d: %s gave %s, \"%s\"; expected %s with \"%s\"\n", __FILE__, __LINE__,  \
+              #call, fj_error_name(e_), fj_last_error(), #code, (text));                           \
+      ++failures;                                                                                  \
+    }                                                                                              \
+  } while (0)
+
+#ifdef FLASHJIT_TEST_WITH_LLVM
+/* ---- bf16 and random inputs (for the emulator checks) -------------------- */
+
+static uint16_t f32_to_bf16(float x) { /* round to nearest even; no NaN here */
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+static float bf16_to_f32(uint16_t bits) {
+  uint32_t u = (uint32_t)bits << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static float uniform(void) { /* [-1, 1) */
+  rng_state ^= rng_state << 13;
+  rng_state ^= rng_state >> 7;
+  rng_state ^= rng_state << 17;
+  return (float)((double)(rng_state >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+static void fill_random(uint16_t *bits, size_t n) {
+  size_t i;
+  for (i = 0; i < n; ++i)
+    bits[i] = f32_to_bf16(uniform());
+}
+
+/* Element offset of [b, h, s, d] under strides. */
+static int64_t at(const fj_strides *st, int64_t b, int64_t h, int64_t s, int64_t d) {
+  return b * st->batch + h * st->head + s * st->seq + d * st->dim;
+}
+
+/* softmax(q k^T / sqrt(d) + bottom-right causal mask) v in double, and the LSE;
+ * compares with the kernel's bf16 output and f32 LSE. Returns the max abs error. */
+static double check_against_reference(const fj_spec *sp, const uint16_t *q, const uint16_t *k,
+                                      const uint16_t *v, const uint16_t *o, const float *lse) {
+  const double scale = 1.0 / sqrt((double)sp->head_dim_qk);
+  const int64_t group = sp->heads / sp->kv_heads, offset = sp->seqlen_k - sp->seqlen_q;
+  double worst = 0, *p = malloc(sizeof(double) * (size_t)sp->seqlen_k);
+  int64_t b, h, i, j, d;
+  for (b = 0; b < sp->batch; ++b)
+    for (h = 0; h < sp->heads; ++h)
+      for (i = 0; i < sp->seqlen_q; ++i) {
+        double max = -INFINITY, sum = 0, err;
+        for (j = 0; j < sp->seqlen_k; ++j) {
+          double s = 0;
+          if (sp->causal && j > i + offset) {
+            p[j] = -INFINITY;
+            continue;
+          }
+          for (d = 0; d < sp->head_dim_qk; ++d)
+            s += (double)bf16_to_f32(q[at(&sp->q, b, h, i, d)]) *
+                 (double)bf16_to_f32(k[at(&sp->k, b, h / group, j, d)]);
+          p[j] = s * scale;
+          if (p[j] > max)
+            max = p[j];
+        }
+        for (j = 0; j < sp->seqlen_k; ++j)
+          sum += p[j] == -INFINITY ? 0 : exp(p[j] - max);
+        for (d = 0; d < sp->head_dim_v; ++d) {
+          double acc = 0;
+          for (j = 0; j < sp->seqlen_k; ++j)
+            if (p[j] != -INFINITY)
+              acc += exp(p[j] - max) / sum * (double)bf16_to_f32(v[at(&sp->v, b, h / group, j, d)]);
+          err = fabs(acc - (double)bf16_to_f32(o[at(&sp->o, b, h, i, d)]));
+          if (!(err <= worst)) /* NaN counts as worst */
+            worst = isnan(err) ? INFINITY : err;
+        }
+        err = fabs(max + log(sum) - (double)lse[(b * sp->heads + h) * sp->seqlen_q + i]);
+        if (!(err <= worst))
+          worst = isnan(err) ? INFINITY : err;
+      }
+  free(p);
+  return worst;
+}
+
+#endif
+
+/* ---- the checks ---------------------------------------------------------- */
+
+static void test_basics(void) {
+  fj_spec spec;
+  char *source = NULL;
+  CHECK(fj_version() != NULL && fj_version()[0] != '\0');
+  CHECK(strcmp(fj_error_name(FJ_ERROR_INVALID_SPEC), "FJ_ERROR_INVALID_SPEC") == 0);
+
+  fj_spec_init(&spec);
+  CHECK(spec.batch == 1 && spec.head_dim_qk == 64 && spec.dtype == FJ_DTYPE_BF16);
+  CHECK(fj_spec_validate(&spec) == FJ_OK);
+
+  CHECK(fj_spec_init_bshd(&spec, 2, 8, 2, 100, 120, 128, 128, FJ_DTYPE_F16) == FJ_OK);
+  CHECK(spec.q.dim == 1 && spec.q.seq == 8 * 128 && spec.k.seq == 2 * 128);
+  CHECK(spec.q.batch == 100 * 8 * 128 && spec.layout == FJ_LAYOUT_BSHD);
+  CHECK(fj_spec_set_layout(&spec, FJ_LAYOUT_BHSD) == FJ_OK);
+  CHECK(spec.q.seq == 128 && spec.q.head == 100 * 128 && spec.layout == FJ_LAYOUT_BHSD);
+  CHECK(fj_spec_init_bhsd(&spec, 1, 4, 4, 64, 64, 64, 64, FJ_DTYPE_BF16) == FJ_OK);
+  CHECK(spec.k.head == 64 * 64);
+
+  CHECK(fj_emit(&spec, "gfx1201", &source) == FJ_OK);
+  CHECK(source != NULL && strstr(source, "gfx1201") != NULL);
+  CHECK(source != NULL && strstr(source, "__builtin_amdgcn_wmma") != NULL);
+  fj_free(source);
+}
+
+static void test_errors(void) {
+  fj_spec spec;
+  fj_attention *attn = (fj_attention *)&spec; /* must be reset to NULL on failure */
+  char *text = NULL;
+  fj_spec_init_bshd(&spec, 1, 3, 2, 16, 16, 64, 64, FJ_DTYPE_BF16);
+  CHECK_ERROR(fj_spec_validate(&spec), FJ_ERROR_INVALID_SPEC, "kv_heads");
+  CHECK_ERROR(fj_attention_create(&spec, "emulator:gfx1201", NULL, &attn), FJ_ERROR_INVALID_SPEC,
+              "heads (3) must be a multiple of kv_heads (2)");
+  CHECK(attn == NULL);
+  CHECK_ERROR(fj_emit(&spec, "gfx1201", &text), FJ_ERROR_INVALID_SPEC, "kv_heads");
+  CHECK(text == NULL);
+
+  fj_spec_init_bshd(&spec, 1, 2, 2, 16, 16, 0, 64, FJ_DTYPE_BF16);
+  CHECK_ERROR(fj_spec_validate(&spec), FJ_ERROR_INVALID_SPEC, "head_dim_qk");
+  fj_spec_init_bshd(&spec, 1, 2, 2, 16, 16, 64, 64, FJ_DTYPE_BF16);
+  spec.dtype = 7;
+  CHECK_ERROR(fj_spec_validate(&spec), FJ_ERROR_INVALID_ARGUMENT, "dtype 7");
+  spec.dtype = FJ_DTYPE_BF16;
+  spec.causal = 2;
+  CHECK_ERROR(fj_spec_validate(&spec), FJ_ERROR_INVALID_SPEC, "spec.causal");
+  spec.causal = 0;
+  CHECK_ERROR(fj_spec_init_bshd(&spec, 1, 1, 1, 1, 1, 64, 64, (fj_dtype)9),
+              FJ_ERROR_INVALID_ARGUMENT, "dtype 9");
+
+  CHECK_ERROR(fj_attention_create(&spec, "tpu:0", NULL, &attn), FJ_ERROR_DEVICE,
+              "unknown device 'tpu:0'");
+  CHECK_ERROR(fj_attention_create(&spec, "emulator", NULL, &attn), FJ_ERROR_DEVICE,
+              "emulator:gfx1201");
+  CHECK_ERROR(fj_attention_create(NULL, "emulator:gfx1201", NULL, &attn), FJ_ERROR_INVALID_ARGUMENT,
+              "spec is NULL");
+  CHECK_ERROR(fj_attention_create(&spec, NULL, NULL, &attn), FJ_ERROR_INVALID_ARGUMENT,
+              "device is NULL");
+  CHECK_ERROR(fj_attention_create(&spec, "emulator:gfx1201", NULL, NULL), FJ_ERROR_INVALID_ARGUMENT,
+              "out is NULL");
+  CHECK_ERROR(fj_emit(&spec, NULL, &text), FJ_ERROR_INVALID_ARGUMENT, "arch is NULL");
+  CHECK_ERROR(fj_emit(&spec, "gfx9999", &text), FJ_ERROR_UNSUPPORTED, "unknown arch 'gfx9999'");
+  CHECK_ERROR(fj_attention_forward(NULL, NULL, NULL, NULL, NULL, NULL, NULL),
+              FJ_ERROR_INVALID_ARGUMENT, "attention is NULL");
+  CHECK(strcmp(fj_attention_explain(NULL), "") == 0);
+  fj_attention_destroy(NULL);
+  fj_free(NULL);
+
+  /* No GPU libraries on a CPU-only machine: the error names the paths tried. */
+  if (fj_attention_create(&spec, "hip:0", NULL, &attn) != FJ_OK) {
+    CHECK(strstr(fj_last_error(), "hip:0") != NULL);
+  } else {
+    fj_attention_destroy(attn);
+  }
+}
+
+static void test_emulator(void) {
+#ifdef FLASHJIT_TEST_WITH_LLVM
+  fj_spec spec;
+  fj_attention *attn = NULL;
+  fj_options options;
+  char *json = NULL;
+  uint16_t *q, *k, *v, *o;
+  float *lse;
+  size_t nq, nk, no, i;
+  double err;
+
+  CHECK(fj_list_devices(&json) == FJ_OK);
+  CHECK(json != NULL && strstr(json, "\"kind\": \"emulator\"") != NULL);
+  fj_free(json);
+
+  fj_spec_init_bshd(&spec, 2, 4, 2, 20, 37, 32, 32, FJ_DTYPE_BF16);
+  spec.causal = 1;
+  spec.lse = 1;
+  nq = (size_t)(spec.batch * spec.seqlen_q * spec.heads * spec.head_dim_qk);
+  nk = (size_t)(spec.batch * spec.seqlen_k * spec.kv_heads * spec.head_dim_qk);
+  no = nq;
+  q = malloc(nq * 2 + 16); /* +16: room for a misaligned pointer */
+  k = malloc(nk * 2);
+  v = malloc(nk * 2);
+  o = malloc(no * 2);
+  lse = malloc(sizeof(float) * (size_t)(spec.batch * spec.heads * spec.seqlen_q));
+  fill_random(q, nq);
+  fill_random(k, nk);
+  fill_random(v, nk);
+  for (i = 0; i < no; ++i)
+    o[i] = 0xffff; /* NaN: an unwritten output cannot pass */
+  for (i = 0; i < (size_t)(spec.batch * spec.heads * spec.seqlen_q); ++i)
+    lse[i] = NAN;
+
+  if (fj_attention_create(&spec, "emulator:gfx1201", "auto", &attn) != FJ_OK) {
+    CHECK(!"fj_attention_create on emulator:gfx1201");
+    return;
+  }
+  CHECK(strstr(fj_attention_explain(attn), "emulator:gfx1201") != NULL);
+  CHECK(strstr(fj_attention_explain(attn), "rules:") != NULL);
+  CHECK(strstr(fj_attention_source(attn), "__builtin_amdgcn_wmma") != NULL);
+  CHECK(fj_attention_uses_fallback(attn) == 0);
+
+  CHECK(fj_attention_forward(attn, q, k, v, o, lse, NULL) == FJ_OK);
+  err = check_against_reference(&spec, q, k, v, o, lse);
+  if (!(err <= 3e-2)) {
+    fprintf(stderr, "emulator vs float64 reference: max abs error %g > 3e-2\n", err);
+    ++failures;
+  }
+
+  CHECK_ERROR(fj_attention_forward(attn, NULL, k, v, o, lse, NULL), FJ_ERROR_INVALID_ARGUMENT,
+              "q is null");
+  CHECK_ERROR(fj_attention_forward(attn, q, k, v, o, NULL, NULL), FJ_ERROR_INVALID_ARGUMENT,
+              "lse is null");
+  CHECK_ERROR(fj_attention_forward(attn, (const char *)q + 2, k, v, o, lse, NULL),
+              FJ_ERROR_INVALID_ARGUMENT, "not aligned to 16 bytes");
+  fj_attention_destroy(attn);
+
+  /* Strict by default, the interpreter only on request. */
+  fj_spec_init_bshd(&spec, 1, 1, 1, 3, 5, 512, 512, FJ_DTYPE_BF16);
+  CHECK_ERROR(fj_attention_create(&spec, "emulator:gfx1201", NULL, &attn), FJ_ERROR_UNSUPPORTED,
+              "VGPRs");
+  fj_options_init(&options);
+  options.allow_fallback = 1;
+  CHECK(fj_attention_create_ex(&spec, "emulator:gfx1201", &options, &attn) == FJ_OK);
+  if (attn != NULL) {
+    CHECK(fj_attention_uses_fallback(attn) == 1);
+    CHECK(strstr(fj_attention_explain(attn), "IR interpreter") != NULL);
+    fj_attention_destroy(attn);
+  }
+  fj_options_init(&options);
+  options.opt_level = 9;
+  CHECK_ERROR(fj_attention_create_ex(&spec, "emulator:gfx1201", &options, &attn),
+              FJ_ERROR_INVALID_ARGUMENT, "opt_level");
+
+  fj_spec_init_bshd(&spec, 1, 2, 2, 64, 64, 64, 64, FJ_DTYPE_F16);
+  CHECK(fj_compile_report(&spec, "gfx1201", NULL, &json) == FJ_OK);
+  CHECK(json != NULL && strstr(json, "\"vgprs\"") != NULL);
+  fj_free(json);
+  CHECK_ERROR(fj_compile_report(&spec, "gfx1201", "fortran", &json), FJ_ERROR_COMPILE,
+              "unknown compiler 'fortran'");
+
+  free(q);
+  free(k);
+  free(v);
+  free(o);
+  free(lse);
+#endif
+}
+
+int main(void) {
+  test_basics();
+  test_errors();
+  test_emulator();
+  if (failures)
+    fprintf(stderr, "c_api_test: %d check(s) failed\n", failures);
+  else
+    printf("c_api_test: all checks passed (flashjit %s)\n", fj_version());
+  return failures ? 1 : 0;
+}

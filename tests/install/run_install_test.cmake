@@ -1,0 +1,32 @@
+# The install test: cmake --install the build into a fresh prefix, configure and
+# build tests/install against it with find_package(flashjit), run both consumers.
+# Run as: cmake -DBUILD_DIR=... -DSOURCE_DIR=... -DWORK_DIR=... -DGENERATOR=...
+#               -DC_COMPILER=... -DCXX_COMPILER=... -P run_install_test.cmake
+file(REMOVE_RECURSE ${WORK_DIR})
+set(prefix ${WORK_DIR}/prefix)
+
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message("$ ${ARGN}\n${out}${err}")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "failed (${rc}): ${ARGN}")
+  endif()
+endfunction()
+
+run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix})
+foreach(f include/flashjit/flashjit.h include/flashjit/runtime/attention.h)
+  if(NOT EXISTS ${prefix}/${f})
+    message(FATAL_ERROR "not installed: ${prefix}/${f}")
+  endif()
+endforeach()
+file(GLOB_RECURSE config ${prefix}/*/flashjitConfig.cmake)
+if(NOT config)
+  message(FATAL_ERROR "not installed: flashjitConfig.cmake under ${prefix}")
+endif()
+run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/build -G ${GENERATOR}
+    -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_C_COMPILER=${C_COMPILER}
+    -DCMAKE_CXX_COMPILER=${CXX_COMPILER})
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+run(${WORK_DIR}/build/consumer_c)
+run(${WORK_DIR}/build/consumer_cxx)
+file(REMOVE_RECURSE ${WORK_DIR})

@@ -1,0 +1,212 @@
+// `flashjit archs`: what this flashjit can target and with what. Every row comes
+// from the tables the lowering itself uses (lowering/target.cpp for the
+// processors, lowering/matrix_table.cpp for the instructions, lowering/rules.cpp
+// for the rule sets), so the listing cannot drift from what `emit` does; then
+// the compilers and devices this machine has.
+#include "compiler/rtc_compiler.h"
+#include "lowering/lower.h"
+#include "lowering/rules.h"
+#include "runtime/device.h"
+#include "tools/commands.h"
+#ifdef FLASHJIT_HAVE_LLVM
+#include "compiler/llvm_compiler.h"
+#endif
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace flashjit::cli {
+namespace {
+
+int fail(const Status &s) {
+  fmt::print(stderr, "flashjit: error: {}\n", s.message());
+  return 1;
+}
+
+std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\')
+      out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20)
+      out += fmt::format("\\u{:04x}", c);
+    else
+      out += c;
+  }
+  return out + "\"";
+}
+
+std::string json_list(const std::vector<std::string> &items) {
+  std::string out;
+  for (const std::string &item : items)
+    out += (out.empty() ? "" : ", ") + json_string(item);
+  return "[" + out + "]";
+}
+
+/// One processor as `flashjit archs` shows it.
+struct ArchRow {
+  lowering::Target target;
+  std::vector<std::string> rules; // rule sets that lower it, matrix rules first
+  /// The table's rows for the target, and whether the matrix rules lower with it.
+  std::vector<std::pair<const lowering::MatrixInstr *, bool>> instructions;
+  std::vector<std::string> lowered_with; // "bf16: <builtin>": what `emit` calls, per dtype
+};
+
+Expected<ArchRow> describe(std::string_view arch) {
+  auto t = lowering::parse_target(arch);
+  if (!t)
+    return t.status();
+  ArchRow row{*t, {}, {}, {}};
+  std::vector<const lowering::MatrixInstr *> used;
+  if (const lowering::Rules *r = lowering::rules_for(*t)) {
+    row.rules.emplace_back(r->name());
+    for (DType dt : {DType::bf16, DType::f16}) {
+      auto mi = lowering::find_matrix_instr(*t, dt, 16, r->n_tile(), 16);
+      if (mi && r->check(**mi, *t)) {
+        used.push_back(*mi);
+        row.lowered_with.push_back(fmt::format(
+            "{}: {}", dtype_name(dt), (*mi)->builtin.empty() ? (*mi)->mnemonic : (*mi)->builtin));
+      }
+    }
+  }
+  if (const lowering::Rules *simt = lowering::simt_rules_for(*t))
+    row.rules.emplace_back(simt->name());
+  for (const lowering::MatrixInstr *mi : t->matrix_instrs)
+    row.instructions.emplace_back(mi, std::find(used.begin(), used.end(), mi) != used.end());
+  return row;
+}
+
+std::string lds_text(int bytes) {
+  return bytes % 1024 == 0 ? fmt::format("{} KiB", bytes / 1024) : fmt::format("{} B", bytes);
+}
+
+/// A compiler this process can use, or why not.
+struct CompilerRow {
+  std::string name;
+  bool available = false;
+  std::string detail; // identity and where it came from, or the reason
+};
+
+std::vector<CompilerRow> compilers() {
+  std::vector<CompilerRow> rows;
+#ifdef FLASHJIT_HAVE_LLVM
+  rows.push_back(
+      {"llvm", true,
+       fmt::format("{}, in process (AMD targets)", compiler::LlvmCompiler().identity())});
+#else
+  rows.push_back({"llvm", false, "not in this build (FLASHJIT_WITH_LLVM=OFF)"});
+#endif
+  for (auto [kind, name, targets] :
+       {std::tuple{compiler::RtcKind::hiprtc, "hiprtc", "AMD targets"},
+        std::tuple{compiler::RtcKind::nvrtc, "nvrtc", "NVIDIA targets"}}) {
+    auto rtc = compiler::RtcCompiler::load(kind);
+    if (rtc)
+      rows.push_back(
+          {name, true,
+           fmt::format("{} from {} ({})", (*rtc)->identity(), (*rtc)->library_path(), targets)});
+    else
+      rows.push_back({name, false, rtc.status().message()});
+  }
+  return rows;
+}
+
+int cmd_archs(const Args &a) {
+  std::vector<std::string_view> archs = lowering::supported_archs();
+  if (a.has("--arch"))
+    archs = {a.get("--arch")};
+  std::vector<ArchRow> rows;
+  for (std::string_view arch : archs) {
+    auto row = describe(arch);
+    if (!row)
+      return fail(row.status());
+    rows.push_back(*row);
+  }
+  const std::vector<CompilerRow> compiler_rows = compilers();
+  auto devices = list_devices();
+
+  if (a.has("--json")) {
+    std::string out = "{\"archs\": [";
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const ArchRow &r = rows[i];
+      std::string instrs;
+      for (const auto &[mi, used] : r.instructions)
+        instrs += fmt::format("{}{{\"mnemonic\": {}, \"builtin\": {}, \"shape\": \"{}x{}x{}\", "
+                              "\"ab_dtype\": {}, \"lowered_with\": {}}}",
+                              instrs.empty() ? "" : ", ", json_string(mi->mnemonic),
+                              json_string(mi->builtin), mi->m(), mi->n(), mi->k(),
+                              json_string(dtype_name(mi->ab_dtype)), used ? "true" : "false");
+      out += fmt::format(
+          "{}\n  {{\"arch\": {}, \"family\": {}, \"wave_size\": {}, \"lds_bytes\": {}, "
+          "\"max_vgprs\": {}, \"rules\": {}, \"matrix_instructions\": {}, \"lowered_with\": {}}}",
+          i ? "," : "", json_string(r.target.arch), json_string(r.target.family_name()),
+          r.target.wave_size, r.target.lds_bytes, r.target.max_vgprs, json_list(r.rules),
+          "[" + instrs + "]", json_list(r.lowered_with));
+    }
+    out += "],\n \"compilers\": [";
+    for (size_t i = 0; i < compiler_rows.size(); ++i)
+      out += fmt::format("{}\n  {{\"name\": {}, \"available\": {}, \"detail\": {}}}", i ? "," : "",
+                         json_string(compiler_rows[i].name),
+                         compiler_rows[i].available ? "true" : "false",
+                         json_string(compiler_rows[i].detail));
+    out += "],\n \"devices\": [";
+    if (devices)
+      for (size_t i = 0; i < devices->size(); ++i) {
+        const DeviceInfo &d = (*devices)[i];
+        out += fmt::format("{}\n  {{\"id\": {}, \"name\": {}, \"arch\": {}}}", i ? "," : "",
+                           json_string(d.id()), json_string(d.name), json_string(d.arch));
+      }
+    out += "]}\n";
+    fmt::print("{}", out);
+    return devices ? 0 : fail(devices.status());
+  }
+
+  fmt::print("{:<8} {:<6} {:>4} {:>8} {:>5}  {:<12} {}\n", "arch", "family", "wave", "LDS", "VGPRs",
+             "rules", "matrix instructions (* = lowered with)");
+  for (const ArchRow &r : rows) {
+    std::vector<std::string> instrs;
+    for (const auto &[mi, used] : r.instructions)
+      instrs.push_back(std::string(mi->mnemonic) + (used ? "*" : ""));
+    fmt::print("{:<8} {:<6} {:>4} {:>8} {:>5}  {:<12} {}\n", r.target.arch, r.target.family_name(),
+               r.target.wave_size, lds_text(r.target.lds_bytes), r.target.max_vgprs,
+               fmt::format("{}", fmt::join(r.rules, ", ")),
+               instrs.empty() ? "none" : fmt::format("{}", fmt::join(instrs, " ")));
+  }
+  fmt::print("\nrules: the family's matrix rules lower by default; simt (FMAs, no matrix\n"
+             "instruction) is the portable fallback on every AMD arch, taken when asked or\n"
+             "when the matrix rules refuse a spec, and then named in the kernel and the result.\n");
+  if (rows.size() == 1)
+    fmt::print("builtins: {}\n", fmt::join(rows.front().lowered_with, "; "));
+
+  fmt::print("\ncompilers on this machine:\n");
+  for (const CompilerRow &c : compiler_rows)
+    fmt::print("  {:<7} {:<4} {}\n", c.name, c.available ? "yes" : "no", c.detail);
+  fmt::print("\ndevices on this machine:\n");
+  if (!devices)
+    return fail(devices.status());
+  for (const DeviceInfo &d : *devices)
+    fmt::print("  {:<18} {}{}\n", d.id(), d.name,
+               d.arch.empty() ? "" : fmt::format(" ({})", d.arch));
+  fmt::print("{}\n", backends_report());
+  return 0;
+}
+
+} // namespace
+
+std::vector<Command> archs_commands() {
+  return {
+      {"archs",
+       "List the supported archs (family, wave size, LDS, matrix instructions, rules) and the "
+       "compilers and devices on this machine.",
+       "[--arch ARCH] [--json]",
+       {{"--arch", "ARCH", "only this arch (and the builtins its kernels call)", "every arch"},
+        {"--json", "", "print the same as JSON", ""}},
+       cmd_archs},
+  };
+}
+
+} // namespace flashjit::cli
