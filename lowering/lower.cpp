@@ -121,6 +121,7 @@ private:
   std::vector<std::pair<std::string, std::string>> constants_; // emitted before the kernel
   std::vector<std::string> lds_decls_;                         // emitted at the top of the body
   bool vec_ok_ = true;
+  bool vec4_ok_ = true; // 64-bit runs: head dims and strides that are multiples of 4 (e.g. 100)
   bool q_in_lds_ = false;
   // Software pipelining of the loop's LDS tiles (config stages >= 2): each tile is
   // issued right after the previous one is complete, the first before the loop.
@@ -208,6 +209,9 @@ Status KernelEmitter::declare_params() {
     if (t.strides.dim != 1 || t.strides.seq % 8 || t.strides.head % 8 || t.strides.batch % 8 ||
         t.dim % 8)
       vec_ok_ = false;
+    if (t.strides.dim != 1 || t.strides.seq % 4 || t.strides.head % 4 || t.strides.batch % 4 ||
+        t.dim % 4)
+      vec4_ok_ = false;
   }
   return Status::ok();
 }
@@ -243,6 +247,8 @@ void KernelEmitter::emit_constants() {
     "-1: unbounded");
   c(fmt::format("constexpr int kWindowRight = {};", mask_.int_attr("window_right", -1)),
     "-1: unbounded");
+  c(fmt::format("constexpr bool kVec4Loads = {};", vec4_ok_ ? "true" : "false"),
+    "rows are 8-byte aligned runs: 64-bit copies into LDS");
   c(fmt::format("constexpr bool kVecLoads = {};", vec_ok_ ? "true" : "false"),
     "rows are 16-byte aligned runs: 128-bit global loads and stores");
   for (const ir::TensorParam &t : p_.tensors)
@@ -363,7 +369,7 @@ Expected<Lowered> KernelEmitter::run() {
   out.mma = mi_;
   out.rules = std::string(rules_.name());
   out.rules_note = note_;
-  out.pointer_alignment = vec_ok_ ? 16 : 2;
+  out.pointer_alignment = vec_ok_ ? 16 : vec4_ok_ ? 8 : 2;
   return out;
 }
 
@@ -709,14 +715,27 @@ void KernelEmitter::emit_stage_issue(const Op &op, const std::string &idx) {
     w_.open("if (kVecLoads && d0 + 8 <= {}) {{", dim_const(t));
     w_.line("fj_stage8(&{}[r * {} + d0], src + d0, row < {}); // zeros past the last row", buf,
             stride_name, seq_const(t));
+    w_.close("} else if (kVec4Loads && d0 + 4 <= " + dim_const(t) + ") {");
+    w_.indent(1);
+    w_.line("fj_stage4(&{}[r * {} + d0], src + d0, row < {});", buf, stride_name, seq_const(t));
+    w_.line("fj_stage4(&{}[r * {} + d0 + 4], src + d0 + 4, row < {} && d0 + 8 <= {});", buf,
+            stride_name, seq_const(t), dim_const(t));
     w_.close("} else {");
     w_.indent(1);
   }
   w_.line("fj_bits8 chunk = {{0, 0, 0, 0, 0, 0, 0, 0}};");
   w_.open("if (row < {}) {{", seq_const(t));
+  if (transposed) {
+    w_.line("if (kVecLoads && d0 + 8 <= {})", dim_const(t));
+    w_.line("  chunk = fj_global_load8(src + d0);");
+    w_.line("else");
+    w_.indent(1);
+  }
   w_.line("for (int e = 0; e < 8; ++e)");
   w_.line("  if (d0 + e < {}) chunk[e] = fj_global_load1(src + long(d0 + e){});", dim_const(t),
           dim_stride);
+  if (transposed)
+    w_.indent(-1);
   w_.close();
   if (transposed) {
     w_.line("#pragma unroll");

@@ -44,6 +44,10 @@ void Rules::emit_staging_helpers(HipWriter &w) const {
   w.line("  v = fj_global_load8(src);");
   w.line("fj_lds_store8(lds, v);");
   w.close();
+  w.open("FJ_DEVICE void fj_stage4(fj_bits *lds, const fj_bits *src, bool valid) {{");
+  w.line("for (int e = 0; e < 4; ++e)");
+  w.line("  fj_lds_store1(lds + e, valid ? fj_global_load1(src + e) : fj_bits(0));");
+  w.close();
   w.line("FJ_DEVICE void fj_stage_commit() {{}}");
   w.line("FJ_DEVICE void fj_stage_wait() {{}}");
   w.blank();

@@ -113,6 +113,10 @@ FJ_DEVICE void fj_stage8(fj_bits *lds, const fj_bits *src, bool valid) {
   const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(lds));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(a), "l"(src), "r"(valid ? 16 : 0));
 }
+FJ_DEVICE void fj_stage4(fj_bits *lds, const fj_bits *src, bool valid) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(lds));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(a), "l"(src), "r"(valid ? 8 : 0));
+}
 FJ_DEVICE void fj_stage_commit() { asm volatile("cp.async.commit_group;"); }
 FJ_DEVICE void fj_stage_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 

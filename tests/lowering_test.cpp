@@ -374,7 +374,7 @@ TEST(Lowering, LaunchGeometryMatchesTheKernel) {
       EXPECT_EQ(l->lds_bytes, declared_lds_bytes(l->source));
       EXPECT_NE(l->source.find("void " + l->kernel_name + "("), std::string::npos);
       // 128-bit loads need 16-byte aligned rows: 8-element multiples of bf16.
-      EXPECT_EQ(l->pointer_alignment, k.head_dim % 8 == 0 ? 16 : 2);
+      EXPECT_EQ(l->pointer_alignment, k.head_dim % 8 == 0 ? 16 : k.head_dim % 4 == 0 ? 8 : 2);
     }
 }
 
@@ -386,7 +386,9 @@ TEST(Lowering, OddHeadDimsTakeTheScalarPathAndPadInRegisters) {
   static const std::regex q_fragments(R"(fj_bits8 \w+\[kQTiles\]\[7\];)");
   EXPECT_TRUE(std::regex_search(l.source, q_fragments));
   EXPECT_NE(l.source.find("K tile 64x112"), std::string::npos);
-  EXPECT_EQ(l.pointer_alignment, 2);
+  // 100 = 4 x 25: rows are 8-byte runs, copied into LDS 64 bits at a time.
+  EXPECT_NE(l.source.find("constexpr bool kVec4Loads = true;"), std::string::npos);
+  EXPECT_EQ(l.pointer_alignment, 8);
 }
 
 TEST(Lowering, DisagreeingMasksAreRejected) {

@@ -43,6 +43,7 @@ struct Job {
   AttentionSpec spec;
   ir::Config config;
   std::optional<lowering::Target> target;
+  lowering::RulesChoice rules = lowering::RulesChoice::automatic;
 };
 
 Expected<Job> job_from(const cli::Args &a) {
@@ -57,8 +58,12 @@ Expected<Job> job_from(const cli::Args &a) {
       return t.status();
     job.target = *t;
   }
+  auto rules = lowering::parse_rules_choice(a.get("--rules", "auto"));
+  if (!rules)
+    return rules.status().with_context("--rules");
+  job.rules = *rules;
   const ir::Config base =
-      job.target ? lowering::default_config(job.spec, *job.target) : ir::Config{};
+      job.target ? lowering::default_config(job.spec, *job.target, job.rules) : ir::Config{};
   auto c = cli::config_from(a, base);
   if (!c)
     return c.status();
@@ -90,9 +95,9 @@ int cmd_emit(const cli::Args &a) {
     fmt::print("{}", ir::print(*p));
   if (!job->target)
     return 0;
-  if (Status s = lowering::check_fits(job->spec, job->config, *job->target); !s)
+  if (Status s = lowering::check_fits(job->spec, job->config, *job->target, job->rules); !s)
     return fail(s);
-  auto k = lowering::lower(*p, *job->target);
+  auto k = lowering::lower(*p, *job->target, job->rules);
   if (!k)
     return fail(k.status());
   if (!a.has("-o")) {
@@ -114,7 +119,7 @@ int cmd_compile(const cli::Args &a) {
   if (!job->target)
     return fail(Status::error("compile needs --arch (e.g. --arch gfx1201 or --arch sm_90)"));
   const lowering::Target &t = *job->target;
-  auto k = lowering::generate(job->spec, job->config, t);
+  auto k = lowering::generate(job->spec, job->config, t, job->rules);
   if (!k)
     return fail(k.status());
   auto compiler = compiler::make_compiler(a.get("--compiler", "auto"), t.target_id());
@@ -244,7 +249,7 @@ int cmd_run(const cli::Args &a) {
     if (!job->target || job->target->is_nvidia())
       return fail(Status::error("--device emulator runs an emitted AMD kernel: give an AMD --arch, "
                                 "e.g. --arch gfx1201"));
-    auto k = lowering::generate(spec, job->config, *job->target);
+    auto k = lowering::generate(spec, job->config, *job->target, job->rules);
     if (!k)
       return fail(k.status());
     kernel = std::move(*k);
@@ -326,6 +331,8 @@ std::vector<cli::Command> commands() {
        cmd_run},
   };
   for (auto &c : cli::cache_commands())
+    all.push_back(std::move(c));
+  for (auto &c : cli::archs_commands())
     all.push_back(std::move(c));
   return all;
 }

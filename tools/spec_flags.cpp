@@ -29,6 +29,10 @@ std::vector<FlagSpec> config_flags() {
       {"--stages", "N", "K/V pipeline depth: 2 issues each tile's copy one step ahead",
        "the target's choice"},
       {"--q-in-lds", "", "keep the Q block in LDS instead of registers", ""},
+      {"--rules", "auto|matrix|simt",
+       "lowering rules: the family's matrix instructions, or the portable simt fallback (auto: "
+       "matrix, falling back to simt when a spec does not fit, and saying so)",
+       "auto"},
   };
 }
 
