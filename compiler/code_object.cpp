@@ -69,10 +69,6 @@ std::string ResourceReport::to_json() const {
       occupancy_waves_per_simd);
 }
 
-#ifdef FLASHJIT_HAVE_LLVM
-
-namespace {
-
 /// Waves of one kernel per SIMD (LLVM: waves per EU). Each resource gives a
 /// bound and the smallest wins:
 ///  * VGPRs: a wave's VGPRs are allocated in blocks of `vgpr_alloc_granule`,
@@ -114,6 +110,11 @@ bool is_matrix_instruction(std::string_view text) {
       return true;
   return false;
 }
+
+#ifdef FLASHJIT_HAVE_LLVM
+
+namespace {
+
 
 /// The code object opened with LLVM, with its kernels' metadata.
 struct Opened {

@@ -57,6 +57,13 @@ struct ResourceReport {
 ///   (lds_bytes / group_segment_bytes) workgroups * waves per workgroup / 4 SIMDs,
 ///   and on gfx9 the SGPR limit (LLVM's getOccupancyWithNumSGPRs),
 /// and 0 when the kernel's VGPRs exceed the register file.
+/// Waves of a kernel that fit on one SIMD (see code_object.cpp for the bounds):
+/// shared by the LLVM and comgr readers.
+int occupancy(const ResourceReport &r, bool sgprs_limit, int vgpr_file_per_simd,
+              int max_waves_per_simd, int lds_bytes);
+/// v_wmma_*, v_swmmac_*, v_mfma_*, v_smfmac_* mnemonics.
+bool is_matrix_instruction(std::string_view text);
+
 Expected<std::vector<ResourceReport>> read_resources(const CodeObject &code, int vgpr_file_per_simd,
                                                      int max_waves_per_simd,
                                                      int lds_bytes_per_cu_or_wgp);

@@ -300,35 +300,6 @@ int gfx_major(std::string_view processor) {
   return std::atoi(std::string(processor.substr(3, processor.size() - 5)).c_str());
 }
 
-/// Waves per SIMD: code_object.cpp's occupancy(), same bounds and order.
-int occupancy(const ResourceReport &r, bool sgprs_limit, int vgpr_file_per_simd,
-              int max_waves_per_simd, int lds_bytes) {
-  constexpr int kSimdsPerUnit = 4;
-  int waves = max_waves_per_simd;
-  if (r.vgprs > 0 && r.vgpr_alloc_granule > 0) {
-    int blocks = (r.vgprs + r.vgpr_alloc_granule - 1) / r.vgpr_alloc_granule;
-    waves = std::min(waves, vgpr_file_per_simd / (blocks * r.vgpr_alloc_granule));
-  }
-  if (r.group_segment_bytes > 0 && r.wavefront_size > 0) {
-    int64_t workgroups = lds_bytes / r.group_segment_bytes;
-    int64_t waves_per_workgroup =
-        (std::max(r.max_flat_workgroup_size, 1) + r.wavefront_size - 1) / r.wavefront_size;
-    int64_t total = workgroups * waves_per_workgroup;
-    waves = static_cast<int>(std::min<int64_t>(waves, (total + kSimdsPerUnit - 1) / kSimdsPerUnit));
-  }
-  if (sgprs_limit) {
-    int sgpr_waves = r.sgprs <= 80 ? 10 : r.sgprs <= 88 ? 9 : r.sgprs <= 100 ? 8 : 7;
-    waves = std::min(waves, sgpr_waves);
-  }
-  return std::max(waves, 0);
-}
-
-bool is_matrix_instruction(std::string_view text) {
-  for (std::string_view prefix : {"v_wmma_", "v_swmmac_", "v_mfma_", "v_smfmac_"})
-    if (text.starts_with(prefix))
-      return true;
-  return false;
-}
 
 /// Matrix instructions per function label of a disassembly. comgr labels a
 /// function "name:" in the first column (llvm-objdump: "0000000000001000 <name>:").

@@ -3,7 +3,7 @@
 // slot, plus the structural facts every row must satisfy.
 #include "lowering/matrix_table.h"
 #include "lowering/target.h"
-#include "tests/support/json.h"
+#include "tools/json.h"
 
 #include <gtest/gtest.h>
 
@@ -18,7 +18,7 @@
 namespace flashjit::lowering {
 namespace {
 
-namespace json = flashjit::test::json;
+namespace json = flashjit::cli::json;
 
 const std::string kCalculatorPath = std::string(FLASHJIT_TEST_DATA) + "/amd_matrix_layouts.json";
 

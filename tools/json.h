@@ -1,5 +1,5 @@
-// A small JSON reader (a copy of tests/support/json.h) for the manifests of
-// `flashjit warmup`: objects, arrays, numbers, strings, bools, null. Not a
+// A small JSON reader for the manifests of `flashjit warmup` and the test data
+// (tests/data/*.json): objects, arrays, numbers, strings, bools, null. Not a
 // general-purpose library: no \u escapes beyond ASCII, numbers are doubles.
 #pragma once
 
