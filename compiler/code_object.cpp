@@ -115,7 +115,6 @@ bool is_matrix_instruction(std::string_view text) {
 
 namespace {
 
-
 /// The code object opened with LLVM, with its kernels' metadata.
 struct Opened {
   std::unique_ptr<llvm::object::ObjectFile> file;

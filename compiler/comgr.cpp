@@ -300,7 +300,6 @@ int gfx_major(std::string_view processor) {
   return std::atoi(std::string(processor.substr(3, processor.size() - 5)).c_str());
 }
 
-
 /// Matrix instructions per function label of a disassembly. comgr labels a
 /// function "name:" in the first column (llvm-objdump: "0000000000001000 <name>:").
 std::vector<std::pair<std::string, int>> matrix_counts(std::string_view text) {
