@@ -302,8 +302,9 @@ std::vector<cli::Command> commands() {
                   {"--print-ir", "", "print the tile IR", ""}}),
        cmd_emit},
       {"compile",
-       "Generate the HIP for an arch and compile it in-process with LLVM 22 into an AMDGPU code "
-       "object.",
+       "Generate the HIP for an arch and compile it (in-process LLVM 22, hiprtc or nvrtc); for "
+       "AMD, "
+       "print the ISA and the resource report.",
        "--arch ARCH [spec flags] [-o k.co] [--isa] [--resources] [--json]",
        with_spec({{"--arch", "ARCH", "target, e.g. gfx1201", ""},
                   {"-o", "FILE", "write the code object (ELF) to FILE", ""},
