@@ -450,9 +450,45 @@ Status KernelEmitter::emit_op(const Op &op) {
     w_.line("#pragma unroll");
     w_.open("for (int c = 0; c < {}; ++c) {{", col_tiles(t.cols));
     w_.line("{} acc = {}[qt][c];", rules_.acc_type(), name(op.operands[2]));
+    const int step = rules_.k_step();
+    std::string a_frag = name(op.operands[0]) + "[qt][k]";
+    if (step > 1) {
+      // k_step() k tiles per instruction: their fragments into arrays (zeros past
+      // the last tile), then one instruction over them (Rules::k_step).
+      const char *lds_frag = s_product ? "kf" : "vf";
+      w_.line("#pragma unroll");
+      w_.open("for (int k0 = 0; k0 < {}; k0 += {}) {{", kt, step);
+      w_.line("{0} {1}s[{2}] = {{}}, ops[{2}] = {{}};", rules_.operand_type(), lds_frag, step);
+      w_.line("#pragma unroll");
+      w_.open("for (int kk = 0; kk < {}; ++kk) {{", step);
+      w_.line("const int k = k0 + kk;");
+      if (kt % step)
+        w_.line("if (k >= {}) break; // the odd last tile pairs with zeros", kt);
+      if (auto q = lds_of_.find(op.operands[0]); q != lds_of_.end()) {
+        rules_.emit_q_fragment(w_, q->second, lds_strides_.at(q->second));
+        a_frag = "qf";
+      }
+      if (s_product)
+        rules_.emit_k_fragment(w_, it->second, lds_strides_.at(it->second));
+      else
+        rules_.emit_v_fragment(w_, it->second, lds_strides_.at(it->second));
+      w_.line("{0}s[kk] = {0};", lds_frag);
+      w_.line("ops[kk] = {};", a_frag);
+      w_.close();
+      // The rules read the LDS fragments from the array named like the single one.
+      w_.open("{{");
+      w_.line("const auto &{0} = {0}s;", lds_frag);
+      w_.line("{}", s_product ? rules_.mma_s("ops") : rules_.mma_o("ops"));
+      w_.close();
+      w_.close();
+      w_.line("{}[qt][c] = acc;", name(op.results[0]));
+      w_.close();
+      w_.close();
+      read_since_barrier_.insert(it->second);
+      return Status::ok();
+    }
     w_.line("#pragma unroll");
     w_.open("for (int k = 0; k < {}; ++k) {{", kt);
-    std::string a_frag = name(op.operands[0]) + "[qt][k]";
     if (auto q = lds_of_.find(op.operands[0]); q != lds_of_.end()) {
       rules_.emit_q_fragment(w_, q->second, lds_strides_.at(q->second));
       a_frag = "qf";
@@ -924,17 +960,25 @@ struct ChosenRules {
   std::string note;                // Lowered::rules_note
 };
 
-/// Ok, or why the family's matrix rules cannot lower `dt` on `t`.
+/// Ok, or why the family's matrix rules cannot lower `dt` on `t`: the first of
+/// its rule sets (preferred first) with a table row that its check() accepts.
 Status matrix_rules(const Target &t, DType dt, ChosenRules &out) {
-  out.rules = rules_for(t);
-  if (!out.rules)
+  const std::vector<const Rules *> candidates = matrix_rules_for(t);
+  if (candidates.empty())
     return Status::error("no matrix rules for {} ({}) yet: families with matrix rules are {}",
                          t.arch, t.family_name(), families_with_rules());
-  auto mi = find_matrix_instr(t, dt, kFrag, out.rules->n_tile(), kFrag);
-  if (!mi)
-    return mi.status();
-  out.mi = *mi;
-  return out.rules->check(**mi, t);
+  Status refused = Status::ok();
+  for (const Rules *r : candidates) {
+    auto mi = find_matrix_instr(t, dt, kFrag, r->n_tile(), kFrag * r->k_step());
+    Status s = mi ? r->check(**mi, t) : mi.status();
+    if (s) {
+      out.rules = r;
+      out.mi = *mi;
+      return s;
+    }
+    refused = s; // the last (most general) rules' reason
+  }
+  return refused;
 }
 
 Expected<ChosenRules> choose_rules(const Target &t, DType dt, RulesChoice choice) {

@@ -7,6 +7,7 @@ namespace flashjit::lowering {
 const Rules &gfx11_rules(); // rules_gfx11.cpp
 const Rules &gfx12_rules(); // rules_gfx12.cpp
 const Rules &cdna_rules();  // rules_cdna.cpp
+const Rules &cdna4_rules(); // rules_cdna.cpp
 const Rules &sm80_rules();  // rules_sm80.cpp
 
 namespace {
@@ -16,11 +17,12 @@ struct RulesRow {
   const Rules &(*rules)();
 };
 
-// One row per family with matrix rules. Every AMD target can also be lowered by
-// the simt rules (simt_rules_for, rules_simt.cpp).
+// The rows of each family with matrix rules, preferred first. Every AMD target
+// can also be lowered by the simt rules (simt_rules_for, rules_simt.cpp).
 constexpr RulesRow kRulesTable[] = {
     {Family::gfx11, gfx11_rules}, {Family::gfx12, gfx12_rules}, {Family::cdna2, cdna_rules},
-    {Family::cdna3, cdna_rules},  {Family::cdna4, cdna_rules},  {Family::sm80, sm80_rules},
+    {Family::cdna3, cdna_rules},  {Family::cdna4, cdna4_rules}, {Family::cdna4, cdna_rules},
+    {Family::sm80, sm80_rules},
 };
 
 } // namespace
@@ -60,9 +62,21 @@ const Rules *rules_for(const Target &t) {
   return nullptr;
 }
 
+std::vector<const Rules *> matrix_rules_for(const Target &t) {
+  std::vector<const Rules *> out;
+  for (const RulesRow &row : kRulesTable)
+    if (row.family == t.family)
+      out.push_back(&row.rules());
+  return out;
+}
+
 std::string families_with_rules() {
   std::string out;
+  std::vector<Family> listed;
   for (const RulesRow &row : kRulesTable) {
+    if (std::find(listed.begin(), listed.end(), row.family) != listed.end())
+      continue; // a family's preferred rules name it
+    listed.push_back(row.family);
     std::string archs;
     for (std::string_view arch : supported_archs()) {
       Expected<Target> t = parse_target(arch);

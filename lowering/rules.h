@@ -77,6 +77,11 @@ public:
   /// (config q_in_lds). Only where reads_q_from_lds().
   virtual bool reads_q_from_lds() const { return false; }
   virtual void emit_q_fragment(HipWriter &w, std::string_view buf, std::string_view stride) const {}
+  /// 16-wide k tiles per matrix instruction (1 for 16x16x16). Above 1 the product
+  /// loop reads the fragments of k_step consecutive k tiles (zeros past the last)
+  /// into arrays: `kf` / `vf` for the LDS operand and, passed to mma_s / mma_o,
+  /// the register operand's; the table row's k is 16 * k_step().
+  virtual int k_step() const { return 1; }
   /// The matrix instruction accumulating Q K^T (resp. P V) into `acc`.
   virtual std::string mma_s(std::string_view q) const = 0;
   virtual std::string mma_o(std::string_view p) const = 0;
@@ -101,8 +106,11 @@ public:
   virtual void emit_mma_wrapper(HipWriter &w, const MatrixInstr &mi, DType dtype) const = 0;
 };
 
-/// The rules for a target's family, or nullptr.
+/// The preferred rules for a target's family, or nullptr.
 const Rules *rules_for(const Target &t);
+/// Every matrix rule set of a target's family, preferred first (gfx950: its
+/// 16x16x32 rules, then the 16x16x16 ones).
+std::vector<const Rules *> matrix_rules_for(const Target &t);
 /// The portable simt rules for a target (no matrix instructions), or nullptr.
 const Rules *simt_rules_for(const Target &t);
 /// Families that have rules, for error messages.

@@ -22,14 +22,27 @@
 // The labeling of k is the hardware's (doc §4.2). Everything else is the
 // geometry shared with the other AMD families (transposed_rules.h).
 //
-// Not lowered yet: the 32x32x8 shapes (CDNA2/3) and gfx950's 16x16x32 and
-// 32x32x16; gfx950 runs the 16x16x16 instructions, which it still has.
+// gfx950 (cdna4_rules, preferred there) runs v_mfma_f32_16x16x32 with the same
+// geometry: each instruction takes two consecutive 16-wide k tiles, its
+// 8-element operands the two 4-element runs concatenated (doc §6), so operand
+// slot e of lane group quad is k = 16 * (e / 4) + 4 * quad + e % 4 for K, Q, V^T
+// and P^T alike: a relabeling of the hardware's k whatever its order inside
+// the 8 values (doc §5.3). P^T is still the S^T accumulator as it stands (two
+// 16-key tiles per instruction); an odd last k tile is paired with zeros.
+//
+// Not lowered yet: the 32x32x8 shapes (CDNA2/3) and gfx950's 32x32x16; gfx950
+// falls back to the 16x16x16 instructions, which it still has.
 #include "lowering/transposed_rules.h"
 
 namespace flashjit::lowering {
 
 const Rules &cdna_rules() {
   static const TransposedRules rules({.name = "cdna", .wave = 64});
+  return rules;
+}
+
+const Rules &cdna4_rules() {
+  static const TransposedRules rules({.name = "cdna", .wave = 64, .k_tiles = 2});
   return rules;
 }
 

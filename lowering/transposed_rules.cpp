@@ -47,17 +47,21 @@ std::string TransposedRules::operand_offset() const {
 Status TransposedRules::check(const MatrixInstr &mi, const Target &t) const {
   const LaneLayout &l = *mi.layout;
   const int ops = operand_elems();
+  const int kt = geo_.k_tiles;
   if (geo_.interleaved && !geo_.whole_operand)
     return Status::error("the {} rules: an interleaved accumulator is not an operand run; such "
                          "rules need whole operands",
                          name());
-  if (t.wave_size != geo_.wave || l.wave_size != geo_.wave || l.m != 16 || l.n != 16 || l.k != 16 ||
-      l.a_elems != ops || l.b_elems != ops || l.cd_elems != elems_)
-    return Status::error("{}: the {} rules need a wave{} 16x16x16 instruction with {} A/B and {} "
+  if ((kt != 1 && kt != 2) || (kt > 1 && geo_.whole_operand))
+    return Status::error("the {} rules: {} k tiles per instruction; 1, or 2 with split operands",
+                         name(), kt);
+  if (t.wave_size != geo_.wave || l.wave_size != geo_.wave || l.m != 16 || l.n != 16 ||
+      l.k != 16 * kt || l.a_elems != ops * kt || l.b_elems != ops * kt || l.cd_elems != elems_)
+    return Status::error("{}: the {} rules need a wave{} 16x16x{} instruction with {} A/B and {} "
                          "C/D elements per lane; it is wave{} {}x{}x{} with {}/{}/{} on {} "
                          "(wave{})",
-                         mi.mnemonic, name(), geo_.wave, ops, elems_, l.wave_size, l.m, l.n, l.k,
-                         l.a_elems, l.b_elems, l.cd_elems, t.arch, t.wave_size);
+                         mi.mnemonic, name(), geo_.wave, 16 * kt, ops * kt, elems_, l.wave_size,
+                         l.m, l.n, l.k, l.a_elems, l.b_elems, l.cd_elems, t.arch, t.wave_size);
   if (!builtin_vector(mi.ab_elem_type))
     return Status::error("{}: no prelude vector type for A/B elements of type {}", mi.mnemonic,
                          mi.ab_elem_type);
@@ -65,7 +69,7 @@ Status TransposedRules::check(const MatrixInstr &mi, const Target &t) const {
   // one slot share k; these rules' k (operand_k) is a relabeling of it.
   std::vector<int> ours_of_hw(size_t(l.k), -1), hw_of_ours(size_t(l.k), -1);
   for (int lane = 0; lane < l.wave_size; ++lane)
-    for (int e = 0; e < ops; ++e) {
+    for (int e = 0; e < ops * kt; ++e) {
       const MatrixCoord a = l.a(lane, e), b = l.b(lane, e);
       if (a.row != lane % 16 || b.col != lane % 16)
         return Status::error("{}: A lane {} element {} holds row {} and B column {}; the {} rules "
@@ -75,7 +79,7 @@ Status TransposedRules::check(const MatrixInstr &mi, const Target &t) const {
         return Status::error("{}: lane {} element {} holds k = {} of A but k = {} of B; the {} "
                              "rules load both with one labeling of k",
                              mi.mnemonic, lane, e, a.col, b.row, name());
-      const int ours = operand_k(lane / 16, e);
+      const int ours = 16 * (e / ops) + operand_k(lane / 16, e % ops);
       int &mapped = ours_of_hw[size_t(a.col)];
       int &back = hw_of_ours[size_t(ours)];
       if ((mapped >= 0 && mapped != ours) || (back >= 0 && back != a.col))
@@ -170,11 +174,24 @@ ir::Config TransposedRules::default_config(const AttentionSpec &spec) const {
   return c;
 }
 
+std::string TransposedRules::concat(std::string_view frags) const {
+  std::string lanes;
+  for (int i = 0; i < elems_ * geo_.k_tiles; ++i)
+    lanes += fmt::format(", {}", i);
+  return fmt::format("__builtin_shufflevector({0}[0], {0}[1]{1})", frags, lanes);
+}
+
+// k_tiles > 1: the product loop gathers the fragments of consecutive k tiles
+// into arrays (Rules::k_step): `kf` / `vf` and `q` / `p` name those arrays.
 std::string TransposedRules::mma_s(std::string_view q) const {
+  if (geo_.k_tiles > 1)
+    return fmt::format("acc = fj_mma({}, {}, acc);", concat("kf"), concat(q));
   return fmt::format("acc = fj_mma(kf, {}, acc);", q);
 }
 
 std::string TransposedRules::mma_o(std::string_view p) const {
+  if (geo_.k_tiles > 1)
+    return fmt::format("acc = fj_mma({}, {}, acc);", concat("vf"), concat(p));
   return fmt::format("acc = fj_mma(vf, {}, acc);", p);
 }
 
@@ -209,7 +226,8 @@ void TransposedRules::emit_mma_wrapper(HipWriter &w, const MatrixInstr &mi, DTyp
   w.line("// {}: D = A * B + C, {}x{}x{}, {} x {} per lane for A and B, {} x f32 for C/D.",
          mi.mnemonic, mi.m(), mi.n(), mi.k(), mi.layout->a_elems, mi.ab_elem_type,
          mi.layout->cd_elems);
-  w.open("FJ_DEVICE {0} fj_mma({1} a, {1} b, {0} c) {{", acc_type_, operand_type_);
+  w.open("FJ_DEVICE {0} fj_mma(fj_bits{1} a, fj_bits{1} b, {0} c) {{", acc_type_,
+         mi.layout->a_elems);
   w.line("return {}(__builtin_bit_cast({}, a), __builtin_bit_cast({}, b), c{});", mi.builtin, vec,
          vec, trailing);
   w.close();

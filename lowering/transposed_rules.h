@@ -46,6 +46,10 @@ struct TransposedGeometry {
   int wave = 32;              ///< lanes per wave
   bool interleaved = false;   ///< accumulator element e is G * e + g, not E * g + e
   bool whole_operand = false; ///< operands hold all 16 k per lane, not the accumulator's E
+  /// 16-wide k tiles per instruction: 2 concatenates two consecutive tiles'
+  /// operand runs (gfx950 16x16x32, doc §6): slot e of lane group g is
+  /// k = 16 * (e / E) + E * g + e % E, for A and B alike.
+  int k_tiles = 1;
 };
 
 class TransposedRules : public Rules {
@@ -71,6 +75,7 @@ public:
   int acc_run_len() const override { return geo_.interleaved ? 1 : elems_; }
   std::vector<FragmentRun> acc_runs() const override;
   int operand_run_len() const override { return geo_.whole_operand ? 8 : elems_; }
+  int k_step() const override { return geo_.k_tiles; }
   std::vector<FragmentRun> operand_runs() const override;
 
   void emit_k_fragment(HipWriter &w, std::string_view buf, std::string_view stride) const override;
@@ -89,9 +94,10 @@ public:
   /// past head dim 192 the Q block stays in LDS instead.
   ir::Config default_config(const AttentionSpec &spec) const override;
   std::string_view prelude() const override;
-  /// fj_mma over the table row's builtin: A and B move from fj_bits storage into
-  /// the builtin's vector type with __builtin_bit_cast (doc §10.2), then the
-  /// row's trailing constant arguments (MFMA's cbsz, abid, blgp).
+  /// fj_mma over the table row's builtin: A and B (fj_bits of the row's A/B
+  /// elements: k_tiles operand fragments) move from fj_bits storage into the
+  /// builtin's vector type with __builtin_bit_cast (doc §10.2), then the row's
+  /// trailing constant arguments (MFMA's cbsz, abid, blgp).
   void emit_mma_wrapper(HipWriter &w, const MatrixInstr &mi, DType dtype) const override;
 
 protected:
@@ -103,6 +109,8 @@ protected:
   int acc_key(int g, int e) const;
   /// The k of operand element e in lane group g, in these rules' labeling.
   int operand_k(int g, int e) const;
+  /// k_tiles > 1: the instruction operand made of the fragments in array `frags`.
+  std::string concat(std::string_view frags) const;
   /// `offset` as " + <expr>" within a fragment row: where this lane's run starts.
   std::string operand_offset() const;
   /// Whole operands: comment lines, then the statements that fill `fj_bits16 p`

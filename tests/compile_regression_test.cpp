@@ -5,7 +5,8 @@
 // and the 192/128 pair, causal or not, bf16 or f16: no VGPR/SGPR spills, no
 // scratch, the LDS the kernel declares (within the target's), the target's wave
 // size, and exactly one WMMA/MFMA per 16x16x16 product of the two matrix
-// multiplies (no duplicated or dropped loop bodies), none for simt.
+// multiplies (gfx950: one 16x16x32 per two, an odd last one padded) (no
+// duplicated or dropped loop bodies), none for simt.
 //
 // The log prints the config and the resource report of each case. The compiles
 // run on two threads: LlvmCompiler::compile() forks one child per compile and
@@ -80,7 +81,11 @@ int expected_matrix_instructions(const Case &c, const ir::Config &config, const 
   const int64_t q_tiles = config.block_m / (16 * config.waves);
   const int64_t n = config.block_n / 16, dqk = ir::padded(c.dqk, config.pad_k) / 16,
                 dv = ir::padded(c.dv, config.pad_k) / 16;
-  return int(q_tiles * n * dqk + q_tiles * dv * n);
+  // An instruction of k 32 (gfx950 16x16x32) takes two 16-wide k tiles; an odd
+  // last one is paired with zeros.
+  const int64_t step = l.mma->k() / 16;
+  auto steps = [&](int64_t tiles) { return (tiles + step - 1) / step; };
+  return int(q_tiles * n * steps(dqk) + q_tiles * dv * steps(n));
 }
 
 CompileOptions options_for(const Target &t) {

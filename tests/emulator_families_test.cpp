@@ -3,7 +3,8 @@
 // with a smaller spec matrix):
 //
 //   * gfx1100, gfx1151 (gfx11 WMMA, replicated 16-element operands), gfx90a,
-//     gfx942, gfx950 (CDNA MFMA 16x16x16, wave64), gfx1200, gfx1201 (gfx12), and
+//     gfx942 (CDNA MFMA 16x16x16, wave64), gfx950 (MFMA 16x16x32: two k tiles
+//     per instruction; and its 16x16x16 fallback), gfx1200, gfx1201 (gfx12), and
 //     the simt rules (no matrix instruction) on gfx1100, gfx1201 and gfx942;
 //   * odd head dims, Dqk != Dv, ragged seqlens, causal both ways, a window,
 //     GQA/MQA, bf16 and f16, LSE;
@@ -127,7 +128,7 @@ TEST(Families, NonDefaultConfigsMatchFloat64) {
   };
   const ConfigCase configs[] = {{128, 32, 4}, {32, 16, 1}, {32, 128, 2}};
   const Case c = {1, 2, 1, 113, 203, 72, 72, f16, bshd, true, kNoWindow, true};
-  for (const Lowering &how : {kLowerings[0], kLowerings[2], kLowerings[7]})
+  for (const Lowering &how : {kLowerings[0], kLowerings[2], kLowerings[4], kLowerings[7]})
     for (const ConfigCase &cc : configs) {
       SCOPED_TRACE(fmt::format("{} block_m {} block_n {} waves {}", name_of(how), cc.block_m,
                                cc.block_n, cc.waves));
@@ -146,6 +147,41 @@ TEST(Families, NonDefaultConfigsMatchFloat64) {
       const ErrorStats err = compare(spec, tensors, reference_attention(spec, tensors));
       EXPECT_TRUE(err.within(tol.abs, tol.rel)) << describe(err, tol);
     }
+}
+
+// gfx950 prefers v_mfma_f32_16x16x32 (two 16-wide k tiles per instruction, an
+// odd last tile padded with zeros: head dims 40, 72, 80 and 100, block_n 16);
+// without those rows it falls back to the 16x16x16 instructions, with the same
+// numerics.
+TEST(Families, Gfx950PrefersK32AndFallsBackToK16) {
+  const Case cases[] = {kCases[1], kCases[2], kCases[4], kCases[6]};
+  for (bool k32 : {true, false})
+    for (const Case &c : cases)
+      for (int64_t block_n : {int64_t{0}, int64_t{16}}) {
+        SCOPED_TRACE(fmt::format("{} block_n {} {}", name_of(c), block_n, k32 ? "k32" : "k16"));
+        lowering::Target t = target("gfx950");
+        if (!k32)
+          std::erase_if(t.matrix_instrs,
+                        [](const lowering::MatrixInstr *mi) { return mi->k() == 32; });
+        const AttentionSpec spec = spec_of(c);
+        ir::Config config = lowering::default_config(spec, t);
+        if (block_n)
+          config.block_n = block_n;
+        auto k = lowering::generate(spec, config, t);
+        ASSERT_TRUE(k) << k.status().message();
+        ASSERT_NE(k->mma, nullptr);
+        EXPECT_EQ(k->rules, "cdna");
+        EXPECT_EQ(k->rules_note, "");
+        EXPECT_EQ(k->mma->k(), k32 ? 32 : 16);
+        EXPECT_EQ(k->mma->m(), 16);
+        EXPECT_EQ(k->mma->ab_dtype, spec.dtype);
+        HostTensors tensors = make_random_inputs(spec, 77 + uint64_t(c.dqk));
+        Status s = runtime::emulate(*k, t, spec, tensors, {.threads = 2});
+        ASSERT_TRUE(s) << s.message();
+        const Tolerance tol = tolerance_for(spec.dtype);
+        const ErrorStats err = compare(spec, tensors, reference_attention(spec, tensors));
+        EXPECT_TRUE(err.within(tol.abs, tol.rel)) << describe(err, tol);
+      }
 }
 
 // ---- which rules, and saying so ----

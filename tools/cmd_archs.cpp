@@ -66,7 +66,7 @@ Expected<ArchRow> describe(std::string_view arch) {
   if (const lowering::Rules *r = lowering::rules_for(*t)) {
     row.rules.emplace_back(r->name());
     for (DType dt : {DType::bf16, DType::f16}) {
-      auto mi = lowering::find_matrix_instr(*t, dt, 16, r->n_tile(), 16);
+      auto mi = lowering::find_matrix_instr(*t, dt, 16, r->n_tile(), 16 * r->k_step());
       if (mi && r->check(**mi, *t)) {
         used.push_back(*mi);
         row.lowered_with.push_back(fmt::format(
