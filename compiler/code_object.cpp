@@ -30,7 +30,6 @@
 #endif
 
 namespace flashjit::compiler {
-namespace {
 
 std::string json_string(std::string_view s) {
   std::string out = "\"";
@@ -44,8 +43,6 @@ std::string json_string(std::string_view s) {
   }
   return out + "\"";
 }
-
-} // namespace
 
 std::string ResourceReport::to_text() const {
   return fmt::format("{}: wave{}, {} VGPRs (granule {}), {} SGPRs, {} AGPRs, spills {} VGPR / {} "

@@ -57,6 +57,10 @@ struct ResourceReport {
 ///   (lds_bytes / group_segment_bytes) workgroups * waves per workgroup / 4 SIMDs,
 ///   and on gfx9 the SGPR limit (LLVM's getOccupancyWithNumSGPRs),
 /// and 0 when the kernel's VGPRs exceed the register file.
+/// `s` as a JSON string literal (quoted, escaped): for the reports' to_json() and the
+/// command line's --json output.
+std::string json_string(std::string_view s);
+
 /// Waves of a kernel that fit on one SIMD (see code_object.cpp for the bounds):
 /// shared by the LLVM and comgr readers.
 int occupancy(const ResourceReport &r, bool sgprs_limit, int vgpr_file_per_simd,

@@ -4,6 +4,8 @@
 #include "ir/interpreter.h"
 #include "ir/reference.h"
 
+#include "tests/support/spec_case.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,31 +15,9 @@ using namespace flashjit;
 
 namespace {
 
-struct Case {
-  int64_t b, hq, hkv, sq, sk, dqk, dv;
-  DType dtype;
-  Layout layout;
-  bool causal;
-  Window window;
-  bool lse;
-};
-
-std::string name_of(const Case &c) {
-  return fmt::format("b{}_h{}x{}_s{}x{}_d{}x{}_{}_{}{}{}{}", c.b, c.hq, c.hkv, c.sq, c.sk, c.dqk,
-                     c.dv, dtype_name(c.dtype), layout_name(c.layout), c.causal ? "_causal" : "",
-                     c.window.left >= 0 || c.window.right >= 0
-                         ? fmt::format("_w{}_{}", c.window.left, c.window.right)
-                         : "",
-                     c.lse ? "_lse" : "");
-}
-
-AttentionSpec spec_of(const Case &c) {
-  AttentionSpec s = make_spec(c.b, c.hq, c.hkv, c.sq, c.sk, c.dqk, c.dv, c.dtype, c.layout);
-  s.causal = c.causal;
-  s.window = c.window;
-  s.lse = c.lse;
-  return s;
-}
+using test::Case;
+using test::name_of;
+using test::spec_of;
 
 constexpr Window kNoWindow{-1, -1};
 constexpr auto bf16 = DType::bf16, f16 = DType::f16;

@@ -3,6 +3,7 @@
 // processors, lowering/matrix_table.cpp for the instructions, lowering/rules.cpp
 // for the rule sets), so the listing cannot drift from what `emit` does; then
 // the compilers and devices this machine has.
+#include "compiler/code_object.h"
 #include "compiler/rtc_compiler.h"
 #include "lowering/lower.h"
 #include "lowering/rules.h"
@@ -28,18 +29,7 @@ int fail(const Status &s) {
   return 1;
 }
 
-std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\')
-      out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20)
-      out += fmt::format("\\u{:04x}", c);
-    else
-      out += c;
-  }
-  return out + "\"";
-}
+using compiler::json_string;
 
 std::string json_list(const std::vector<std::string> &items) {
   std::string out;

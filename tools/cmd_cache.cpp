@@ -10,6 +10,7 @@
 // batch heads kv_heads seqlen_q seqlen_k head_dim head_dim_v (integers), dtype
 // layout (strings), causal lse (booleans), window ([left, right]), scale
 // (number), block_m block_n waves (config), compiler (auto|llvm|hiprtc|nvrtc).
+#include "compiler/code_object.h"
 #include "compiler/kernel_cache.h"
 #include "compiler/knobs.h"
 #include "compiler/select.h"
@@ -46,18 +47,7 @@ std::string human_bytes(int64_t n) {
   return fmt::format("{:.1f} MiB", n / (1024.0 * 1024.0));
 }
 
-std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\')
-      out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20)
-      out += fmt::format("\\u{:04x}", c);
-    else
-      out += c;
-  }
-  return out + "\"";
-}
+using compiler::json_string;
 
 /// The cache directory: --dir, else the knobs' (FLASHJIT_CACHE_DIR, XDG, HOME).
 Expected<std::string> cache_dir(const Args &a) {
