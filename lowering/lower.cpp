@@ -452,6 +452,18 @@ Status KernelEmitter::emit_op(const Op &op) {
     w_.line("{} acc = {}[qt][c];", rules_.acc_type(), name(op.operands[2]));
     const int step = rules_.k_step();
     std::string a_frag = name(op.operands[0]) + "[qt][k]";
+    // The fragments of head-dim (or key) tile k: Q's from LDS where it lives there,
+    // and K's or V's from their LDS tile.
+    auto emit_fragments = [&] {
+      if (auto q = lds_of_.find(op.operands[0]); q != lds_of_.end()) {
+        rules_.emit_q_fragment(w_, q->second, lds_strides_.at(q->second));
+        a_frag = "qf";
+      }
+      if (s_product)
+        rules_.emit_k_fragment(w_, it->second, lds_strides_.at(it->second));
+      else
+        rules_.emit_v_fragment(w_, it->second, lds_strides_.at(it->second));
+    };
     if (step > 1) {
       // k_step() k tiles per instruction: their fragments into arrays (zeros past
       // the last tile), then one instruction over them (Rules::k_step).
@@ -464,14 +476,7 @@ Status KernelEmitter::emit_op(const Op &op) {
       w_.line("const int k = k0 + kk;");
       if (kt % step)
         w_.line("if (k >= {}) break; // the odd last tile pairs with zeros", kt);
-      if (auto q = lds_of_.find(op.operands[0]); q != lds_of_.end()) {
-        rules_.emit_q_fragment(w_, q->second, lds_strides_.at(q->second));
-        a_frag = "qf";
-      }
-      if (s_product)
-        rules_.emit_k_fragment(w_, it->second, lds_strides_.at(it->second));
-      else
-        rules_.emit_v_fragment(w_, it->second, lds_strides_.at(it->second));
+      emit_fragments();
       w_.line("{0}s[kk] = {0};", lds_frag);
       w_.line("ops[kk] = {};", a_frag);
       w_.close();
@@ -481,26 +486,13 @@ Status KernelEmitter::emit_op(const Op &op) {
       w_.line("{}", s_product ? rules_.mma_s("ops") : rules_.mma_o("ops"));
       w_.close();
       w_.close();
-      w_.line("{}[qt][c] = acc;", name(op.results[0]));
-      w_.close();
-      w_.close();
-      read_since_barrier_.insert(it->second);
-      return Status::ok();
-    }
-    w_.line("#pragma unroll");
-    w_.open("for (int k = 0; k < {}; ++k) {{", kt);
-    if (auto q = lds_of_.find(op.operands[0]); q != lds_of_.end()) {
-      rules_.emit_q_fragment(w_, q->second, lds_strides_.at(q->second));
-      a_frag = "qf";
-    }
-    if (s_product) {
-      rules_.emit_k_fragment(w_, it->second, lds_strides_.at(it->second));
-      w_.line("{}", rules_.mma_s(a_frag));
     } else {
-      rules_.emit_v_fragment(w_, it->second, lds_strides_.at(it->second));
-      w_.line("{}", rules_.mma_o(a_frag));
+      w_.line("#pragma unroll");
+      w_.open("for (int k = 0; k < {}; ++k) {{", kt);
+      emit_fragments();
+      w_.line("{}", s_product ? rules_.mma_s(a_frag) : rules_.mma_o(a_frag));
+      w_.close();
     }
-    w_.close();
     w_.line("{}[qt][c] = acc;", name(op.results[0]));
     w_.close();
     w_.close();

@@ -63,6 +63,8 @@ Status failed(Failure *out, Failure stage, Status status) {
 
 Expected<Generated> generate(const AttentionSpec &spec, std::string_view arch,
                              const Options &options, Failure *failure) {
+  if (Status s = spec.validate(); !s)
+    return failed(failure, Failure::spec, s.with_context("invalid attention spec"));
   auto choice = lowering::parse_rules_choice(options.rules);
   if (!choice)
     return failed(failure, Failure::argument, choice.status());
@@ -550,8 +552,6 @@ Expected<std::string> detail::AttentionAccess::emit_source(const AttentionSpec &
                                                            std::string_view arch,
                                                            const Options &options,
                                                            Failure *failure) {
-  if (Status s = spec.validate(); !s)
-    return failed(failure, Failure::spec, s.with_context("invalid attention spec"));
   auto g = generate(spec, arch, options, failure);
   if (!g)
     return g.status();
@@ -562,8 +562,6 @@ Expected<std::string> detail::AttentionAccess::compile_report(const AttentionSpe
                                                               std::string_view arch,
                                                               const Options &options,
                                                               Failure *failure) {
-  if (Status s = spec.validate(); !s)
-    return failed(failure, Failure::spec, s.with_context("invalid attention spec"));
   auto g = generate(spec, arch, options, failure);
   if (!g)
     return g.status();
