@@ -19,8 +19,9 @@
 namespace flashjit::ir {
 
 std::string Config::summary() const {
-  return fmt::format("block_m={} block_n={} waves={} stages={} q_in={} pad_k={}", block_m, block_n,
-                     waves, stages, q_in_lds ? "lds" : "regs", pad_k);
+  return fmt::format("block_m={} block_n={} waves={} stages={} q_in={} pad_k={}{}", block_m,
+                     block_n, waves, stages, q_in_lds ? "lds" : "regs", pad_k,
+                     mma_m ? fmt::format(" mma_m={}", mma_m) : "");
 }
 
 Status validate(const Config &c) {
@@ -34,6 +35,10 @@ Status validate(const Config &c) {
   FJ_RETURN_IF_ERROR(positive("waves", c.waves));
   FJ_RETURN_IF_ERROR(positive("stages", c.stages));
   FJ_RETURN_IF_ERROR(positive("pad_k", c.pad_k));
+  if (c.mma_m != 0 && c.mma_m != 16 && c.mma_m != 32)
+    return Status::error("config mma_m = {} is not a matrix-instruction tile: expected 16, 32, or "
+                         "0 to let the lowering choose",
+                         c.mma_m);
   return Status::ok();
 }
 
@@ -128,6 +133,8 @@ Expected<Program> build_attention(const AttentionSpec &spec, const Config &confi
               {"stages", config.stages},
               {"q_in_lds", int64_t(config.q_in_lds)},
               {"pad_k", config.pad_k}};
+  if (config.mma_m)
+    p.config["mma_m"] = config.mma_m;
   const ValueId q_block = p.add_value(Type::index(), "q_block");
   p.grid_args = {q_block, p.add_value(Type::index(), "head"), p.add_value(Type::index(), "batch")};
 

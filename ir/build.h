@@ -14,6 +14,9 @@ struct Config {
   int64_t stages = 1;    // K/V pipeline depth
   bool q_in_lds = false; // keep the Q tile in LDS instead of registers
   int64_t pad_k = 16;    // head dims padded (in registers only) to a multiple of this
+  /// Queries per accumulator fragment, i.e. the matrix instruction's tile: 16 or
+  /// 32 (the CDNA 32x32 MFMAs); 0 lets the lowering choose.
+  int64_t mma_m = 0;
   bool operator==(const Config &) const = default;
   std::string summary() const;
 };

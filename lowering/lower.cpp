@@ -1,6 +1,6 @@
 // Lowering of the attention tile IR to HIP: the op walk shared by every
 // family. Values become per-lane register arrays (accumulator fragments of 16
-// query rows, per-row statistics), K and V tiles are staged through LDS by the
+// or 32 query rows, per-row statistics), K and V tiles are staged through LDS by the
 // whole workgroup with 128-bit loads, and each IR op becomes one commented block
 // of loops over fragments. What differs between families (how a fragment maps
 // onto lanes, how operand fragments are read, the matrix instruction and the
@@ -29,7 +29,7 @@ using ir::TileLayout;
 using ir::Type;
 using ir::ValueId;
 
-constexpr int kFrag = 16; // rows of an accumulator fragment; k of an operand fragment
+constexpr int kKTile = 16; // k of an operand fragment (head-dim entries or keys)
 
 // LDS row padding (elements) so consecutive rows start in different banks.
 constexpr int kLdsPad = 8;
@@ -63,7 +63,7 @@ private:
     return std::isdigit(static_cast<unsigned char>(n[0])) ? "t" + n : n;
   }
   const Type &type(ValueId v) const { return p_.type_of(v); }
-  int tiles(int64_t extent) const { return int(extent / kFrag); }
+  int tiles(int64_t extent) const { return int(extent / kKTile); }
   // Accumulator fragments along a tile's columns.
   int col_tiles(int64_t cols) const { return int(cols / rules_.n_tile()); }
   static std::string seq_const(const ir::TensorParam &t) {
@@ -101,6 +101,14 @@ private:
   std::string open_elements(const Type &t, const std::string &var);
   void close_elements(const Type &t);
   void barrier_if_read(const std::string &buffer);
+  // One line per line of `text`.
+  void lines(std::string_view text) {
+    for (size_t begin = 0; begin <= text.size();) {
+      const size_t end = std::min(text.find('\n', begin), text.size());
+      w_.line("{}", text.substr(begin, end - begin));
+      begin = end + 1;
+    }
+  }
   const Op *consumer_of(ValueId v, const std::vector<Op> &body) const;
 
   const ir::Program &p_;
@@ -110,7 +118,8 @@ private:
   std::string note_;
   std::vector<std::string> printed_;
   HipWriter w_;
-  int64_t block_m_ = 0, block_n_ = 0, q_tiles_ = 0, waves_ = 0;
+  int64_t block_m_ = 0, block_n_ = 0, q_tiles_ = 0, waves_ = 0, pad_k_ = 16;
+  int m_tile_ = 16; // query rows of an accumulator fragment (Rules::m_tile)
   int lds_bytes_ = 0;
   int scale_constants_ = 0;
   std::map<ValueId, std::string> lds_of_;          // #mma_b tiles live in LDS
@@ -223,23 +232,25 @@ void KernelEmitter::emit_constants() {
   };
   c(fmt::format("constexpr int kWave = {};", target_.wave_size), "lanes per wave");
   c(fmt::format("constexpr int kWaves = {};", waves_),
-    "waves per workgroup; each owns kQTiles x 16 queries");
+    fmt::format("waves per workgroup; each owns kQTiles x {} queries", m_tile_));
   c(fmt::format("constexpr int kThreads = {};", waves_ * target_.wave_size),
     "work-items per workgroup");
   c(fmt::format("constexpr int kBlockM = {};", block_m_), "queries per workgroup");
   c(fmt::format("constexpr int kBlockN = {};", block_n_), "keys per KV block");
-  c(fmt::format("constexpr int kQTiles = {};", q_tiles_), "16-query tiles per wave");
+  c(fmt::format("constexpr int kQTiles = {};", q_tiles_),
+    fmt::format("{}-query tiles per wave", m_tile_));
   c(fmt::format("constexpr int kNTile = {};", rules_.n_tile()),
     "columns of an accumulator fragment");
   c(fmt::format("constexpr int kAccElems = {};", rules_.acc_elems()),
     "accumulator elements per lane and fragment");
   c(fmt::format("constexpr int kRowSlots = {};", rules_.row_slots()),
-    "query rows per lane and 16-row fragment");
+    fmt::format("query rows per lane and {}-row fragment", m_tile_));
   c(fmt::format("constexpr int kSeqQ = {};", q.seq), "seqlen_q");
   c(fmt::format("constexpr int kSeqK = {};", k.seq), "seqlen_k");
   c(fmt::format("constexpr int kDimQK = {};", q.dim),
-    "head_dim_qk (padded to 16 in registers only)");
-  c(fmt::format("constexpr int kDimV = {};", v.dim), "head_dim_v (padded to 16 in registers only)");
+    fmt::format("head_dim_qk (padded to {} in registers only)", pad_k_));
+  c(fmt::format("constexpr int kDimV = {};", v.dim),
+    fmt::format("head_dim_v (padded to {} in registers only)", pad_k_));
   c(fmt::format("constexpr int kGroup = {};", p_.group), "query heads per KV head (GQA/MQA)");
   c(fmt::format("constexpr bool kCausal = {};", mask_.int_attr("causal") ? "true" : "false"),
     "bottom-right aligned when seqlen_q != seqlen_k");
@@ -272,16 +283,24 @@ Expected<Lowered> KernelEmitter::run() {
   if (q_in_lds_ && !rules_.reads_q_from_lds())
     return Status::error("{} rules: config q_in_lds=1 is not supported: keep Q in registers",
                          rules_.name());
-  if (waves_ < 1 || block_m_ % (kFrag * waves_) != 0)
-    return Status::error("{} rules: block_m ({}) must be a multiple of 16 x waves ({})",
-                         rules_.name(), block_m_, waves_);
-  if (block_n_ % kFrag != 0)
-    return Status::error("{} rules: block_n ({}) must be a multiple of 16", rules_.name(),
-                         block_n_);
+  pad_k_ = cfg.count("pad_k") ? get("pad_k") : 16;
+  m_tile_ = rules_.m_tile();
+  if (waves_ < 1 || block_m_ % (m_tile_ * waves_) != 0)
+    return Status::error("{} rules: block_m ({}) must be a multiple of {} x waves ({})",
+                         rules_.name(), block_m_, m_tile_, waves_);
+  if (block_n_ % kKTile != 0 || block_n_ % rules_.n_tile() != 0)
+    return Status::error("{} rules: block_n ({}) must be a multiple of {}", rules_.name(), block_n_,
+                         std::max(kKTile, rules_.n_tile()));
+  for (const ir::ValueDef &v : p_.values)
+    if (v.type.layout == TileLayout::mma_acc && v.type.cols % rules_.n_tile() != 0)
+      return Status::error("{} rules: a {}x{} accumulator tile is not made of {}-column "
+                           "fragments: use pad_k {} (head_dim_v {} is padded to pad_k {})",
+                           rules_.name(), v.type.rows, v.type.cols, rules_.n_tile(),
+                           rules_.n_tile(), p_.tensor("V")->dim, pad_k_);
   if (waves_ * target_.wave_size > target_.max_workgroup_size)
     return Status::error("{} waves of {} lanes exceed {}'s workgroup limit of {} work-items",
                          waves_, target_.wave_size, target_.arch, target_.max_workgroup_size);
-  q_tiles_ = block_m_ / (kFrag * waves_);
+  q_tiles_ = block_m_ / (m_tile_ * waves_);
   FJ_RETURN_IF_ERROR(find_mask(p_.body));
   FJ_RETURN_IF_ERROR(declare_params());
   emit_constants();
@@ -296,10 +315,10 @@ Expected<Lowered> KernelEmitter::run() {
   w_.line("const int {} = fj_group_id_x();", name(p_.grid_args[0]));
   w_.line("const int {} = fj_group_id_y();", name(p_.grid_args[1]));
   w_.line("const int {} = fj_group_id_z();", name(p_.grid_args[2]));
-  w_.line("// The query at row r (0..15) of this wave's 16-query tile qt.");
-  w_.line("auto query_row = [&](int qt, int r) {{ return {} * kBlockM + (wave * kQTiles + qt) * 16 "
+  w_.line("// The query at row r (0..{0}) of this wave's {1}-query tile qt.", m_tile_ - 1, m_tile_);
+  w_.line("auto query_row = [&](int qt, int r) {{ return {} * kBlockM + (wave * kQTiles + qt) * {} "
           "+ r; }};",
-          name(p_.grid_args[0]));
+          name(p_.grid_args[0]), m_tile_);
   FJ_RETURN_IF_ERROR(emit_ops(p_.body));
   std::swap(w_, body);
 
@@ -483,14 +502,14 @@ Status KernelEmitter::emit_op(const Op &op) {
       // The rules read the LDS fragments from the array named like the single one.
       w_.open("{{");
       w_.line("const auto &{0} = {0}s;", lds_frag);
-      w_.line("{}", s_product ? rules_.mma_s("ops") : rules_.mma_o("ops"));
+      lines(s_product ? rules_.mma_s("ops") : rules_.mma_o("ops"));
       w_.close();
       w_.close();
     } else {
       w_.line("#pragma unroll");
       w_.open("for (int k = 0; k < {}; ++k) {{", kt);
       emit_fragments();
-      w_.line("{}", s_product ? rules_.mma_s(a_frag) : rules_.mma_o(a_frag));
+      lines(s_product ? rules_.mma_s(a_frag) : rules_.mma_o(a_frag));
       w_.close();
     }
     w_.line("{}[qt][c] = acc;", name(op.results[0]));
@@ -819,6 +838,10 @@ Status KernelEmitter::emit_store(const Op &op) {
     w_.line("if (kVecLoads && d0 + {} <= {})", len, dim_const(t));
     if (runs.size() == 1 && (len == 8 || len == 4))
       w_.line("  fj_global_store{}(dst + d0, {}[qt][c]);", len, v);
+    else if (len == 4) // several runs of 4 (CDNA 32x32): a slice of the fragment
+      w_.line("  fj_global_store4(dst + d0, __builtin_shufflevector({0}[qt][c], {0}[qt][c], {1}, "
+              "{2}, {3}, {4}));",
+              v, first, first + 1, first + 2, first + 3);
     else if (len == 2)
       w_.line("  fj_global_store2(dst + d0, {0}[qt][c][{1}], {0}[qt][c][{2}]);", v, first,
               first + 1);
@@ -952,32 +975,92 @@ struct ChosenRules {
   std::string note;                // Lowered::rules_note
 };
 
-/// Ok, or why the family's matrix rules cannot lower `dt` on `t`: the first of
-/// its rule sets (preferred first) with a table row that its check() accepts.
-Status matrix_rules(const Target &t, DType dt, ChosenRules &out) {
+/// What the caller asks of the rules' fragments.
+struct Want {
+  int64_t mma_m = 0; // config mma_m: the query tile asked for; 0: any
+  /// A config's shape: the rules' tiles must divide it (the first that do is taken).
+  bool fit = false;
+  int64_t block_m = 0, block_n = 0, waves = 1, dim_v = 0; // dim_v padded to pad_k
+  /// A default config is being chosen: the first rules that prefer this spec.
+  const AttentionSpec *spec = nullptr;
+
+  bool fits(const Rules &r) const {
+    return block_m % (r.m_tile() * std::max<int64_t>(waves, 1)) == 0 && block_n % r.n_tile() == 0 &&
+           dim_v % r.n_tile() == 0;
+  }
+};
+
+Want want_for(const AttentionSpec &spec, const ir::Config &c) {
+  return {.mma_m = c.mma_m,
+          .fit = true,
+          .block_m = c.block_m,
+          .block_n = c.block_n,
+          .waves = c.waves,
+          .dim_v = ir::padded(spec.head_dim_v, c.pad_k)};
+}
+
+Want want_for(const ir::Program &p) {
+  auto get = [&](const char *k, int64_t otherwise) {
+    return p.config.count(k) ? std::get<int64_t>(p.config.at(k)) : otherwise;
+  };
+  return {.mma_m = get("mma_m", 0),
+          .fit = true,
+          .block_m = get("block_m", 0),
+          .block_n = get("block_n", 0),
+          .waves = get("waves", 1),
+          .dim_v = ir::padded(p.tensor("V")->dim, get("pad_k", 16))};
+}
+
+/// Ok, or why the family's matrix rules cannot lower `dt` on `t`. Of its rule
+/// sets with a table row that their check() accepts (preferred first), and with
+/// the query tile asked for: the first that fits the config, else the last (its
+/// emitter then names the misfit); for a default config the first that prefers
+/// the spec, else the last.
+Status matrix_rules(const Target &t, DType dt, const Want &want, ChosenRules &out) {
   const std::vector<const Rules *> candidates = matrix_rules_for(t);
   if (candidates.empty())
     return Status::error("no matrix rules for {} ({}) yet: families with matrix rules are {}",
                          t.arch, t.family_name(), families_with_rules());
   Status refused = Status::ok();
+  std::vector<ChosenRules> usable;
+  std::string tiles; // of the usable rules, e.g. "32 or 16"
   for (const Rules *r : candidates) {
-    auto mi = find_matrix_instr(t, dt, kFrag, r->n_tile(), kFrag * r->k_step());
+    const bool asked = want.mma_m == 0 || want.mma_m == r->m_tile();
+    auto mi = find_matrix_instr(t, dt, r->m_tile(), r->n_tile(), r->mma_k());
     Status s = mi ? r->check(**mi, t) : mi.status();
-    if (s) {
-      out.rules = r;
-      out.mi = *mi;
-      return s;
+    if (!s) {
+      if (asked)
+        refused = s; // the last (most general) rules' reason
+      continue;
     }
-    refused = s; // the last (most general) rules' reason
+    if (tiles.find(std::to_string(r->m_tile())) == std::string::npos)
+      tiles += (tiles.empty() ? "" : " or ") + std::to_string(r->m_tile());
+    if (asked)
+      usable.push_back({r, *mi, ""});
   }
-  return refused;
+  if (usable.empty() && refused)
+    return Status::error("config mma_m = {}: the {} matrix rules for {} on {} have {}-query "
+                         "tiles only",
+                         want.mma_m, t.family_name(), dtype_name(dt), t.arch,
+                         tiles.empty() ? "no usable" : tiles);
+  if (usable.empty())
+    return refused;
+  out = usable.back();
+  for (const ChosenRules &c : usable)
+    if ((want.fit && want.fits(*c.rules)) || (want.spec && c.rules->prefers(*want.spec)) ||
+        (!want.fit && !want.spec)) {
+      out = c;
+      break;
+    }
+  return Status::ok();
 }
 
-Expected<ChosenRules> choose_rules(const Target &t, DType dt, RulesChoice choice) {
+Expected<ChosenRules> choose_rules(const Target &t, DType dt, RulesChoice choice,
+                                   const Want &want) {
   ChosenRules chosen;
   Status refused = Status::ok();
   if (choice != RulesChoice::simt) {
-    refused = matrix_rules(t, dt, chosen);
+    refused = matrix_rules(t, dt, want, chosen);
     if (refused)
       return chosen;
     if (choice == RulesChoice::matrix)
@@ -990,6 +1073,10 @@ Expected<ChosenRules> choose_rules(const Target &t, DType dt, RulesChoice choice
                                "matrix rules (--rules matrix or auto)",
                                t.arch, t.family_name())
                : refused;
+  if (want.mma_m != 0 && want.mma_m != simt.rules->m_tile())
+    return Status::error("config mma_m = {}: the simt rules use {}-query tiles{}", want.mma_m,
+                         simt.rules->m_tile(),
+                         choice == RulesChoice::simt ? "" : ", and " + refused.message());
   simt.note = choice == RulesChoice::simt
                   ? std::string("simt rules as asked (no matrix instruction)")
                   : fmt::format("simt rules (no matrix instruction), because the {} matrix rules "
@@ -1000,9 +1087,13 @@ Expected<ChosenRules> choose_rules(const Target &t, DType dt, RulesChoice choice
 
 } // namespace
 
-ir::Config default_config(const AttentionSpec &spec, const Target &target, RulesChoice choice) {
-  auto chosen = choose_rules(target, spec.dtype, choice);
-  return chosen ? chosen->rules->default_config(spec) : ir::Config{};
+ir::Config default_config(const AttentionSpec &spec, const Target &target, RulesChoice choice,
+                          int64_t mma_m) {
+  auto chosen = choose_rules(target, spec.dtype, choice, {.mma_m = mma_m, .spec = &spec});
+  ir::Config c = chosen ? chosen->rules->default_config(spec) : ir::Config{};
+  if (mma_m)
+    c.mma_m = mma_m; // kept, so that generate() takes these rules (or says why not)
+  return c;
 }
 
 std::string_view rules_choice_name(RulesChoice c) {
@@ -1038,19 +1129,19 @@ Status check_fits(const AttentionSpec &spec, const ir::Config &c, const Target &
   if (c.waves * t.wave_size > t.max_workgroup_size)
     return Status::error("{} waves x {} lanes exceed {}'s workgroup limit of {}", c.waves,
                          t.wave_size, t.arch, t.max_workgroup_size);
-  // Registers per lane that live across the KV loop, per 16-query tile: the
+  // Registers per lane that live across the KV loop, per query tile: the
   // O accumulator (E of every n_tile head-dim entries), the Q fragments (16-bit
   // operand elements of every 16 head-dim entries, two per VGPR) and S (E of
   // every n_tile keys). gfx12: dv/2 + dqk/4 + block_n/2.
-  auto chosen = choose_rules(t, spec.dtype, choice);
+  auto chosen = choose_rules(t, spec.dtype, choice, want_for(spec, c));
   if (!chosen)
     return chosen.status();
   const Rules &r = *chosen->rules;
   const int64_t acc = r.acc_elems(), n_tile = r.n_tile();
   const int64_t operand = r.operand_run_len() * int64_t(r.operand_runs().size());
-  const int64_t q_tiles = std::max<int64_t>(1, c.block_m / (16 * c.waves));
+  const int64_t q_tiles = std::max<int64_t>(1, c.block_m / (r.m_tile() * c.waves));
   // Q kept in LDS (q_in_lds) costs no registers across the loop.
-  const int64_t q_regs = c.q_in_lds ? 0 : dqk * operand / (2 * kFrag);
+  const int64_t q_regs = c.q_in_lds ? 0 : dqk * operand / (2 * kKTile);
   const int64_t vgprs = q_tiles * (dv * acc / n_tile + q_regs + c.block_n * acc / n_tile);
   const int64_t budget = t.max_vgprs - 24; // addresses, indices, statistics
   if (vgprs > budget)
@@ -1064,7 +1155,7 @@ Status check_fits(const AttentionSpec &spec, const ir::Config &c, const Target &
 
 Expected<Lowered> lower(const ir::Program &program, const Target &target, RulesChoice choice) {
   FJ_RETURN_IF_ERROR(ir::verify(program));
-  auto chosen = choose_rules(target, program.tensor("Q")->dtype, choice);
+  auto chosen = choose_rules(target, program.tensor("Q")->dtype, choice, want_for(program));
   if (!chosen)
     return chosen.status();
   return KernelEmitter(program, target, *chosen->rules, chosen->mi, chosen->note).run();

@@ -40,13 +40,17 @@ struct Lowered {
 
 /// The default tuning config for a spec on a target (the one `flashjit emit`
 /// uses unless told otherwise): block sizes chosen so K/V tiles fit in LDS and
-/// the accumulators in VGPRs.
+/// the accumulators in VGPRs. Where the family has rules for several query
+/// tiles (CDNA: 32 and 16), those that prefer the spec, or those of `mma_m`
+/// queries when it is not 0 (then kept in the config).
 ir::Config default_config(const AttentionSpec &spec, const Target &target,
-                          RulesChoice choice = RulesChoice::automatic);
+                          RulesChoice choice = RulesChoice::automatic, int64_t mma_m = 0);
 
 /// Checks that a spec and config can run on the target (LDS bytes, registers,
 /// workgroup size) with errors that name the limit and the value; the register
-/// estimate is that of the rules `choice` selects.
+/// estimate is that of the rules `choice` and the config select: of the
+/// family's rule sets (and those of config mma_m's tile, when not 0), the first
+/// whose query and key tiles divide block_m / waves, block_n and head_dim_v.
 Status check_fits(const AttentionSpec &spec, const ir::Config &config, const Target &target,
                   RulesChoice choice = RulesChoice::automatic);
 

@@ -4,11 +4,13 @@
 
 namespace flashjit::lowering {
 
-const Rules &gfx11_rules(); // rules_gfx11.cpp
-const Rules &gfx12_rules(); // rules_gfx12.cpp
-const Rules &cdna_rules();  // rules_cdna.cpp
-const Rules &cdna4_rules(); // rules_cdna.cpp
-const Rules &sm80_rules();  // rules_sm80.cpp
+const Rules &gfx11_rules();    // rules_gfx11.cpp
+const Rules &gfx12_rules();    // rules_gfx12.cpp
+const Rules &cdna_rules();     // rules_cdna.cpp
+const Rules &cdna4_rules();    // rules_cdna.cpp
+const Rules &cdna32_rules();   // rules_cdna.cpp
+const Rules &cdna4_32_rules(); // rules_cdna.cpp
+const Rules &sm80_rules();     // rules_sm80.cpp
 
 namespace {
 
@@ -20,8 +22,9 @@ struct RulesRow {
 // The rows of each family with matrix rules, preferred first. Every AMD target
 // can also be lowered by the simt rules (simt_rules_for, rules_simt.cpp).
 constexpr RulesRow kRulesTable[] = {
-    {Family::gfx11, gfx11_rules}, {Family::gfx12, gfx12_rules}, {Family::cdna2, cdna_rules},
-    {Family::cdna3, cdna_rules},  {Family::cdna4, cdna4_rules}, {Family::cdna4, cdna_rules},
+    {Family::gfx11, gfx11_rules},    {Family::gfx12, gfx12_rules},  {Family::cdna2, cdna32_rules},
+    {Family::cdna2, cdna_rules},     {Family::cdna3, cdna32_rules}, {Family::cdna3, cdna_rules},
+    {Family::cdna4, cdna4_32_rules}, {Family::cdna4, cdna4_rules},  {Family::cdna4, cdna_rules},
     {Family::sm80, sm80_rules},
 };
 

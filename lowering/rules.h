@@ -3,7 +3,7 @@
 // Shared by every family (lowering/lower.cpp): the op walk, value storage,
 // LDS staging of K and V with 128-bit loads, barriers, masks, elementwise math,
 // row reductions, loops and the launch geometry. A family's Rules say only how
-// an accumulator fragment of 16 query rows is spread over the lanes, how the
+// an accumulator fragment (16 or 32 query rows) is spread over the lanes, how the
 // operand fragments are read (from registers, global memory and LDS), in which
 // order the operands enter the matrix instruction, and which prelude and
 // matrix-instruction wrapper the kernel is compiled with.
@@ -23,7 +23,7 @@ namespace flashjit::lowering {
 /// A contiguous run of fragment elements: `len` elements of one row starting at
 /// column `col`; expressions in the lane variables of Rules::emit_lane_vars.
 struct FragmentRun {
-  std::string row; // row within the 16-row tile
+  std::string row; // row within the m_tile()-row fragment
   std::string col; // first column within the tile
 };
 
@@ -37,16 +37,19 @@ public:
   /// Checks the instruction's lane maps against what these rules assume.
   virtual Status check(const MatrixInstr &mi, const Target &t) const = 0;
 
-  // ---- accumulators: fragments of 16 query rows x n_tile() columns ----
+  // ---- accumulators: fragments of m_tile() query rows x n_tile() columns ----
+  /// Query rows of an accumulator fragment (a wave's query tile): 16, or 32 for
+  /// the CDNA 32x32 MFMAs.
+  virtual int m_tile() const { return 16; }
   virtual int n_tile() const = 0;
   virtual int acc_elems() const = 0;
-  /// Query rows one lane holds in a 16-row fragment (each a "row slot").
+  /// Query rows one lane holds in a fragment (each a "row slot").
   virtual int row_slots() const = 0;
   virtual std::string_view acc_type() const = 0;     // the f32 fragment
   virtual std::string_view acc16_type() const = 0;   // the same fragment in 16-bit elements
-  virtual std::string_view operand_type() const = 0; // a 16 x 16 operand fragment (Q or P)
+  virtual std::string_view operand_type() const = 0; // an m_tile x 16 operand fragment (Q or P)
   virtual void emit_lane_vars(HipWriter &w) const = 0;
-  /// Row (0..15), row slot and column (0..n_tile-1) of accumulator element `e`.
+  /// Row (0..m_tile-1), row slot and column (0..n_tile-1) of accumulator element `e`.
   virtual std::string acc_row(std::string_view e) const = 0;
   virtual std::string acc_slot(std::string_view e) const = 0;
   virtual std::string acc_col(std::string_view e) const = 0;
@@ -61,7 +64,7 @@ public:
   virtual std::vector<FragmentRun> acc_runs() const = 0;
 
   // ---- operands ----
-  /// The Q operand fragment of a 16-query tile and a 16-wide k tile, as runs along k.
+  /// The Q operand fragment of a query tile and a 16-wide k tile, as runs along k.
   virtual int operand_run_len() const = 0;
   virtual std::vector<FragmentRun> operand_runs() const = 0;
   /// Declares `kf`: the K fragment of key tile `c` (n_tile keys) and head-dim tile `k`,
@@ -72,7 +75,7 @@ public:
   /// `k`, from the transposed [dim][key] LDS buffer.
   virtual void emit_v_fragment(HipWriter &w, std::string_view buf,
                                std::string_view stride) const = 0;
-  /// Declares `qf`: the Q operand fragment of 16-query tile `qt` (of this wave) and
+  /// Declares `qf`: the Q operand fragment of query tile `qt` (of this wave) and
   /// head-dim tile `k`, from the row-major LDS copy of the workgroup's Q block
   /// (config q_in_lds). Only where reads_q_from_lds().
   virtual bool reads_q_from_lds() const { return false; }
@@ -80,9 +83,13 @@ public:
   /// 16-wide k tiles per matrix instruction (1 for 16x16x16). Above 1 the product
   /// loop reads the fragments of k_step consecutive k tiles (zeros past the last)
   /// into arrays: `kf` / `vf` for the LDS operand and, passed to mma_s / mma_o,
-  /// the register operand's; the table row's k is 16 * k_step().
+  /// the register operand's.
   virtual int k_step() const { return 1; }
-  /// The matrix instruction accumulating Q K^T (resp. P V) into `acc`.
+  /// The table row's k: 16 * k_step(), or less where several instructions
+  /// share one 16-wide k tile (CDNA 32x32x8: two of k 8).
+  virtual int mma_k() const { return 16 * k_step(); }
+  /// The matrix instructions accumulating Q K^T (resp. P V) into `acc`: one
+  /// statement per line.
   virtual std::string mma_s(std::string_view q) const = 0;
   virtual std::string mma_o(std::string_view p) const = 0;
   /// convert_layout: the P operand fragments `dst` from the converted accumulator `src`.
@@ -94,6 +101,9 @@ public:
   /// The default tuning config for a spec (block sizes, waves, pipeline stages):
   /// 4 waves of 16 queries; block_n shrinks as the head dims grow.
   virtual ir::Config default_config(const AttentionSpec &spec) const;
+  /// Whether these rules suit the spec when the family has several (its
+  /// default config comes from the first that does, else from the last).
+  virtual bool prefers(const AttentionSpec &) const { return true; }
 
   // ---- the text around the kernel ----
   /// fj_stage8 / fj_stage_commit / fj_stage_wait where the prelude has none:
@@ -108,8 +118,8 @@ public:
 
 /// The preferred rules for a target's family, or nullptr.
 const Rules *rules_for(const Target &t);
-/// Every matrix rule set of a target's family, preferred first (gfx950: its
-/// 16x16x32 rules, then the 16x16x16 ones).
+/// Every matrix rule set of a target's family, preferred first (gfx90a, gfx942:
+/// 32x32x8 then 16x16x16; gfx950: 32x32x16, 16x16x32, then 16x16x16).
 std::vector<const Rules *> matrix_rules_for(const Target &t);
 /// The portable simt rules for a target (no matrix instructions), or nullptr.
 const Rules *simt_rules_for(const Target &t);

@@ -30,8 +30,33 @@
 // the 8 values (doc §5.3). P^T is still the S^T accumulator as it stands (two
 // 16-key tiles per instruction); an odd last k tile is paired with zeros.
 //
-// Not lowered yet: the 32x32x8 shapes (CDNA2/3) and gfx950's 32x32x16; gfx950
-// falls back to the 16x16x16 instructions, which it still has.
+// The 32x32 rules (preferred where head_dim_v needs no padding past 16 and
+// there are more than 16 queries) give each wave a 32-query tile: an
+// instruction then reads half the operand bytes per multiply-add of a 16x16
+// one. With half = lane / 32 and col = lane % 32:
+//
+//   * K (A of S^T) = K[key col][d 8 * half .. + 7] and Q (B) =
+//     Q[query col][d 8 * half .. + 7]: one 128-bit read per 16-wide k tile.
+//     CDNA2/3 feed its halves to two v_mfma_f32_32x32x8 (k 0-3 and 4-7 of each
+//     lane group: a relabeling of the hardware's k = 4 * half + e); gfx950
+//     feeds all 8 to one v_mfma_f32_32x32x16 (its k = 8 * half + e);
+//   * the accumulator (16 floats): query col, keys / head-dim entries
+//     8 * (e / 4) + 4 * half + e % 4 (doc §4.2), so elements 0-7 of the
+//     converted S^T accumulator are the P^T operand of keys 0-15 and elements
+//     8-15 that of keys 16-31, both in the labeling 8 * (e / 4) + 4 * half +
+//     e % 4: free again;
+//   * V^T (A of O^T) in that labeling: V^T[d col][keys 4 * half .. + 3] and
+//     [keys 8 + 4 * half .. + 3], two 64-bit reads per 16-key tile;
+//   * row reductions: in-lane over 16 elements, then one exchange with lane ^ 32.
+//
+//   S^T accumulator (32 keys x 32 queries), lane L, element e:
+//                query 0    1  ...  31
+//     keys 0-3     L0      L1  ...  L31     e = key
+//     keys 4-7     L32     L33 ...  L63     e = key - 4
+//     keys 8-11    L0      L1  ...  L31     e = key - 4
+//     keys 12-15   L32     L33 ...  L63     e = key - 8
+//      ...
+//     keys 28-31   L32     L33 ...  L63     e = key - 16
 #include "lowering/transposed_rules.h"
 
 namespace flashjit::lowering {
@@ -43,6 +68,17 @@ const Rules &cdna_rules() {
 
 const Rules &cdna4_rules() {
   static const TransposedRules rules({.name = "cdna", .wave = 64, .k_tiles = 2});
+  return rules;
+}
+
+const Rules &cdna32_rules() {
+  static const TransposedRules rules(
+      {.name = "cdna32", .wave = 64, .tile = 32, .acc_run = 4, .k_split = 2});
+  return rules;
+}
+
+const Rules &cdna4_32_rules() {
+  static const TransposedRules rules({.name = "cdna32", .wave = 64, .tile = 32, .acc_run = 4});
   return rules;
 }
 

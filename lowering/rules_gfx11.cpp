@@ -38,8 +38,7 @@ namespace {
 class Gfx11Rules final : public TransposedRules {
 public:
   Gfx11Rules()
-      : TransposedRules({.name = "gfx11", .wave = 32, .interleaved = true, .whole_operand = true}) {
-  }
+      : TransposedRules({.name = "gfx11", .wave = 32, .acc_run = 1, .whole_operand = true}) {}
 
   // The replicated operands take twice gfx12's VGPRs per Q and P element:
   // KV blocks of 32 keys (16 past head dim 192, with Q in LDS) keep every head

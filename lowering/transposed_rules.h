@@ -1,16 +1,20 @@
 // The rules shared by the AMD families, which all compute both products
-// transposed (layouts doc §6): S^T = K Q^T and O^T = V^T P^T with 16 x 16
-// fragments. A family is a TransposedGeometry (and, where the P^T operand is not
-// the accumulator itself, an emit_p_operand); rules_gfx12.cpp, rules_gfx11.cpp,
-// rules_cdna.cpp and rules_simt.cpp hold the rows.
+// transposed (layouts doc §6): S^T = K Q^T and O^T = V^T P^T. A family is a
+// TransposedGeometry (and, where the P^T operand is not the accumulator itself,
+// an emit_p_operand); rules_gfx12.cpp, rules_gfx11.cpp, rules_cdna.cpp and
+// rules_simt.cpp hold the rows.
 //
-// Lane L owns query `col = L % 16` of a 16-query tile and sits in lane group
-// g = L / 16 of G = wave / 16 groups (`half` in wave32, `quad` in wave64). It
-// holds E = 16 / G accumulator elements of its query: keys of S^T, head-dim
-// entries of O^T. Element e is
+// Fragments are T x T (T = 16, or 32 for the CDNA 32x32 MFMAs). Lane L owns
+// query `col = L % T` of a T-query tile and sits in lane group g = L / T of
+// G = wave / T groups (`half` for two, `quad` for four). It holds E = T * T /
+// wave accumulator elements of its query: keys of S^T, head-dim entries of
+// O^T, in runs of R consecutive ones. Element e is key
 //
-//   contiguous   E * g + e   gfx12 (E = 8), CDNA 16x16x16 (E = 4), simt
-//   interleaved  G * e + g   gfx11 (the WMMA rows 2e + half)
+//   (e / R) * R * G + R * g + e % R
+//
+//   R = E  contiguous   E * g + e     gfx12 (E = 8), CDNA 16x16 (E = 4), simt
+//   R = 1  interleaved  G * e + g     gfx11 (the WMMA rows 2e + half)
+//   R = 4  32x32        8 * (e / 4) + 4 * g + e % 4      CDNA 32x32 (E = 16)
 //
 //   S^T fragment (16 keys x 16 queries) in wave32, lane L / element e:
 //     contiguous                          interleaved
@@ -22,19 +26,23 @@
 //     key 15   L16.e7 L17.e7 ... L31.e7    key 15   L16.e7 L17.e7 ... L31.e7
 //
 // Operand fragments (K and V^T as A, Q and P^T as B: B^T is laid out like A)
-// hold one row of a 16 x 16 tile per lane (a key, a head-dim entry, a query)
-// and `operand_elems` consecutive k of it, in this labeling of k:
+// hold one row of a T x 16 tile per lane (a key, a head-dim entry, a query)
+// and O = 16 / G of its 16 k (all 16 for whole operands), in one of two
+// labelings of k, each a relabeling of the hardware's that A and B share slot by
+// slot (doc §3.3):
 //
-//   split  E of them, from E * g: the accumulator's own run, so the converted
-//          S^T accumulator IS the P^T operand (gfx12, CDNA); needs contiguous
-//   whole  all 16, the same in every group (gfx11 needs the replicas; simt
-//          computes its elements from them without other lanes)
+//   S product (K, Q)      O * g + e: one run, 128-bit (O = 8) or 64-bit reads
+//   O product (V^T, P^T)  the keys of the accumulator's elements e < O, so the
+//                         converted S^T accumulator IS the P^T operand: its
+//                         elements O * j .. O * j + O - 1 are 16-key tile j
+//   whole                 all 16, the same in every group (gfx11 needs the
+//                         replicas; simt computes its elements from them
+//                         without other lanes)
 //
-// check() proves this labeling a relabeling of the hardware's k that A and B
-// share slot by slot (doc §3.3), and the accumulator map equal to the table
-// row's, before anything is emitted. Per-query statistics stay in the lanes
-// owning the query: a row reduction is in-lane plus an exchange with each
-// other group (lane ^ 16, lane ^ 32).
+// For T = 16 the two split labelings coincide (E = O = R). check() proves both
+// relabelings and the accumulator map equal to the table row's before anything
+// is emitted. Per-query statistics stay in the lanes owning the query: a row
+// reduction is in-lane plus an exchange with each other group (lane ^ T, ...).
 #pragma once
 
 #include "lowering/rules.h"
@@ -42,14 +50,19 @@
 namespace flashjit::lowering {
 
 struct TransposedGeometry {
-  std::string_view name;      ///< the rules' name, e.g. "gfx12"
-  int wave = 32;              ///< lanes per wave
-  bool interleaved = false;   ///< accumulator element e is G * e + g, not E * g + e
-  bool whole_operand = false; ///< operands hold all 16 k per lane, not the accumulator's E
+  std::string_view name; ///< the rules' name, e.g. "gfx12"
+  int wave = 32;         ///< lanes per wave
+  int tile = 16;         ///< T: queries, keys and head-dim entries per accumulator fragment
+  /// R: consecutive keys per run of accumulator elements; 0 means E (one run).
+  int acc_run = 0;
+  bool whole_operand = false; ///< operands hold all 16 k per lane, not O of them
   /// 16-wide k tiles per instruction: 2 concatenates two consecutive tiles'
   /// operand runs (gfx950 16x16x32, doc §6): slot e of lane group g is
-  /// k = 16 * (e / E) + E * g + e % E, for A and B alike.
+  /// k = 16 * (e / O) + label(g, e % O), for A and B alike.
   int k_tiles = 1;
+  /// Instructions per 16-wide k tile: 2 feeds the halves of each operand
+  /// fragment to two instructions of k 8 (CDNA 32x32x8).
+  int k_split = 1;
 };
 
 class TransposedRules : public Rules {
@@ -59,7 +72,9 @@ public:
   std::string_view name() const override { return geo_.name; }
   Status check(const MatrixInstr &mi, const Target &t) const override;
 
-  int n_tile() const override { return 16; }
+  int m_tile() const override { return geo_.tile; }
+  int n_tile() const override { return geo_.tile; }
+  int mma_k() const override { return 16 * geo_.k_tiles / geo_.k_split; }
   int acc_elems() const override { return elems_; }
   int row_slots() const override { return 1; }
   std::string_view acc_type() const override { return acc_type_; }
@@ -72,9 +87,9 @@ public:
   std::string slot_row(std::string_view) const override { return "col"; }
   std::vector<int> row_share_masks() const override;
   std::string row_writer() const override;
-  int acc_run_len() const override { return geo_.interleaved ? 1 : elems_; }
+  int acc_run_len() const override { return run_; }
   std::vector<FragmentRun> acc_runs() const override;
-  int operand_run_len() const override { return geo_.whole_operand ? 8 : elems_; }
+  int operand_run_len() const override { return geo_.whole_operand ? 8 : operand_elems(); }
   int k_step() const override { return geo_.k_tiles; }
   std::vector<FragmentRun> operand_runs() const override;
 
@@ -91,8 +106,13 @@ public:
                       int key_tiles) const override;
 
   /// The shared default; whole operands replicate Q (dqk / 2 VGPRs per lane), so
-  /// past head dim 192 the Q block stays in LDS instead.
+  /// past head dim 192 the Q block stays in LDS instead. 32-query tiles: 4 waves
+  /// of one tile, KV blocks of 64 keys (32 up to head dim 32 and past 128), head
+  /// dims padded to 32 where head_dim_v needs it.
   ir::Config default_config(const AttentionSpec &spec) const override;
+  /// 32-query tiles where head_dim_v needs no padding past 16 and there are
+  /// more than 16 queries; 16-query tiles always.
+  bool prefers(const AttentionSpec &spec) const override;
   std::string_view prelude() const override;
   /// fj_mma over the table row's builtin: A and B (fj_bits of the row's A/B
   /// elements: k_tiles operand fragments) move from fj_bits storage into the
@@ -102,15 +122,20 @@ public:
 
 protected:
   /// Lane groups per wave (G) and the name of this lane's group variable.
-  int groups() const { return geo_.wave / 16; }
+  int groups() const { return geo_.wave / geo_.tile; }
   std::string_view group_var() const { return groups() == 2 ? "half" : "quad"; }
-  int operand_elems() const { return geo_.whole_operand ? 16 : elems_; }
+  /// O: operand elements per lane and 16-wide k tile.
+  int operand_elems() const { return geo_.whole_operand ? 16 : 16 / groups(); }
   /// The key (head-dim entry) of accumulator element e in lane group g.
   int acc_key(int g, int e) const;
-  /// The k of operand element e in lane group g, in these rules' labeling.
-  int operand_k(int g, int e) const;
+  /// The k (0..15) of operand element e < O in lane group g, in the labeling of
+  /// the S product (K, Q) or of the O product (V^T, P^T).
+  int s_operand_k(int g, int e) const;
+  int o_operand_k(int g, int e) const;
   /// k_tiles > 1: the instruction operand made of the fragments in array `frags`.
   std::string concat(std::string_view frags) const;
+  /// The instructions of one product: `lds` (kf / vf) is A, `reg` (Q / P^T) is B.
+  std::string mma(std::string_view lds, std::string_view reg) const;
   /// `offset` as " + <expr>" within a fragment row: where this lane's run starts.
   std::string operand_offset() const;
   /// Whole operands: comment lines, then the statements that fill `fj_bits16 p`
@@ -119,13 +144,17 @@ protected:
   virtual void emit_p_gather(HipWriter &) const {}
 
 private:
-  /// Declares `var`: this lane's operand run of row `row` (an expression) of a
-  /// row-major LDS tile, at k tile `k`.
+  /// Declares `var`: this lane's operand elements of row `row` (an expression)
+  /// of a row-major LDS tile, at k tile `k`, in the S (K, Q) or O (V^T) labeling.
   void emit_fragment(HipWriter &w, std::string_view var, std::string_view row, std::string_view buf,
-                     std::string_view stride) const;
+                     std::string_view stride, bool o_product) const;
+  /// Checks one labeling of k against the hardware's: a relabeling that A and B share.
+  Status check_labeling(const MatrixInstr &mi, std::string_view what,
+                        int (TransposedRules::*label)(int, int) const) const;
 
   TransposedGeometry geo_;
-  int elems_;
+  int elems_; ///< E
+  int run_;   ///< R
   std::string acc_type_, acc16_type_, operand_type_;
 };
 

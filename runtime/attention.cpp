@@ -72,7 +72,11 @@ Expected<Generated> generate(const AttentionSpec &spec, std::string_view arch,
   if (!target)
     return failed(failure, Failure::unsupported, target.status());
   Generated g{
-      *target, options.config.value_or(lowering::default_config(spec, *target)), {}, {}, {}};
+      *target,
+      options.config.value_or(lowering::default_config(spec, *target, *choice, options.mma_m)),
+      {},
+      {},
+      {}};
   if (Status s = ir::validate(g.config); !s)
     return failed(failure, Failure::argument, s);
   if (Status s = lowering::check_fits(spec, g.config, g.target, *choice); !s)

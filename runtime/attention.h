@@ -52,8 +52,12 @@ struct Options {
   /// they can lower the spec, else the portable simt rules, with the reason in
   /// explain()), "matrix" (those rules or an error) or "simt".
   std::string rules = "auto";
-  /// The tuning config; lowering::default_config for the spec and target if unset.
+  /// The tuning config; lowering::default_config for the spec, target, rules
+  /// and mma_m if unset.
   std::optional<ir::Config> config;
+  /// Queries per matrix-instruction tile of the default config: 16, 32 (the CDNA
+  /// 32x32 MFMAs) or 0 for the lowering's choice. A given config has its own.
+  int64_t mma_m = 0;
   /// Clang -O level and further flags of the device compile (both in the cache key).
   int opt_level = 3;
   std::vector<std::string> extra_flags;

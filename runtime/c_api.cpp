@@ -204,9 +204,10 @@ fj_error to_options(const fj_options *in, flashjit::Options *out) {
   out->allow_fallback = in->allow_fallback != 0;
   out->synchronize = in->synchronize != 0;
   out->cpu_threads = in->cpu_threads;
+  out->mma_m = in->mma_m;
   if (in->block_m != 0)
-    out->config = flashjit::ir::Config{in->block_m, in->block_n,       in->waves,
-                                       in->stages,  in->q_in_lds != 0, in->pad_k};
+    out->config = flashjit::ir::Config{in->block_m,       in->block_n, in->waves, in->stages,
+                                       in->q_in_lds != 0, in->pad_k,   in->mma_m};
   return FJ_OK;
 }
 

@@ -13,6 +13,7 @@ typedef unsigned short fj_bits8 __attribute__((ext_vector_type(8)));   // 8 elem
 typedef unsigned short fj_bits16 __attribute__((ext_vector_type(16))); // a gfx11 / simt operand
 typedef float fj_float4 __attribute__((ext_vector_type(4))); // an MFMA 16x16 accumulator fragment
 typedef float fj_float8 __attribute__((ext_vector_type(8))); // a WMMA accumulator fragment
+typedef float fj_float16 __attribute__((ext_vector_type(16))); // an MFMA 32x32 accumulator fragment
 // The builtins' A/B vector types (bf16 travels as short bits, or __bf16 on gfx950's K32/K16).
 typedef short fj_short4 __attribute__((ext_vector_type(4)));
 typedef short fj_short8 __attribute__((ext_vector_type(8)));
@@ -78,3 +79,16 @@ FJ_DEVICE fj_bits16 fj_lds_load16(const fj_bits *p) {
 }
 FJ_DEVICE void fj_lds_store8(fj_bits *p, fj_bits8 v) { *(fj_bits8 *)p = v; }
 FJ_DEVICE void fj_lds_store1(fj_bits *p, fj_bits v) { *p = v; }
+
+// ---- operand halves (the CDNA 32x32 rules: 8-element fragments, two runs of 4) ----
+FJ_DEVICE fj_bits8 fj_concat4(fj_bits4 lo, fj_bits4 hi) {
+  return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7);
+}
+FJ_DEVICE fj_bits4 fj_lo4(fj_bits8 x) { return __builtin_shufflevector(x, x, 0, 1, 2, 3); }
+FJ_DEVICE fj_bits4 fj_hi4(fj_bits8 x) { return __builtin_shufflevector(x, x, 4, 5, 6, 7); }
+FJ_DEVICE fj_bits8 fj_lo8(fj_bits16 x) {
+  return __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7);
+}
+FJ_DEVICE fj_bits8 fj_hi8(fj_bits16 x) {
+  return __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
+}

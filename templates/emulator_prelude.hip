@@ -147,6 +147,19 @@ FJ_DEVICE fj_bits16 fj_lds_load16(const fj_bits *p) {
 FJ_DEVICE void fj_lds_store8(fj_bits *p, fj_bits8 v) { fj_emu_lds_store(p, &v, 16); }
 FJ_DEVICE void fj_lds_store1(fj_bits *p, fj_bits v) { fj_emu_lds_store(p, &v, 2); }
 
+// ---- operand halves (the CDNA 32x32 rules: 8-element fragments, two runs of 4) ----
+FJ_DEVICE fj_bits8 fj_concat4(fj_bits4 lo, fj_bits4 hi) {
+  return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7);
+}
+FJ_DEVICE fj_bits4 fj_lo4(fj_bits8 x) { return __builtin_shufflevector(x, x, 0, 1, 2, 3); }
+FJ_DEVICE fj_bits4 fj_hi4(fj_bits8 x) { return __builtin_shufflevector(x, x, 4, 5, 6, 7); }
+FJ_DEVICE fj_bits8 fj_lo8(fj_bits16 x) {
+  return __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7);
+}
+FJ_DEVICE fj_bits8 fj_hi8(fj_bits16 x) {
+  return __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
 // ---- the matrix instruction: D = A * B + C over the whole wave ----
 // One overload per operand shape of the matrix table (gfx12 8/8/8, gfx11 16/16/8,
 // CDNA 16x16x16 4/4/4 and 32x32x8 4/4/16, gfx950 8/8/4 and 8/8/16); the hook

@@ -1,12 +1,14 @@
 // Every kernel the AMD rules generate with the default config compiles with
 // LLVM 22 into code that is what the lowering promised: for every listed arch
 // (gfx12: gfx1200, gfx1201; gfx11: gfx1100, gfx1151; CDNA: gfx90a, gfx942,
-// gfx950) and for the simt rules on an RDNA and a CDNA arch, head dims 16..256
-// and the 192/128 pair, causal or not, bf16 or f16: no VGPR/SGPR spills, no
-// scratch, the LDS the kernel declares (within the target's), the target's wave
-// size, and exactly one WMMA/MFMA per 16x16x16 product of the two matrix
-// multiplies (gfx950: one 16x16x32 per two, an odd last one padded) (no
-// duplicated or dropped loop bodies), none for simt.
+// gfx950; the CDNA rules with the query tile of the lowering's choice, and with
+// 16- and 32-query tiles forced) and for the simt rules on an RDNA and a CDNA
+// arch, head dims 16..256 and the 192/128 pair, causal or not, bf16 or f16: no
+// VGPR/SGPR spills, no scratch, the LDS the kernel declares (within the
+// target's), the target's wave size, and exactly the matrix instructions the
+// products need (no duplicated or dropped loop bodies), none for simt: one per
+// 16x16x16 product, one 16x16x32 per two (an odd last one padded), one
+// 32x32x16 or two 32x32x8 per 32x32x16 product.
 //
 // The log prints the config and the resource report of each case. The compiles
 // run on two threads: LlvmCompiler::compile() forks one child per compile and
@@ -72,20 +74,22 @@ AttentionSpec spec_for(const Case &c) {
   return s;
 }
 
-/// One WMMA / MFMA per 16x16x16 product: S^T = K Q^T is (block_n/16) x
-/// (dqk/16) per 16-query tile, O^T += V^T P^T is (dv/16) x (block_n/16) per
-/// tile; none without a matrix instruction (simt).
+/// With T x T fragments (T = 16 or 32): per T-query tile, S^T = K Q^T is
+/// (block_n/T) x (dqk/16) products of k 16 and O^T += V^T P^T is (dv/T) x
+/// (block_n/16); none without a matrix instruction (simt).
 int expected_matrix_instructions(const Case &c, const ir::Config &config, const Lowered &l) {
   if (!l.mma)
     return 0;
-  const int64_t q_tiles = config.block_m / (16 * config.waves);
-  const int64_t n = config.block_n / 16, dqk = ir::padded(c.dqk, config.pad_k) / 16,
-                dv = ir::padded(c.dv, config.pad_k) / 16;
-  // An instruction of k 32 (gfx950 16x16x32) takes two 16-wide k tiles; an odd
-  // last one is paired with zeros.
-  const int64_t step = l.mma->k() / 16;
-  auto steps = [&](int64_t tiles) { return (tiles + step - 1) / step; };
-  return int(q_tiles * n * steps(dqk) + q_tiles * dv * steps(n));
+  const int64_t tile = l.mma->m();
+  const int64_t q_tiles = config.block_m / (tile * config.waves);
+  const int64_t dqk = ir::padded(c.dqk, config.pad_k), dv = ir::padded(c.dv, config.pad_k);
+  // Instructions for `tiles` 16-wide k tiles: k 32 takes two (an odd last one is
+  // paired with zeros), k 8 (32x32x8) takes half of one.
+  auto steps = [&](int64_t tiles) {
+    return l.mma->k() == 32 ? (tiles + 1) / 2 : tiles * (16 / l.mma->k());
+  };
+  return int(q_tiles *
+             (config.block_n / tile * steps(dqk / 16) + dv / tile * steps(config.block_n / 16)));
 }
 
 CompileOptions options_for(const Target &t) {
@@ -115,10 +119,11 @@ compile_all(const std::vector<std::string> &sources, const CompileOptions &optio
   return results;
 }
 
-/// An arch and the rules asked for.
+/// An arch, the rules asked for and the query tile (config mma_m, 0: the lowering's).
 struct Lowering {
   const char *arch;
   RulesChoice choice;
+  int64_t mma_m = 0;
 };
 
 class CompileRegression : public ::testing::TestWithParam<Lowering> {};
@@ -137,7 +142,7 @@ TEST_P(CompileRegression, DefaultConfigsCompileCleanlyWithTheExpectedMatrixCount
   std::vector<std::string> sources;
   for (const Case &c : cases) {
     const AttentionSpec spec = spec_for(c);
-    configs.push_back(lowering::default_config(spec, t, choice));
+    configs.push_back(lowering::default_config(spec, t, choice, GetParam().mma_m));
     Expected<Lowered> l = lowering::generate(spec, configs.back(), t, choice);
     ASSERT_TRUE(l) << t.arch << " " << c.name() << ": " << l.status().message();
     sources.push_back(l->source);
@@ -166,8 +171,8 @@ TEST_P(CompileRegression, DefaultConfigsCompileCleanlyWithTheExpectedMatrixCount
     ASSERT_TRUE(reports) << reports.status().message();
     ASSERT_EQ(reports->size(), 1u);
     const ResourceReport &r = reports->front();
-    std::cout << fmt::format("{:<24} {:<58} | {}\n", t.arch + " " + c.name(), configs[i].summary(),
-                             r.to_text());
+    std::cout << fmt::format("{:<24} {:<66} {:<7} | {}\n", t.arch + " " + c.name(),
+                             configs[i].summary(), lowered[i].rules, r.to_text());
 
     EXPECT_EQ(r.kernel, lowered[i].kernel_name);
     EXPECT_FALSE(r.vgpr_spill);
@@ -183,7 +188,10 @@ TEST_P(CompileRegression, DefaultConfigsCompileCleanlyWithTheExpectedMatrixCount
     EXPECT_EQ(r.max_flat_workgroup_size, lowered[i].block_threads);
     EXPECT_EQ(lowered[i].rules == "simt", choice == RulesChoice::simt) << lowered[i].rules;
     EXPECT_EQ(r.matrix_instructions, expected_matrix_instructions(c, configs[i], lowered[i]))
-        << "q_tiles x block_n/16 x dqk/16 + q_tiles x dv/16 x block_n/16 matrix instructions";
+        << lowered[i].mma->mnemonic << ": q_tiles x (block_n/T x dqk/16 + dv/T x block_n/16) "
+        << "products";
+    if (GetParam().mma_m && lowered[i].mma)
+      EXPECT_EQ(lowered[i].mma->m(), GetParam().mma_m);
   }
 
   // Concurrency changed nothing: compiled again alone, on this thread's
@@ -198,7 +206,8 @@ TEST_P(CompileRegression, DefaultConfigsCompileCleanlyWithTheExpectedMatrixCount
 }
 
 std::string name_of(const ::testing::TestParamInfo<Lowering> &info) {
-  return std::string(info.param.arch) + (info.param.choice == RulesChoice::simt ? "_simt" : "");
+  return std::string(info.param.arch) + (info.param.choice == RulesChoice::simt ? "_simt" : "") +
+         (info.param.mma_m ? fmt::format("_m{}", info.param.mma_m) : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Rdna4, CompileRegression,
@@ -212,7 +221,11 @@ INSTANTIATE_TEST_SUITE_P(Rdna3, CompileRegression,
 INSTANTIATE_TEST_SUITE_P(Cdna, CompileRegression,
                          ::testing::Values(Lowering{"gfx90a", RulesChoice::automatic},
                                            Lowering{"gfx942", RulesChoice::automatic},
-                                           Lowering{"gfx950", RulesChoice::automatic}),
+                                           Lowering{"gfx950", RulesChoice::automatic},
+                                           Lowering{"gfx942", RulesChoice::automatic, 16},
+                                           Lowering{"gfx950", RulesChoice::automatic, 16},
+                                           Lowering{"gfx942", RulesChoice::automatic, 32},
+                                           Lowering{"gfx950", RulesChoice::automatic, 32}),
                          name_of);
 INSTANTIATE_TEST_SUITE_P(Simt, CompileRegression,
                          ::testing::Values(Lowering{"gfx1100", RulesChoice::simt},

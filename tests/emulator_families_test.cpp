@@ -3,14 +3,17 @@
 // with a smaller spec matrix):
 //
 //   * gfx1100, gfx1151 (gfx11 WMMA, replicated 16-element operands), gfx90a,
-//     gfx942 (CDNA MFMA 16x16x16, wave64), gfx950 (MFMA 16x16x32: two k tiles
-//     per instruction; and its 16x16x16 fallback), gfx1200, gfx1201 (gfx12), and
-//     the simt rules (no matrix instruction) on gfx1100, gfx1201 and gfx942;
+//     gfx942 (CDNA MFMA 16x16x16 and, with 32-query tiles, two 32x32x8 per
+//     16-wide k tile; wave64), gfx950 (MFMA 16x16x32: two k tiles per
+//     instruction, and its 16x16x16 fallback; 32x32x16), gfx1200, gfx1201
+//     (gfx12), and the simt rules (no matrix instruction) on gfx1100, gfx1201
+//     and gfx942;
 //   * odd head dims, Dqk != Dv, ragged seqlens, causal both ways, a window,
 //     GQA/MQA, bf16 and f16, LSE;
 //   * the automatic choice takes the matrix rules everywhere, simt is taken only
 //     when asked or when the matrix rules refuse, and says so;
-//   * the lane maps matter on gfx11 and CDNA too: a wrong accumulator map fails.
+//   * the lane maps matter on gfx11 and CDNA (16x16 and 32x32) too: a wrong
+//     accumulator map fails.
 #include "runtime/emulator.h"
 
 #include "tests/support/spec_case.h"
@@ -55,22 +58,28 @@ const Case kCases[] = {
     {1, 2, 2, 130, 130, 128, 128, bf16, bshd, false, kNoWindow, false}, // 128-bit paths, no LSE
 };
 
-// Which rules lower each target: the arch, the rules asked for, the rules expected.
+// Which rules lower each target: the arch, the rules asked for, the query tile
+// asked for (config mma_m; 0: the lowering's choice), the rules expected.
 struct Lowering {
   const char *arch;
   RulesChoice choice;
+  int64_t mma_m;
   const char *rules;
 };
 
 std::string name_of(const Lowering &l) {
-  return fmt::format("{}_{}", l.arch, l.choice == RulesChoice::simt ? "simt" : "auto");
+  return fmt::format("{}_{}{}", l.arch, l.choice == RulesChoice::simt ? "simt" : "auto",
+                     l.mma_m ? fmt::format("_m{}", l.mma_m) : "");
 }
 
+constexpr auto automatic = RulesChoice::automatic, simt = RulesChoice::simt;
 const Lowering kLowerings[] = {
-    {"gfx1100", RulesChoice::automatic, "gfx11"}, {"gfx1151", RulesChoice::automatic, "gfx11"},
-    {"gfx90a", RulesChoice::automatic, "cdna"},   {"gfx942", RulesChoice::automatic, "cdna"},
-    {"gfx950", RulesChoice::automatic, "cdna"},   {"gfx1100", RulesChoice::simt, "simt"},
-    {"gfx1201", RulesChoice::simt, "simt"},       {"gfx942", RulesChoice::simt, "simt"},
+    {"gfx1100", automatic, 0, "gfx11"}, {"gfx1151", automatic, 0, "gfx11"},
+    {"gfx90a", automatic, 16, "cdna"},  {"gfx90a", automatic, 32, "cdna32"},
+    {"gfx942", automatic, 16, "cdna"},  {"gfx942", automatic, 32, "cdna32"},
+    {"gfx950", automatic, 16, "cdna"},  {"gfx950", automatic, 32, "cdna32"},
+    {"gfx1100", simt, 0, "simt"},       {"gfx1201", simt, 0, "simt"},
+    {"gfx942", simt, 0, "simt"},
 };
 
 class FamiliesVsReference : public testing::TestWithParam<std::tuple<Lowering, Case>> {};
@@ -81,9 +90,12 @@ TEST_P(FamiliesVsReference, MatchesFloat64) {
   const lowering::Target t = target(how.arch);
   const AttentionSpec spec = spec_of(c);
   ASSERT_TRUE(spec.validate()) << spec.validate().message();
-  auto k = lowering::generate(spec, lowering::default_config(spec, t, how.choice), t, how.choice);
+  auto k = lowering::generate(spec, lowering::default_config(spec, t, how.choice, how.mma_m), t,
+                              how.choice);
   ASSERT_TRUE(k) << k.status().message();
   EXPECT_EQ(k->rules, how.rules);
+  if (how.mma_m)
+    EXPECT_EQ(k->mma->m(), how.mma_m);
   EXPECT_EQ(k->mma == nullptr, how.choice == RulesChoice::simt);
   HostTensors tensors = make_random_inputs(spec, 4321 + uint64_t(c.dqk));
   Status s = runtime::emulate(*k, t, spec, tensors, {.threads = 2});
@@ -100,23 +112,27 @@ INSTANTIATE_TEST_SUITE_P(Specs, FamiliesVsReference,
                                   name_of(std::get<1>(info.param));
                          });
 
-// Several 16-query tiles per wave, one or two waves, KV blocks of 16 to 128 keys.
+// Several query tiles (of T = 16 or 32) per wave, one or two waves, KV blocks
+// of 16 (T = 16; 32 for T = 32) to 128 keys.
 TEST(Families, NonDefaultConfigsMatchFloat64) {
   struct ConfigCase {
     int64_t block_m, block_n, waves;
   };
-  const ConfigCase configs[] = {{128, 32, 4}, {32, 16, 1}, {32, 128, 2}};
   const Case c = {1, 2, 1, 113, 203, 72, 72, f16, bshd, true, kNoWindow, true};
-  for (const Lowering &how : {kLowerings[0], kLowerings[2], kLowerings[4], kLowerings[7]})
-    for (const ConfigCase &cc : configs) {
-      SCOPED_TRACE(fmt::format("{} block_m {} block_n {} waves {}", name_of(how), cc.block_m,
-                               cc.block_n, cc.waves));
+  for (const Lowering &how :
+       {kLowerings[0], kLowerings[2], kLowerings[5], kLowerings[6], kLowerings[7], kLowerings[10]})
+    for (const ConfigCase &cc :
+         {ConfigCase{128, 32, 4}, ConfigCase{32, 16, 1}, ConfigCase{32, 128, 2}}) {
+      const int64_t tile = how.mma_m ? how.mma_m : 16, scale = tile / 16;
+      const ConfigCase scaled = {cc.block_m * scale, std::max(cc.block_n, tile), cc.waves};
+      SCOPED_TRACE(fmt::format("{} block_m {} block_n {} waves {}", name_of(how), scaled.block_m,
+                               scaled.block_n, scaled.waves));
       const lowering::Target t = target(how.arch);
       const AttentionSpec spec = spec_of(c);
-      ir::Config config = lowering::default_config(spec, t, how.choice);
-      config.block_m = cc.block_m;
-      config.block_n = cc.block_n;
-      config.waves = cc.waves;
+      ir::Config config = lowering::default_config(spec, t, how.choice, how.mma_m);
+      config.block_m = scaled.block_m;
+      config.block_n = scaled.block_n;
+      config.waves = scaled.waves;
       auto k = lowering::generate(spec, config, t, how.choice);
       ASSERT_TRUE(k) << k.status().message();
       HostTensors tensors = make_random_inputs(spec, 12);
@@ -128,10 +144,10 @@ TEST(Families, NonDefaultConfigsMatchFloat64) {
     }
 }
 
-// gfx950 prefers v_mfma_f32_16x16x32 (two 16-wide k tiles per instruction, an
-// odd last tile padded with zeros: head dims 40, 72, 80 and 100, block_n 16);
-// without those rows it falls back to the 16x16x16 instructions, with the same
-// numerics.
+// With 16-query tiles gfx950 prefers v_mfma_f32_16x16x32 (two 16-wide k tiles
+// per instruction, an odd last tile padded with zeros: head dims 40, 72, 80 and
+// 100, block_n 16); without those rows it falls back to the 16x16x16
+// instructions, with the same numerics.
 TEST(Families, Gfx950PrefersK32AndFallsBackToK16) {
   const Case cases[] = {kCases[1], kCases[2], kCases[4], kCases[6]};
   for (bool k32 : {true, false})
@@ -143,7 +159,7 @@ TEST(Families, Gfx950PrefersK32AndFallsBackToK16) {
           std::erase_if(t.matrix_instrs,
                         [](const lowering::MatrixInstr *mi) { return mi->k() == 32; });
         const AttentionSpec spec = spec_of(c);
-        ir::Config config = lowering::default_config(spec, t);
+        ir::Config config = lowering::default_config(spec, t, RulesChoice::automatic, 16);
         if (block_n)
           config.block_n = block_n;
         auto k = lowering::generate(spec, config, t);
@@ -246,6 +262,10 @@ lowering::MatrixCoord contiguous_rows_d(int lane, int e) {
 lowering::MatrixCoord reversed_quads_d(int lane, int e) {
   return {4 * (3 - lane / 16) + e, lane % 16};
 }
+// CDNA 32x32 rows 8 * (e / 4) + 4 * half + e % 4 with the halves swapped.
+lowering::MatrixCoord swapped_halves_d(int lane, int e) {
+  return {8 * (e / 4) + 4 * (1 - lane / 32) + e % 4, lane % 32};
+}
 
 struct PatchedInstr {
   lowering::LaneLayout layout;
@@ -258,12 +278,20 @@ struct PatchedInstr {
 TEST(Families, AWrongAccumulatorMapFailsAgainstTheReference) {
   const AttentionSpec spec = spec_of({1, 2, 2, 64, 96, 64, 64, bf16, bshd, false, kNoWindow, true});
   const Tolerance tol = tolerance_for(spec.dtype);
-  const std::pair<const char *, lowering::LaneMap> wrong_maps[] = {{"gfx1100", &contiguous_rows_d},
-                                                                   {"gfx942", &reversed_quads_d}};
-  for (const auto &[arch, map] : wrong_maps) {
-    SCOPED_TRACE(arch);
+  struct WrongMap {
+    const char *arch;
+    int64_t mma_m;
+    lowering::LaneMap map;
+  };
+  const WrongMap wrong_maps[] = {{"gfx1100", 0, &contiguous_rows_d},
+                                 {"gfx942", 16, &reversed_quads_d},
+                                 {"gfx942", 32, &swapped_halves_d},
+                                 {"gfx950", 32, &swapped_halves_d}};
+  for (const auto &[arch, mma_m, map] : wrong_maps) {
+    SCOPED_TRACE(fmt::format("{} mma_m {}", arch, mma_m));
     const lowering::Target t = target(arch);
-    auto k = lowering::generate(spec, lowering::default_config(spec, t), t);
+    auto k = lowering::generate(
+        spec, lowering::default_config(spec, t, RulesChoice::automatic, mma_m), t);
     ASSERT_TRUE(k) << k.status().message();
     PatchedInstr wrong(*k->mma);
     wrong.layout.d = map;
@@ -290,6 +318,21 @@ TEST(Families, RulesRefuseATableRowWithAnotherAccumulatorMap) {
   ASSERT_FALSE(k);
   EXPECT_NE(k.status().message().find("the gfx11 rules need"), std::string::npos)
       << k.status().message();
+
+  // gfx942 with only a 32x32x8 row whose halves are swapped: the 32x32 rules
+  // refuse it, and 32-query tiles cannot be had.
+  lowering::Target cdna = target("gfx942");
+  auto row = lowering::find_matrix_instr(cdna, spec.dtype, 32, 32, 8);
+  ASSERT_TRUE(row) << row.status().message();
+  PatchedInstr swapped(**row);
+  swapped.layout.d = &swapped_halves_d;
+  cdna.matrix_instrs = {&swapped.instr};
+  auto m32 =
+      lowering::generate(spec, lowering::default_config(spec, cdna, RulesChoice::automatic, 32),
+                         cdna, RulesChoice::matrix);
+  ASSERT_FALSE(m32);
+  EXPECT_NE(m32.status().message().find("the cdna32 rules need"), std::string::npos)
+      << m32.status().message();
 }
 
 } // namespace

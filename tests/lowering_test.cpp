@@ -214,10 +214,11 @@ TEST(Lowering, BothRdna4ProcessorsLowerWithTheirWmmaBuiltins) {
 }
 
 TEST(Lowering, EveryArchLowersWithItsFamilysMatrixRules) {
-  // family -> the rules that lower it (lowering/rules.cpp).
+  // family -> the rules that lower it (lowering/rules.cpp); CDNA takes 32-query
+  // tiles for this spec (head_dim_v 64, 113 queries).
   const std::map<Family, std::string> expected = {
-      {Family::gfx11, "gfx11"}, {Family::gfx12, "gfx12"}, {Family::cdna2, "cdna"},
-      {Family::cdna3, "cdna"},  {Family::cdna4, "cdna"},  {Family::sm80, "sm80"}};
+      {Family::gfx11, "gfx11"},  {Family::gfx12, "gfx12"},  {Family::cdna2, "cdna32"},
+      {Family::cdna3, "cdna32"}, {Family::cdna4, "cdna32"}, {Family::sm80, "sm80"}};
   const AttentionSpec spec = spec_for(64, 64, DType::bf16);
   const std::string listed = families_with_rules();
   for (std::string_view arch : supported_archs()) {
@@ -230,6 +231,81 @@ TEST(Lowering, EveryArchLowersWithItsFamilysMatrixRules) {
     EXPECT_EQ(l.rules_note, "");
     EXPECT_NE(listed.find(arch), std::string::npos) << listed;
   }
+}
+
+// CDNA has rules for 32- and 16-query tiles. The default takes 32 where
+// head_dim_v needs no padding past 16 and there are more than 16 queries; a
+// config's mma_m (or its block sizes) picks one; misfits are named.
+TEST(Lowering, CdnaChoosesItsQueryTileBySpecAndConfig) {
+  struct Choice {
+    const char *arch;
+    int64_t dv, seqlen_q, mma_m;
+    int m, k; // the instruction's M and k
+  };
+  const Choice choices[] = {
+      {"gfx942", 128, 113, 0, 32, 8},   {"gfx90a", 64, 113, 0, 32, 8},
+      {"gfx950", 128, 113, 0, 32, 16},  {"gfx942", 80, 113, 0, 16, 16},
+      {"gfx950", 80, 113, 0, 16, 32},   {"gfx942", 128, 16, 0, 16, 16},
+      {"gfx942", 128, 113, 16, 16, 16}, {"gfx942", 80, 113, 32, 32, 8},
+      {"gfx950", 72, 113, 32, 32, 16},
+  };
+  for (const Choice &c : choices) {
+    SCOPED_TRACE(fmt::format("{} dv {} seqlen_q {} mma_m {}", c.arch, c.dv, c.seqlen_q, c.mma_m));
+    const Target t = target(c.arch);
+    AttentionSpec spec = make_spec(1, 4, 2, c.seqlen_q, 203, c.dv, c.dv, DType::bf16);
+    const ir::Config config = default_config(spec, t, RulesChoice::automatic, c.mma_m);
+    Expected<Lowered> l = generate(spec, config, t);
+    ASSERT_TRUE(l) << l.status().message();
+    ASSERT_NE(l->mma, nullptr);
+    EXPECT_EQ(l->mma->m(), c.m);
+    EXPECT_EQ(l->mma->k(), c.k);
+    EXPECT_EQ(l->rules, c.m == 32 ? "cdna32" : "cdna");
+    EXPECT_EQ(config.block_m % (c.m * config.waves), 0);
+    // Head dims padded so the 32-entry fragments tile head_dim_v.
+    EXPECT_EQ(ir::padded(c.dv, config.pad_k) % c.m, 0) << config.summary();
+    EXPECT_NE(l->source.find(fmt::format("(wave * kQTiles + qt) * {} + r", c.m)),
+              std::string::npos);
+  }
+
+  const Target t = target("gfx942");
+  const AttentionSpec spec = spec_for(128, 128, DType::bf16);
+  // No mma_m: the first rules whose tiles divide the config.
+  ir::Config c = default_config(spec, t);
+  EXPECT_EQ(c.mma_m, 32);
+  c.mma_m = 0;
+  c.block_m = 64;
+  Expected<Lowered> l = generate(spec, c, t);
+  ASSERT_TRUE(l) << l.status().message();
+  EXPECT_EQ(l->rules, "cdna");
+  // mma_m 32 with a block too small for 4 waves of 32 queries.
+  c.mma_m = 32;
+  std::string error = generate_error(spec, c, t);
+  EXPECT_NE(error.find("block_m (64) must be a multiple of 32 x waves (4)"), std::string::npos)
+      << error;
+  // mma_m 32 with head_dim_v 80 padded to 16 only.
+  const AttentionSpec d80 = spec_for(80, 80, DType::bf16);
+  c = default_config(d80, t, RulesChoice::automatic, 32);
+  EXPECT_EQ(c.pad_k, 32);
+  c.pad_k = 16;
+  error = generate_error(d80, c, t);
+  EXPECT_NE(error.find("use pad_k 32"), std::string::npos) << error;
+  // Targets without 32-query tiles say which they have; so does simt.
+  for (const char *arch : {"gfx1201", "sm_90"}) {
+    const Target other = target(arch);
+    error = generate_error(spec, default_config(spec, other, RulesChoice::automatic, 32), other);
+    EXPECT_NE(error.find("config mma_m = 32"), std::string::npos) << error;
+    EXPECT_NE(error.find("16-query tiles only"), std::string::npos) << error;
+  }
+  Expected<Lowered> simt =
+      generate(spec, default_config(spec, t, RulesChoice::simt, 32), t, RulesChoice::simt);
+  ASSERT_FALSE(simt);
+  EXPECT_NE(simt.status().message().find("the simt rules use 16-query tiles"), std::string::npos)
+      << simt.status().message();
+  // Not a tile at all.
+  c = default_config(spec, t);
+  c.mma_m = 8;
+  error = generate_error(spec, c, t);
+  EXPECT_NE(error.find("mma_m = 8"), std::string::npos) << error;
 }
 
 TEST(Lowering, SimtRulesAreForAmdTargetsOnly) {

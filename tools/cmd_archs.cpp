@@ -53,11 +53,13 @@ Expected<ArchRow> describe(std::string_view arch) {
     return t.status();
   ArchRow row{*t, {}, {}, {}};
   std::vector<const lowering::MatrixInstr *> used;
-  if (const lowering::Rules *r = lowering::rules_for(*t)) {
-    row.rules.emplace_back(r->name());
+  // Every matrix rule set of the family (CDNA: 32- and 16-query tiles), preferred first.
+  for (const lowering::Rules *r : lowering::matrix_rules_for(*t)) {
+    if (std::find(row.rules.begin(), row.rules.end(), r->name()) == row.rules.end())
+      row.rules.emplace_back(r->name());
     for (DType dt : {DType::bf16, DType::f16}) {
-      auto mi = lowering::find_matrix_instr(*t, dt, 16, r->n_tile(), 16 * r->k_step());
-      if (mi && r->check(**mi, *t)) {
+      auto mi = lowering::find_matrix_instr(*t, dt, r->m_tile(), r->n_tile(), r->mma_k());
+      if (mi && r->check(**mi, *t) && std::find(used.begin(), used.end(), *mi) == used.end()) {
         used.push_back(*mi);
         row.lowered_with.push_back(fmt::format(
             "{}: {}", dtype_name(dt), (*mi)->builtin.empty() ? (*mi)->mnemonic : (*mi)->builtin));
@@ -155,20 +157,23 @@ int cmd_archs(const Args &a) {
     return devices ? 0 : fail(devices.status());
   }
 
-  fmt::print("{:<8} {:<6} {:>4} {:>8} {:>5}  {:<12} {}\n", "arch", "family", "wave", "LDS", "VGPRs",
+  fmt::print("{:<8} {:<6} {:>4} {:>8} {:>5}  {:<18} {}\n", "arch", "family", "wave", "LDS", "VGPRs",
              "rules", "matrix instructions (* = lowered with)");
   for (const ArchRow &r : rows) {
     std::vector<std::string> instrs;
     for (const auto &[mi, used] : r.instructions)
       instrs.push_back(std::string(mi->mnemonic) + (used ? "*" : ""));
-    fmt::print("{:<8} {:<6} {:>4} {:>8} {:>5}  {:<12} {}\n", r.target.arch, r.target.family_name(),
+    fmt::print("{:<8} {:<6} {:>4} {:>8} {:>5}  {:<18} {}\n", r.target.arch, r.target.family_name(),
                r.target.wave_size, lds_text(r.target.lds_bytes), r.target.max_vgprs,
                fmt::format("{}", fmt::join(r.rules, ", ")),
                instrs.empty() ? "none" : fmt::format("{}", fmt::join(instrs, " ")));
   }
   fmt::print("\nrules: the family's matrix rules lower by default; simt (FMAs, no matrix\n"
              "instruction) is the portable fallback on every AMD arch, taken when asked or\n"
-             "when the matrix rules refuse a spec, and then named in the kernel and the result.\n");
+             "when the matrix rules refuse a spec, and then named in the kernel and the result.\n"
+             "CDNA has rules for 32-query tiles (cdna32: 32x32 MFMAs, taken by default where\n"
+             "head_dim_v padded to 16 is a multiple of 32 and seqlen_q > 16) and for 16-query\n"
+             "tiles (cdna); --mma-m 16|32 picks one.\n");
   if (rows.size() == 1)
     fmt::print("builtins: {}\n", fmt::join(rows.front().lowered_with, "; "));
 

@@ -9,7 +9,7 @@
 // Fields and defaults are those of the spec flags (`flashjit emit --help`):
 // batch heads kv_heads seqlen_q seqlen_k head_dim head_dim_v (integers), dtype
 // layout (strings), causal lse (booleans), window ([left, right]), scale
-// (number), block_m block_n waves (config), compiler (auto|llvm|hiprtc|nvrtc).
+// (number), block_m block_n waves mma_m (config), compiler (auto|llvm|hiprtc|nvrtc).
 #include "compiler/code_object.h"
 #include "compiler/kernel_cache.h"
 #include "compiler/knobs.h"
@@ -136,7 +136,7 @@ struct WarmupItem {
   std::string arch;
   std::string compiler = "auto";
   AttentionSpec spec;
-  std::optional<int64_t> block_m, block_n, waves;
+  std::optional<int64_t> block_m, block_n, waves, mma_m;
 };
 
 Expected<int64_t> integer(const json::Value &v, std::string_view field) {
@@ -151,9 +151,9 @@ Expected<WarmupItem> parse_item(const json::Value &item) {
     return Status::error("each item must be an object like {{\"arch\": \"gfx1201\", "
                          "\"head_dim\": 128}}");
   static const std::vector<std::string_view> known = {
-      "arch",     "compiler", "batch",      "heads",   "kv_heads", "seqlen_q",
-      "seqlen_k", "head_dim", "head_dim_v", "dtype",   "layout",   "causal",
-      "window",   "scale",    "lse",        "block_m", "block_n",  "waves"};
+      "arch",     "compiler",   "batch",   "heads",  "kv_heads", "seqlen_q", "seqlen_k",
+      "head_dim", "head_dim_v", "dtype",   "layout", "causal",   "window",   "scale",
+      "lse",      "block_m",    "block_n", "waves",  "mma_m"};
   for (const std::string &key : item.keys)
     if (std::find(known.begin(), known.end(), key) == known.end()) {
       std::string list;
@@ -237,7 +237,7 @@ Expected<WarmupItem> parse_item(const json::Value &item) {
   s.set_layout(*lay);
   FJ_RETURN_IF_ERROR(s.validate());
   for (auto [field, out] : {std::pair{"block_m", &w.block_m}, std::pair{"block_n", &w.block_n},
-                            std::pair{"waves", &w.waves}})
+                            std::pair{"waves", &w.waves}, std::pair{"mma_m", &w.mma_m}})
     if (item.find(field)) {
       auto v = num(field, 0);
       if (!v)
@@ -285,7 +285,8 @@ WarmupResult warm_one(const WarmupItem &w, const std::string &compiler_name,
   auto target = lowering::parse_target(w.arch);
   if (!target)
     return fail_with(target.status());
-  ir::Config config = lowering::default_config(w.spec, *target);
+  ir::Config config = lowering::default_config(w.spec, *target, lowering::RulesChoice::automatic,
+                                               w.mma_m.value_or(0));
   if (w.block_m)
     config.block_m = *w.block_m;
   if (w.block_n)
@@ -461,7 +462,7 @@ std::vector<Command> cache_commands() {
        "Compile the kernels a manifest lists into the cache, ahead of their first use.",
        "MANIFEST.json | --manifest FILE [--compiler NAME] [--jobs N] [--dir DIR]",
        {{"--manifest", "FILE",
-         "JSON list of {\"arch\": ..., spec fields..., block_m/block_n/waves} (see "
+         "JSON list of {\"arch\": ..., spec fields..., block_m/block_n/waves/mma_m} (see "
          "tools/cmd_cache.cpp)",
          ""},
         {"--compiler", "NAME", "auto, llvm, hiprtc or nvrtc, for every item",

@@ -62,8 +62,13 @@ Expected<Job> job_from(const cli::Args &a) {
   if (!rules)
     return rules.status().with_context("--rules");
   job.rules = *rules;
-  const ir::Config base =
-      job.target ? lowering::default_config(job.spec, *job.target, job.rules) : ir::Config{};
+  // --mma-m picks the rules whose defaults the other flags then override.
+  auto mma_m = a.get_int("--mma-m", 0);
+  if (!mma_m)
+    return mma_m.status();
+  const ir::Config base = job.target
+                              ? lowering::default_config(job.spec, *job.target, job.rules, *mma_m)
+                              : ir::Config{};
   auto c = cli::config_from(a, base);
   if (!c)
     return c.status();

@@ -29,6 +29,10 @@ std::vector<FlagSpec> config_flags() {
       {"--stages", "N", "K/V pipeline depth: 2 issues each tile's copy one step ahead",
        "the target's choice"},
       {"--q-in-lds", "", "keep the Q block in LDS instead of registers", ""},
+      {"--mma-m", "16|32",
+       "queries per matrix-instruction tile: 32 takes the CDNA 32x32 MFMAs (gfx90a, gfx942: "
+       "32x32x8; gfx950: 32x32x16), 16 the 16x16 ones",
+       "the target's choice by spec"},
       {"--rules", "auto|matrix|simt",
        "lowering rules: the family's matrix instructions, or the portable simt fallback (auto: "
        "matrix, falling back to simt when a spec does not fit, and saying so)",
@@ -97,6 +101,10 @@ Expected<ir::Config> config_from(const Args &a, ir::Config base) {
   auto st = a.get_int("--stages", c.stages);
   if (!st)
     return st.status();
+  auto mm = a.get_int("--mma-m", c.mma_m);
+  if (!mm)
+    return mm.status();
+  c.mma_m = *mm;
   c.block_m = *bm;
   c.block_n = *bn;
   c.waves = *w;

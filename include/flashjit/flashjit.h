@@ -135,6 +135,9 @@ typedef struct fj_options {
   /* The tuning config; 0 in block_m keeps the default for the target (all of
    * these are then ignored). */
   int64_t block_m, block_n, waves, stages, q_in_lds, pad_k;
+  /* Queries per matrix-instruction tile: 16, 32 (the CDNA 32x32 MFMAs) or 0 for
+   * the lowering's choice; with block_m 0 it picks the default config's rules. */
+  int64_t mma_m;
 } fj_options;
 
 FJ_API void fj_options_init(fj_options *options);
