@@ -305,34 +305,33 @@ TEST(Families, AWrongAccumulatorMapFailsAgainstTheReference) {
 }
 
 // The rules check the table row before emitting anything: a row whose
-// accumulator map is not the one the rules assume is refused by name.
+// accumulator map is not the one the rules assume is refused by name (gfx942:
+// its only 32x32x8 row has the halves swapped, so 32-query tiles cannot be had).
 TEST(Families, RulesRefuseATableRowWithAnotherAccumulatorMap) {
+  struct Refusal {
+    const char *arch;
+    int m, k; // the row replaced
+    lowering::LaneMap wrong_d;
+    int64_t mma_m;
+    const char *message;
+  };
+  const Refusal refusals[] = {{"gfx1100", 16, 16, &contiguous_rows_d, 0, "the gfx11 rules need"},
+                              {"gfx942", 32, 8, &swapped_halves_d, 32, "the cdna32 rules need"}};
   const AttentionSpec spec = spec_of(kCases[2]);
-  lowering::Target t = target("gfx1100");
-  auto real = lowering::find_matrix_instr(t, spec.dtype, 16, 16, 16);
-  ASSERT_TRUE(real) << real.status().message();
-  PatchedInstr wrong(**real);
-  wrong.layout.d = &contiguous_rows_d;
-  t.matrix_instrs = {&wrong.instr};
-  auto k = lowering::generate(spec, lowering::default_config(spec, t), t, RulesChoice::matrix);
-  ASSERT_FALSE(k);
-  EXPECT_NE(k.status().message().find("the gfx11 rules need"), std::string::npos)
-      << k.status().message();
-
-  // gfx942 with only a 32x32x8 row whose halves are swapped: the 32x32 rules
-  // refuse it, and 32-query tiles cannot be had.
-  lowering::Target cdna = target("gfx942");
-  auto row = lowering::find_matrix_instr(cdna, spec.dtype, 32, 32, 8);
-  ASSERT_TRUE(row) << row.status().message();
-  PatchedInstr swapped(**row);
-  swapped.layout.d = &swapped_halves_d;
-  cdna.matrix_instrs = {&swapped.instr};
-  auto m32 =
-      lowering::generate(spec, lowering::default_config(spec, cdna, RulesChoice::automatic, 32),
-                         cdna, RulesChoice::matrix);
-  ASSERT_FALSE(m32);
-  EXPECT_NE(m32.status().message().find("the cdna32 rules need"), std::string::npos)
-      << m32.status().message();
+  for (const Refusal &r : refusals) {
+    SCOPED_TRACE(r.arch);
+    lowering::Target t = target(r.arch);
+    auto real = lowering::find_matrix_instr(t, spec.dtype, r.m, r.m, r.k);
+    ASSERT_TRUE(real) << real.status().message();
+    PatchedInstr wrong(**real);
+    wrong.layout.d = r.wrong_d;
+    t.matrix_instrs = {&wrong.instr};
+    auto k =
+        lowering::generate(spec, lowering::default_config(spec, t, RulesChoice::automatic, r.mma_m),
+                           t, RulesChoice::matrix);
+    ASSERT_FALSE(k);
+    EXPECT_NE(k.status().message().find(r.message), std::string::npos) << k.status().message();
+  }
 }
 
 } // namespace
