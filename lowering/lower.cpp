@@ -385,6 +385,7 @@ Expected<Lowered> KernelEmitter::run() {
   out.grid[2] = p_.grid_batch;
   out.block_threads = int(waves_ * target_.wave_size);
   out.lds_bytes = lds_bytes_;
+  out.lds_dynamic = rules_.dynamic_lds();
   out.mma = mi_;
   out.rules = std::string(rules_.name());
   out.rules_note = note_;
@@ -726,10 +727,14 @@ std::string KernelEmitter::register_lds(const Op &op) {
         fmt::format("LDS row stride of the {} tile (elements, padded by {} against bank conflicts)",
                     t.name, kLdsPad));
     lds_strides_[buf] = stride_name;
-    lds_bytes_ += int(elems * 2);
-    lds_decls_.push_back(
-        fmt::format("FJ_LDS_ARRAY(fj_bits, {}, {}); // {} tile {}x{}{}, rows padded by {}", buf,
-                    elems, t.name, rows, cols, transposed ? " stored transposed" : "", kLdsPad));
+    const std::string what = fmt::format("// {} tile {}x{}{}, rows padded by {}", t.name, rows,
+                                         cols, transposed ? " stored transposed" : "", kLdsPad);
+    if (rules_.dynamic_lds()) // at a 16-byte aligned offset of the launch's dynamic LDS
+      lds_decls_.push_back(fmt::format("FJ_DYNAMIC_LDS_ARRAY(fj_bits, {}, {}, {}); {}", buf, elems,
+                                       lds_bytes_, what));
+    else
+      lds_decls_.push_back(fmt::format("FJ_LDS_ARRAY(fj_bits, {}, {}); {}", buf, elems, what));
+    lds_bytes_ += int((elems * 2 + 15) / 16 * 16);
   }
   return buf;
 }
@@ -1117,9 +1122,16 @@ Expected<RulesChoice> parse_rules_choice(std::string_view name) {
 
 Status check_fits(const AttentionSpec &spec, const ir::Config &c, const Target &t,
                   RulesChoice choice) {
+  auto chosen = choose_rules(t, spec.dtype, choice, want_for(spec, c));
+  if (!chosen)
+    return chosen.status();
+  const Rules &r = *chosen->rules;
   const int64_t dqk = ir::padded(spec.head_dim_qk, c.pad_k),
                 dv = ir::padded(spec.head_dim_v, c.pad_k);
-  const int64_t lds = c.block_n * (dqk + kLdsPad) * 2 + dv * (c.block_n + kLdsPad) * 2 +
+  // K row-major, V transposed or row-major as the rules stage it, Q where it lives there.
+  const int64_t v_bytes =
+      r.v_transposed() ? dv * (c.block_n + kLdsPad) * 2 : c.block_n * (dv + kLdsPad) * 2;
+  const int64_t lds = c.block_n * (dqk + kLdsPad) * 2 + v_bytes +
                       (c.q_in_lds ? c.block_m * (dqk + kLdsPad) * 2 : 0);
   if (lds > t.lds_bytes)
     return Status::error(
@@ -1133,10 +1145,6 @@ Status check_fits(const AttentionSpec &spec, const ir::Config &c, const Target &
   // O accumulator (E of every n_tile head-dim entries), the Q fragments (16-bit
   // operand elements of every 16 head-dim entries, two per VGPR) and S (E of
   // every n_tile keys). gfx12: dv/2 + dqk/4 + block_n/2.
-  auto chosen = choose_rules(t, spec.dtype, choice, want_for(spec, c));
-  if (!chosen)
-    return chosen.status();
-  const Rules &r = *chosen->rules;
   const int64_t acc = r.acc_elems(), n_tile = r.n_tile();
   const int64_t operand = r.operand_run_len() * int64_t(r.operand_runs().size());
   const int64_t q_tiles = std::max<int64_t>(1, c.block_m / (r.m_tile() * c.waves));

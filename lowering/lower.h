@@ -28,7 +28,10 @@ struct Lowered {
   std::string kernel_name; // the extern "C" symbol
   int64_t grid[3] = {1, 1, 1};
   int block_threads = 0;
-  int lds_bytes = 0;                // static LDS the kernel declares
+  int lds_bytes = 0; // LDS the kernel declares
+  /// The LDS is dynamic (NVIDIA: past the 48 KiB of static shared memory): the
+  /// launch passes lds_bytes as its dynamic size.
+  bool lds_dynamic = false;
   const MatrixInstr *mma = nullptr; // null for the simt rules
   std::string rules;                // the rule set that lowered it, e.g. "gfx12", "simt"
   /// Why the simt rules lowered it ("" for matrix rules): asked for, or the

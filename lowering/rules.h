@@ -113,6 +113,9 @@ public:
   /// into the kernel text; empty for most rules.
   virtual std::string_view kernel_helpers() const { return {}; }
   virtual std::string_view prelude() const = 0;
+  /// Whether the kernel's LDS arrays are slices of the launch's dynamic LDS
+  /// (FJ_DYNAMIC_LDS_ARRAY) rather than static arrays (FJ_LDS_ARRAY).
+  virtual bool dynamic_lds() const { return false; }
   virtual void emit_mma_wrapper(HipWriter &w, const MatrixInstr &mi, DType dtype) const = 0;
 };
 

@@ -128,23 +128,28 @@ public:
 
   bool v_transposed() const override { return false; }
   ir::Config default_config(const AttentionSpec &spec) const override {
-    // Measured on an H100 (bench/results): up to head dim 80, 4 warps x 2 16-query
-    // tiles with Q in shared memory (each K/V fragment serves 32 queries); above,
-    // 4 warps x 16 queries with Q in registers. K and V copies run one tile ahead
-    // of the math with cp.async (stages = 2).
+    // From a sweep on an H100 (bench/sweep_configs.py; bench/results/sweep_*.csv,
+    // S = 4096, causal and not), 4 warps and cp.async one tile ahead (stages 2):
+    //   head dim <= 96:  2 16-query tiles per warp, Q in registers, 64-key blocks;
+    //   <= 128:          1 tile per warp, Q in registers, 64-key blocks;
+    //   <= 256:          1 tile per warp, Q in shared memory, 64-key blocks
+    //                    (at most 99 KiB: every sm_8x/sm_90 block can opt into it);
+    //   above (unmeasured): the same with 16-key blocks, for the registers.
     ir::Config c;
     const int64_t d = std::max(ir::padded(spec.head_dim_qk, 16), ir::padded(spec.head_dim_v, 16));
     c.waves = 4;
     c.stages = 2;
     c.pad_k = 16;
-    c.q_in_lds = d <= 80;
-    c.block_m = (c.q_in_lds ? 32 : 16) * c.waves;
-    c.block_n = d <= 128 ? 64 : d <= 192 ? 32 : 16;
+    c.q_in_lds = d > 128;
+    c.block_m = (d <= 96 ? 32 : 16) * c.waves;
+    c.block_n = d <= 256 ? 64 : 16;
     return c;
   }
   void emit_staging_helpers(HipWriter &) const override {} // cp.async in the prelude
 
   std::string_view prelude() const override { return templates::cuda_prelude; }
+  /// Static shared memory stops at 48 KiB; dynamic goes to the SM's opt-in limit.
+  bool dynamic_lds() const override { return true; }
   void emit_mma_wrapper(HipWriter &w, const MatrixInstr &mi, DType) const override {
     w.line("// {}: D = A * B + C, {}x{}x{}; A {} x {}, B {} x {}, C/D {} x f32 per lane.",
            mi.mnemonic, mi.m(), mi.n(), mi.k(), mi.layout->a_elems, mi.ab_elem_type,

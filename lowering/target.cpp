@@ -66,7 +66,9 @@ struct ArchRow {
 
 constexpr int k64KiB = 64 * 1024;
 constexpr int k160KiB = 160 * 1024;
-constexpr int k48KiB = 48 * 1024;
+// NVIDIA: the dynamic shared memory one block may opt into (CUDA programming
+// guide, technical specifications per compute capability).
+constexpr int k163KiB = 163 * 1024, k99KiB = 99 * 1024, k227KiB = 227 * 1024;
 
 constexpr ArchRow kArchs[] = {
     // name, family, VGPRs per SIMD lane, allocation granule, LDS, xnack, sramecc
@@ -82,12 +84,12 @@ constexpr ArchRow kArchs[] = {
     {"gfx942", Family::cdna3, 512, 8, k64KiB, true, true},
     {"gfx950", Family::cdna4, 512, 8, k160KiB, true, true},
     // NVIDIA: 64K 32-bit registers per SM = 512 per lane of each of the 4 sub-partitions,
-    // allocated per warp in units of 256 (8 per lane); LDS is shared memory, of which a
-    // kernel may declare 48 KiB statically (more needs dynamic shared memory).
-    {"sm_80", Family::sm80, 512, 8, k48KiB, false, false},
-    {"sm_86", Family::sm80, 512, 8, k48KiB, false, false},
-    {"sm_89", Family::sm80, 512, 8, k48KiB, false, false},
-    {"sm_90", Family::sm80, 512, 8, k48KiB, false, false},
+    // allocated per warp in units of 256 (8 per lane); LDS is shared memory, all of
+    // it dynamic (static stops at 48 KiB), up to the block's opt-in limit.
+    {"sm_80", Family::sm80, 512, 8, k163KiB, false, false},
+    {"sm_86", Family::sm80, 512, 8, k99KiB, false, false},
+    {"sm_89", Family::sm80, 512, 8, k99KiB, false, false},
+    {"sm_90", Family::sm80, 512, 8, k227KiB, false, false},
 };
 
 // Target-ID features, in the (alphabetical) order of LLVM's canonical target IDs.

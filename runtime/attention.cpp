@@ -362,7 +362,7 @@ Status Attention::Impl::run_gpu(const void *q, const void *k, const void *v, voi
   runtime::LaunchGeometry geometry;
   std::copy(std::begin(l.grid), std::end(l.grid), geometry.grid);
   geometry.block[0] = l.block_threads;
-  geometry.dynamic_lds_bytes = 0; // the kernel's LDS is static (Lowered::lds_bytes)
+  geometry.dynamic_lds_bytes = l.lds_dynamic ? l.lds_bytes : 0; // else static in the kernel
   void *const args[] = {const_cast<void *>(q), const_cast<void *>(k), const_cast<void *>(v), out,
                         lse};
   FJ_RETURN_IF_ERROR(

@@ -5,7 +5,11 @@
 #define FJ_DEVICE static __device__ __forceinline__
 #define FJ_INF __int_as_float(0x7f800000) // +infinity, as a float expression
 #define FJ_WORKGROUP_SIZE(n) __launch_bounds__(n)
-#define FJ_LDS_ARRAY(type, name, count) __shared__ __align__(16) type name[count]
+// The kernel's shared memory is dynamic (static stops at 48 KiB): each array is a
+// slice at a 16-byte aligned byte offset; the launch passes the total.
+extern __shared__ __align__(16) unsigned char fj_dynamic_lds[];
+#define FJ_DYNAMIC_LDS_ARRAY(type, name, count, offset)                                             \
+  type *const name = reinterpret_cast<type *>(fj_dynamic_lds + (offset))
 
 typedef unsigned short fj_bits; // one bf16/f16 element
 

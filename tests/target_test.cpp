@@ -50,11 +50,11 @@ constexpr ArchFacts kFacts[] = {
     {"gfx90a", Family::cdna2, 64, 65536, 512, 512, 8, 8},
     {"gfx942", Family::cdna3, 64, 65536, 512, 512, 8, 8},
     {"gfx950", Family::cdna4, 64, 163840, 512, 512, 8, 8},
-    // NVIDIA: a warp, 48 KiB of static shared memory, 255 registers per thread.
-    {"sm_80", Family::sm80, 32, 49152, 255, 512, 8, 16},
-    {"sm_86", Family::sm80, 32, 49152, 255, 512, 8, 16},
-    {"sm_89", Family::sm80, 32, 49152, 255, 512, 8, 16},
-    {"sm_90", Family::sm80, 32, 49152, 255, 512, 8, 16},
+    // NVIDIA: a warp, the opt-in dynamic shared memory of a block, 255 registers per thread.
+    {"sm_80", Family::sm80, 32, 163 * 1024, 255, 512, 8, 16},
+    {"sm_86", Family::sm80, 32, 99 * 1024, 255, 512, 8, 16},
+    {"sm_89", Family::sm80, 32, 99 * 1024, 255, 512, 8, 16},
+    {"sm_90", Family::sm80, 32, 227 * 1024, 255, 512, 8, 16},
 };
 
 TEST(Target, ParsesEverySupportedArch) {

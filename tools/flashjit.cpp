@@ -262,8 +262,11 @@ int cmd_run(const cli::Args &a) {
   auto seed = a.get_int("--seed", 0);
   if (!seed)
     return fail(seed.status());
+  // A --save-dir that does not exist yet is not the --load-dir (the error_code
+  // form: the throwing one throws for a missing path on newer libstdc++).
+  std::error_code missing;
   if (a.has("--save-dir") && a.has("--load-dir") &&
-      fs::equivalent(a.get("--save-dir"), a.get("--load-dir")))
+      fs::equivalent(a.get("--save-dir"), a.get("--load-dir"), missing))
     return fail(
         Status::error("--save-dir and --load-dir name the same folder: saving would overwrite "
                       "your inputs; choose another --save-dir"));

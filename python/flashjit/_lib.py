@@ -35,6 +35,17 @@ class Spec(ctypes.Structure):
     ]
 
 
+class Options(ctypes.Structure):
+    _fields_ = [
+        ("compiler", ctypes.c_char_p), ("rules", ctypes.c_char_p),
+        ("allow_fallback", ctypes.c_int32), ("synchronize", ctypes.c_int32),
+        ("opt_level", ctypes.c_int32), ("cpu_threads", ctypes.c_int32),
+        ("block_m", ctypes.c_int64), ("block_n", ctypes.c_int64), ("waves", ctypes.c_int64),
+        ("stages", ctypes.c_int64), ("q_in_lds", ctypes.c_int64), ("pad_k", ctypes.c_int64),
+        ("mma_m", ctypes.c_int64),
+    ]
+
+
 class FlashJitError(RuntimeError):
     """An error reported by libflashjit; the message names the problem and the fix."""
 
@@ -75,6 +86,10 @@ lib.fj_free.argtypes = [ctypes.c_void_p]
 lib.fj_spec_init.argtypes = [_p(Spec)]
 lib.fj_spec_validate.argtypes = [_p(Spec)]
 lib.fj_attention_create.argtypes = [_p(Spec), ctypes.c_char_p, ctypes.c_char_p, _p(ctypes.c_void_p)]
+lib.fj_options_init.argtypes = [_p(Options)]
+lib.fj_options_init.restype = None
+lib.fj_attention_create_ex.argtypes = [_p(Spec), ctypes.c_char_p, _p(Options),
+                                       _p(ctypes.c_void_p)]
 lib.fj_attention_forward.argtypes = [ctypes.c_void_p] * 5 + [_p(ctypes.c_float), ctypes.c_void_p]
 lib.fj_attention_explain.argtypes = [ctypes.c_void_p]
 lib.fj_attention_explain.restype = ctypes.c_char_p

@@ -7,7 +7,9 @@ import math
 from . import _lib
 from ._lib import FlashJitError
 
-_ATTENTIONS = {}  # (spec fields, device) -> fj_attention handle, built once per shape
+_ATTENTIONS = {}  # (spec fields, device, config) -> fj_attention handle, built once per shape
+# The tuning knobs flash_attn_func(config=...) accepts (the config of flashjit emit's flags).
+CONFIG_KEYS = ("block_m", "block_n", "waves", "stages", "q_in_lds", "pad_k", "mma_m")
 
 
 def version():
@@ -107,13 +109,42 @@ def _spec_key(s):
         (st.batch, st.head, st.seq, st.dim) for st in (s.q, s.k, s.v, s.o))
 
 
-def _attention(spec, device):
-    key = (_spec_key(spec), device)
+def _options(config):
+    """fj_options for a config dict: unset knobs keep the target's default."""
+    options = _lib.Options()
+    _lib.lib.fj_options_init(ctypes.byref(options))
+    if not config:
+        return options
+    unknown = sorted(set(config) - set(CONFIG_KEYS))
+    if unknown:
+        raise ValueError(f"flashjit: unknown config keys {unknown}: expected some of "
+                         f"{list(CONFIG_KEYS)}")
+    if "mma_m" in config:
+        options.mma_m = int(config["mma_m"])
+    tiles = {k: v for k, v in config.items() if k != "mma_m"}
+    if tiles:
+        missing = [k for k in ("block_m", "block_n", "waves") if k not in tiles]
+        if missing:
+            raise ValueError(f"flashjit: config sets {sorted(tiles)} but not {missing}: a config "
+                             "with tile knobs names block_m, block_n and waves (stages 1, "
+                             "q_in_lds 0 and pad_k 16 when unset)")
+        options.block_m, options.block_n, options.waves = (
+            int(tiles["block_m"]), int(tiles["block_n"]), int(tiles["waves"]))
+        options.stages = int(tiles.get("stages", 1))
+        options.q_in_lds = int(bool(tiles.get("q_in_lds", False)))
+        options.pad_k = int(tiles.get("pad_k", 16))
+    return options
+
+
+def _attention(spec, device, config=None):
+    key = (_spec_key(spec), device, tuple(sorted((config or {}).items())))
     handle = _ATTENTIONS.get(key)
     if handle is None:
         h = ctypes.c_void_p()
-        _lib.check(_lib.lib.fj_attention_create(ctypes.byref(spec), device.encode(), None,
-                                                ctypes.byref(h)), "fj_attention_create")
+        options = _options(config)
+        _lib.check(_lib.lib.fj_attention_create_ex(ctypes.byref(spec), device.encode(),
+                                                   ctypes.byref(options), ctypes.byref(h)),
+                   "fj_attention_create")
         handle = _ATTENTIONS[key] = h
     return handle
 
@@ -121,7 +152,7 @@ def _attention(spec, device):
 # ---- the public functions --------------------------------------------------------------
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
-                    window_size=(-1, -1), return_lse=False, *, arch=None):
+                    window_size=(-1, -1), return_lse=False, *, arch=None, config=None):
     """Attention with FlashAttention's conventions.
 
     q: [batch, seqlen_q, heads, head_dim]; k: [batch, seqlen_k, kv_heads, head_dim];
@@ -132,6 +163,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     result). Any strides work. causal is bottom-right aligned when seqlen_q !=
     seqlen_k; window_size = (left, right), -1 unbounded. Returns out, or (out, lse)
     with lse [batch, heads, seqlen_q] float32 (natural log) when return_lse.
+    config: tuning knobs instead of the target's defaults, a dict of CONFIG_KEYS:
+    {"mma_m": 16} alone picks the query tile; block_m, block_n and waves (with
+    optional stages, q_in_lds, pad_k) replace the whole config.
     """
     if dropout_p != 0.0:
         raise NotImplementedError("flashjit: dropout is not implemented yet: pass dropout_p=0.0")
@@ -196,7 +230,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     spec = _spec(b, sq, sk, hq, hkv, d, dv, dtype, softmax_scale, causal, window_size,
                  return_lse, strides)
     _lib.check(_lib.lib.fj_spec_validate(ctypes.byref(spec)), "spec validation")
-    handle = _attention(spec, device)
+    handle = _attention(spec, device, config)
     lse_ptr = ctypes.cast(ctypes.c_void_p(_ptr(lse, kind)), ctypes.POINTER(ctypes.c_float)) \
         if return_lse else None
     _lib.check(_lib.lib.fj_attention_forward(handle, *(ctypes.c_void_p(_ptr(x, kind)) for x in ins),

@@ -91,3 +91,34 @@ def test_compile_returns_the_resource_report():
     assert report["wavefront_size"] == 32
     assert report["vgpr_spill_count"] == 0
     assert report["matrix_instructions"] > 0
+
+
+@pytest.mark.parametrize("config,rules", [
+    ({"mma_m": 32}, "cdna32"),
+    ({"mma_m": 16}, "cdna"),
+    ({"block_m": 64, "block_n": 32, "waves": 2, "mma_m": 32}, "cdna32"),
+    ({"block_m": 32, "block_n": 16, "waves": 1, "stages": 2}, "cdna"),
+])
+def test_config_picks_the_kernel(config, rules):
+    rng = np.random.default_rng(11)
+    q, k, v = inputs(rng, 1, 70, 90, 2, 1, 64, 64, "f16")
+    out = flashjit.flash_attn_func(q, k, v, causal=True, arch="gfx942", config=config)
+    ref, _ = attention(q, k, v, causal=True)
+    assert np.abs(out.astype(np.float64) - ref).max() <= TOL["f16"]
+    # What the handle built for this config says it lowered with (fj_attention_explain).
+    explained = [flashjit._lib.lib.fj_attention_explain(h).decode()
+                 for key, h in flashjit.api._ATTENTIONS.items()
+                 if key[1] == "emulator:gfx942" and dict(key[2]) == config]
+    assert len(explained) == 1, explained
+    rules_line = next(line for line in explained[0].splitlines() if "rules" in line)
+    assert rules_line.split(":", 1)[1].split()[0] == rules, explained[0]
+
+
+def test_bad_config_is_named():
+    q, k, v = inputs(np.random.default_rng(3), 1, 8, 8, 1, 1, 32, 32, "f16")
+    with pytest.raises(ValueError, match="unknown config keys"):
+        flashjit.flash_attn_func(q, k, v, arch="gfx942", config={"blockm": 64})
+    with pytest.raises(ValueError, match="not \\['block_n', 'waves'\\]"):
+        flashjit.flash_attn_func(q, k, v, arch="gfx942", config={"block_m": 64})
+    with pytest.raises(flashjit.FlashJitError, match="mma_m = 32"):
+        flashjit.flash_attn_func(q, k, v, arch="gfx1201", config={"mma_m": 32})

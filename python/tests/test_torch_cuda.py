@@ -58,3 +58,20 @@ def test_non_contiguous_torch_tensors():
     out = flashjit.flash_attn_func(q, q, q, causal=True)
     ref = reference(q, q, q, True, (-1, -1))
     assert (out.double() - ref).abs().max().item() <= TOL[torch.float16]
+
+
+# Configs past the 48 KiB of static shared memory (dynamic, opted into at launch):
+# 202 KiB at head dim 256 with 128 queries and 128 keys per block and Q in shared memory.
+@pytest.mark.parametrize("d,config", [
+    (256, {"block_m": 128, "block_n": 128, "waves": 8, "stages": 2, "q_in_lds": True}),
+    (128, {"block_m": 128, "block_n": 64, "waves": 8, "stages": 2, "q_in_lds": True}),
+    (64, {"block_m": 32, "block_n": 16, "waves": 1}),
+])
+def test_configs_beyond_static_shared_memory(d, config):
+    torch.manual_seed(d)
+    q, k, v = ((torch.rand(2, 333, 4, d, device="cuda") * 2 - 1).to(torch.bfloat16)
+               for _ in range(3))
+    out = flashjit.flash_attn_func(q, k, v, causal=True, config=config)
+    torch.cuda.synchronize()
+    assert not torch.isnan(out).any()
+    assert (out.double() - reference(q, k, v, True, (-1, -1))).abs().max().item() <= TOL[torch.bfloat16]
