@@ -88,6 +88,7 @@ private:
   Status emit_load(const Op &op);
   std::string register_lds(const Op &op);
   void emit_stage_issue(const Op &op, const std::string &idx);
+  void finish_stage(const Op &op, const std::string &buf);
   Status emit_store(const Op &op);
   Status emit_for(const Op &op);
   bool plan_pipeline(const Op &loop);
@@ -634,10 +635,7 @@ Status KernelEmitter::emit_load(const Op &op) {
     if (buf.empty())
       return Status::error("{} rules: an LDS-resident Q tile must feed mma_abt", rules_.name());
     emit_stage_issue(op, idx);
-    w_.line("fj_stage_wait();");
-    w_.line("fj_barrier(); // the {} tile is complete before any wave reads it", t.name);
-    read_since_barrier_.clear();
-    lds_of_[op.results[0]] = buf;
+    finish_stage(op, buf);
     return Status::ok();
   }
   if (ty.layout == TileLayout::mma_a) {
@@ -675,10 +673,7 @@ Status KernelEmitter::emit_load(const Op &op) {
   const std::string buf = register_lds(op);
   if (!buf.empty() && pipelined_loads_.count(&op)) {
     // Issued ahead (see emit_for): wait for this tile, then start the next one.
-    w_.line("fj_stage_wait();");
-    w_.line("fj_barrier(); // the {} tile is complete before any wave reads it", t.name);
-    read_since_barrier_.clear();
-    lds_of_[op.results[0]] = buf;
+    finish_stage(op, buf);
     const std::vector<const Op *> &order = pipeline_order_;
     const size_t i = std::find(order.begin(), order.end(), &op) - order.begin();
     const Op &next = *order[(i + 1) % order.size()];
@@ -695,11 +690,18 @@ Status KernelEmitter::emit_load(const Op &op) {
     return Status::error("{} rules: a #mma_b tile must feed mma_ab or mma_abt", rules_.name());
   barrier_if_read(buf);
   emit_stage_issue(op, idx);
+  finish_stage(op, buf);
+  return Status::ok();
+}
+
+// Waits for this lane's copies into `buf`, then for every wave's: the tile of
+// `op` is readable from there on.
+void KernelEmitter::finish_stage(const Op &op, const std::string &buf) {
   w_.line("fj_stage_wait();");
-  w_.line("fj_barrier(); // the {} tile is complete before any wave reads it", t.name);
+  w_.line("fj_barrier(); // the {} tile is complete before any wave reads it",
+          op.symbol_attr("tensor"));
   read_since_barrier_.clear();
   lds_of_[op.results[0]] = buf;
-  return Status::ok();
 }
 
 // A B operand is staged in LDS by the whole workgroup, 128 bits per copy. As B^T
