@@ -38,7 +38,8 @@ int main(int argc, char **argv) {
   }
   const HostTensors inputs = make_random_inputs(spec, 42);
   const runtime::EmulatorOptions options{.threads = threads};
-  const int64_t groups = k->grid[0] * k->grid[1] * k->grid[2];
+  const auto grid = ir::grid_size(k->grid, ir::bind_attention(spec)).value();
+  const int64_t groups = grid[0] * grid[1] * grid[2];
 
   HostTensors t = inputs;
   auto start = std::chrono::steady_clock::now();

@@ -12,6 +12,7 @@
 #include "compiler/kernel_cache.h"
 
 #include "compiler/knobs.h"
+#include "compiler/safe_file.h"
 #include "compiler/sha256.h"
 
 #include <dirent.h>
@@ -46,6 +47,9 @@ constexpr std::string_view kSuffix = ".fjk";
 constexpr std::string_view kTempPrefix = ".tmp-";
 /// A temporary file older than this belongs to a writer that died.
 constexpr auto kStaleTemp = std::chrono::seconds(60);
+/// No code object comes near this: a larger entry file (a huge sparse file,
+/// say) is refused unread and the kernel recompiled.
+constexpr int64_t kMaxEntryBytes = int64_t(256) << 20;
 
 bool is_key(std::string_view key) {
   return key.size() == kKeyChars && std::all_of(key.begin(), key.end(), [](char c) {
@@ -230,7 +234,8 @@ std::variant<Entry, std::string> decode(std::string_view file, std::string_view 
 
 std::string errno_text() { return std::strerror(errno); }
 
-/// Creates `dir` and any missing parents, each user-only (0700).
+/// Creates `dir` and any missing parents, each user-only (0700); an existing
+/// `dir` must pass check_private_dir.
 Status make_private_dirs(const std::string &dir) {
   std::filesystem::path path(dir), partial;
   for (const auto &part : path) {
@@ -240,44 +245,42 @@ Status make_private_dirs(const std::string &dir) {
     if (::mkdir(partial.c_str(), 0700) != 0 && errno != EEXIST)
       return Status::error("cannot create {}: {}", partial.string(), errno_text());
   }
-  struct stat st{};
-  if (::stat(dir.c_str(), &st) != 0)
-    return Status::error("cannot use {}: {}", dir, errno_text());
-  if (!S_ISDIR(st.st_mode))
-    return Status::error("{} is not a directory", dir);
-  return Status::ok();
+  return check_private_dir(dir, "FLASHJIT_CACHE_DIR");
 }
 
 enum class ReadResult { missing, ok, failed };
 
-/// Reads a regular file completely (never through a symbolic link).
+/// Reads an entry file completely: never through a symbolic link, never a
+/// FIFO or device (it could block forever), never more than kMaxEntryBytes.
 ReadResult read_file(const std::string &path, std::string &out, std::string &why) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) {
-    if (errno == ENOENT)
-      return ReadResult::missing;
-    why = errno == ELOOP ? "a symbolic link" : "cannot open: " + errno_text();
+  FileRead r = read_regular_file(path, kMaxEntryBytes, Links::refuse);
+  switch (r.result) {
+  case FileRead::Result::missing:
+    return ReadResult::missing;
+  case FileRead::Result::refused:
+    why = std::move(r.why);
     return ReadResult::failed;
+  case FileRead::Result::ok:
+    break;
   }
-  struct stat st{};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    why = "not a regular file";
-    ::close(fd);
-    return ReadResult::failed;
-  }
-  out.resize(size_t(st.st_size));
-  size_t done = 0;
-  while (done < out.size()) {
-    ssize_t n = ::read(fd, out.data() + done, out.size() - done);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0)
-      break;
-    done += size_t(n);
-  }
-  ::close(fd);
-  out.resize(done); // a file that shrank while read is caught by decode()
+  out = std::move(r.bytes);
   return ReadResult::ok;
+}
+
+/// Why the start of `file`, named for `key`, is not a header this cache wrote
+/// (any format version), or empty if it is. A temporary file may hold only the
+/// beginning of one (`partial`): its writer died mid-write.
+std::string foreign_header(std::string_view file, std::string_view key, bool partial) {
+  if (!partial && file.size() < kHeaderBytes)
+    return fmt::format("{} bytes, shorter than the {}-byte header", file.size(), kHeaderBytes);
+  const std::string_view magic(kMagic, sizeof(kMagic));
+  if (file.substr(0, sizeof(kMagic)) != magic.substr(0, std::min(file.size(), sizeof(kMagic))))
+    return "bad magic";
+  constexpr size_t key_at = sizeof(kMagic) + 4;
+  if (file.size() > key_at &&
+      file.substr(key_at, kKeyChars) != key.substr(0, std::min(file.size() - key_at, kKeyChars)))
+    return "its header names another key";
+  return {};
 }
 
 /// Writes `bytes` to `path` atomically: a temporary file in the same
@@ -321,12 +324,14 @@ Status write_atomic(const std::string &dir, std::string_view key, const std::str
   return Status::ok();
 }
 
-/// The names in `dir` (not . and ..); empty when it cannot be read.
-std::vector<std::string> names_in(const std::string &dir) {
+/// The names in `dir` (not . and ..), sorted.
+Expected<std::vector<std::string>> names_in(const std::string &dir) {
   std::vector<std::string> names;
   DIR *d = ::opendir(dir.c_str());
   if (!d)
-    return names;
+    return Status::error("cannot read the cache directory {}: {}; fix its permissions or point "
+                         "FLASHJIT_CACHE_DIR (or --dir) elsewhere",
+                         dir, errno_text());
   while (dirent *e = ::readdir(d)) {
     std::string_view n = e->d_name;
     if (n != "." && n != "..")
@@ -499,6 +504,8 @@ void KernelCache::set_reporter(std::function<void(const std::string &)> reporter
 
 const std::string &KernelCache::directory() const { return impl_->dir; }
 
+const Status &KernelCache::disk_status() const { return impl_->dir_status; }
+
 Expected<std::string> KernelCache::path_for(std::string_view key) const {
   if (!is_key(key))
     return Status::error("'{}' is not a cache key (64 lowercase hex digits)", key);
@@ -590,7 +597,13 @@ KernelCache::get_or_compile(const KeyParts &parts,
     m.store(parts, key, entry);
   }
   if (m.disk()) {
-    if (Status s = write_atomic(m.dir, key, path, encode(key, *entry)); !s)
+    const std::string file = encode(key, *entry);
+    if (int64_t(file.size()) > kMaxEntryBytes)
+      m.report_once("size " + path,
+                    fmt::format("flashjit: cache: the kernel of key {} takes {} bytes, more than "
+                                "the {} a cache entry may; it is kept in memory only",
+                                key.substr(0, 16), file.size(), kMaxEntryBytes));
+    else if (Status s = write_atomic(m.dir, key, path, file); !s)
       m.report_once("write " + path, fmt::format("flashjit: cache: {}; the kernel is kept in "
                                                  "memory only",
                                                  s.message()));
@@ -611,8 +624,10 @@ CacheStats KernelCache::stats() const {
     s.compiles = impl_->compiles;
     s.rejected_files = impl_->rejected_files;
   }
-  if (impl_->disk())
-    for (const std::string &name : names_in(impl_->dir)) {
+  if (!impl_->disk())
+    return s;
+  if (auto names = names_in(impl_->dir))
+    for (const std::string &name : *names) {
       if (entry_key(name).empty())
         continue;
       struct stat st{};
@@ -630,7 +645,10 @@ Expected<std::vector<CacheEntryInfo>> KernelCache::list() const {
     return out;
   if (!impl_->dir_status)
     return impl_->dir_status;
-  for (const std::string &name : names_in(impl_->dir)) {
+  auto names = names_in(impl_->dir);
+  if (!names)
+    return names.status();
+  for (const std::string &name : *names) {
     std::string_view key = entry_key(name);
     if (key.empty())
       continue;
@@ -658,36 +676,68 @@ Expected<std::vector<CacheEntryInfo>> KernelCache::list() const {
   return out;
 }
 
-Expected<int64_t> KernelCache::clear() {
+Expected<ClearResult> KernelCache::clear() {
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
     impl_->lru.clear();
     impl_->index.clear();
     impl_->memory_bytes = 0;
   }
+  ClearResult result;
   if (impl_->dir.empty())
-    return int64_t(0);
+    return result;
   if (!impl_->dir_status)
     return impl_->dir_status;
-  int64_t removed = 0;
+  auto names = names_in(impl_->dir);
+  if (!names)
+    return names.status();
   const auto now = std::chrono::system_clock::now();
-  for (const std::string &name : names_in(impl_->dir)) {
+  for (const std::string &name : *names) {
+    const bool temp = is_temp_name(name);
+    const std::string_view key =
+        temp ? std::string_view(name).substr(kTempPrefix.size(), kKeyChars) : entry_key(name);
+    if (key.empty())
+      continue; // not a name this cache gives: someone else's file
     const std::string path = impl_->dir + "/" + name;
-    if (is_temp_name(name)) {
-      // A fresh temporary file may be another process's write in progress.
-      struct stat st{};
-      if (::lstat(path.c_str(), &st) != 0 ||
-          now - std::chrono::system_clock::from_time_t(st.st_mtime) < kStaleTemp)
-        continue;
-    } else if (entry_key(name).empty()) {
+    auto leave = [&](std::string_view why) {
+      result.problems.push_back(fmt::format("{}: {}; left in place", path, why));
+    };
+    // Only the header is read: enough to tell an entry from anything else.
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) {
+      if (errno != ENOENT) // else removed meanwhile
+        leave(errno == ELOOP ? std::string("a symbolic link, not a cache entry")
+                             : "cannot open: " + errno_text());
+      continue;
+    }
+    struct stat st{};
+    std::string head(kHeaderBytes, '\0');
+    ssize_t n = -1;
+    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode))
+      n = ::read(fd, head.data(), head.size());
+    ::close(fd);
+    if (!S_ISREG(st.st_mode)) {
+      leave("not a regular file, so not a cache entry");
+      continue;
+    }
+    if (n < 0) {
+      leave("cannot read: " + errno_text());
+      continue;
+    }
+    head.resize(size_t(n));
+    // A fresh temporary file may be another process's write in progress.
+    if (temp && now - std::chrono::system_clock::from_time_t(st.st_mtime) < kStaleTemp)
+      continue;
+    if (std::string why = foreign_header(head, key, temp); !why.empty()) {
+      leave(fmt::format("not a flashjit cache entry ({})", why));
       continue;
     }
     if (::unlink(path.c_str()) == 0)
-      ++removed;
+      ++result.removed;
     else if (errno != ENOENT)
-      return Status::error("cannot remove {}: {}", path, errno_text());
+      leave("cannot remove it: " + errno_text());
   }
-  return removed;
+  return result;
 }
 
 } // namespace flashjit::compiler

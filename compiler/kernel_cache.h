@@ -12,11 +12,18 @@
 // directory (.tmp-<key>-XXXXXX, mode 0600), fsync()ed and rename()d over the
 // entry, so a reader sees the old file or the new one, never half of one.
 // Every read checks the whole header and the checksum: a truncated, corrupted
-// or foreign file (or a symbolic link) is reported on stderr ("flashjit:
-// cache: <path> is corrupt (<why>); recompiling", once per cache object, path
-// and reason) and replaced by a fresh compile, never loaded. Between processes
-// nothing is locked: concurrent compiles of one key each rename their own
-// complete file into place and the last one wins.
+// or foreign file (or a symbolic link, a FIFO, a device, a file larger than
+// 256 MiB, none of which is opened for a blocking read) is reported on stderr
+// ("flashjit: cache: <path> is corrupt (<why>); recompiling", once per cache
+// object, path and reason) and replaced by a fresh compile, never loaded.
+// Between processes nothing is locked: concurrent compiles of one key each
+// rename their own complete file into place and the last one wins.
+//
+// The checksum proves integrity, not authorship: anyone who can write to the
+// directory can plant another kernel under a key. So an existing directory
+// must belong to the user (or root) and be writable by no one else, as ssh
+// asks of ~/.ssh (knobs.h, check_private_dir); otherwise the cache keeps
+// kernels in memory only and says once, on stderr, how to fix the directory.
 //
 // In memory, entries are found by their KeyParts themselves (a fast hash, then
 // equality), so a memory hit costs no SHA-256; the hash is computed on a miss.
@@ -76,9 +83,19 @@ struct CacheEntryInfo {
   std::string problem;    // why the file is unusable (it would be recompiled); empty if fine
 };
 
+/// What KernelCache::clear() did.
+struct ClearResult {
+  int64_t removed = 0; ///< files removed
+  /// Files named like entries that were left in place, one line each: the
+  /// path, why ("not a flashjit cache entry (bad magic)", "cannot remove it:
+  /// Permission denied", "not a regular file, ...") and "left in place".
+  std::vector<std::string> problems;
+};
+
 class KernelCache {
 public:
-  /// `dir` empty: memory only. The directory is created user-only (0700).
+  /// `dir` empty: memory only. The directory is created user-only (0700); an
+  /// existing one that check_private_dir refuses leaves the cache memory-only.
   explicit KernelCache(std::string dir, int64_t memory_budget_bytes = 256 << 20);
   ~KernelCache();
   /// The process-wide cache at FLASHJIT_CACHE_DIR, else $XDG_CACHE_HOME/flashjit,
@@ -95,10 +112,18 @@ public:
   CacheStats stats() const;
   /// Every entry file in the directory, by key; unusable ones carry `problem`.
   Expected<std::vector<CacheEntryInfo>> list() const;
-  /// Removes every entry (memory and disk) and stale temporary files; returns
-  /// how many files went. Files that are not the cache's are left alone.
-  Expected<int64_t> clear();
+  /// Removes every entry (memory and disk) and stale temporary files. Only
+  /// regular files named as entries whose header is this cache's are removed:
+  /// nothing else is opened for more than its header, no directory is entered,
+  /// and a file that cannot be removed does not stop the others. An error only
+  /// when the directory itself is unusable or unreadable.
+  Expected<ClearResult> clear();
   const std::string &directory() const;
+  /// Why the directory cannot hold kernels (it could not be created, or
+  /// check_private_dir refused it), so that the cache keeps them in memory
+  /// only; ok when it can, or for a memory-only cache. For callers that must
+  /// not report kernels as stored when they were not (`flashjit warmup`).
+  const Status &disk_status() const;
 
   /// The file of `key` (64 lowercase hex digits); an error for anything else,
   /// and for a memory-only cache.

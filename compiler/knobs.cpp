@@ -1,24 +1,26 @@
 // The knob registry: the table, the parser and the helpers that act on knobs.
 #include "compiler/knobs.h"
 
+#include "compiler/safe_file.h"
 #include "compiler/sha256.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <set>
-#include <sstream>
 
 namespace flashjit::compiler {
 namespace {
 
 constexpr int kMaxDebug = 4;
+/// No kernel source comes near this; a larger override file is a mistake.
+constexpr int64_t kMaxOverrideBytes = 16 << 20;
 
 const char *process_getenv(const char *name) { return std::getenv(name); }
 
@@ -160,6 +162,27 @@ std::string knob_value(std::string_view name) {
   return v ? v : "";
 }
 
+Status check_private_dir(const std::string &dir, std::string_view knob) {
+  struct stat st{};
+  if (::stat(dir.c_str(), &st) != 0)
+    return Status::error("{} directory {} cannot be used: {}", knob, dir, std::strerror(errno));
+  if (!S_ISDIR(st.st_mode))
+    return Status::error("{} {} is not a directory: set {} to a directory of your own", knob, dir,
+                         knob);
+  const uid_t me = ::geteuid();
+  if (st.st_uid != me && st.st_uid != 0)
+    return Status::error("{} directory {} belongs to uid {}, not to you (uid {}), so its owner "
+                         "could plant files in it: set {} to a directory of your own (or chown "
+                         "it to yourself)",
+                         knob, dir, st.st_uid, me, knob);
+  if (st.st_mode & (S_IWGRP | S_IWOTH))
+    return Status::error("{} directory {} is writable by its group or others (mode {:04o}), so "
+                         "another user could plant files in it: run chmod go-w {}, or set {} to "
+                         "a directory of your own",
+                         knob, dir, st.st_mode & 07777, dir, knob);
+  return Status::ok();
+}
+
 Status dump_file(std::string_view file_name, std::string_view bytes, const Knobs &k) {
   if (k.dump_dir.empty())
     return Status::ok();
@@ -168,12 +191,10 @@ Status dump_file(std::string_view file_name, std::string_view bytes, const Knobs
   if (::mkdir(k.dump_dir.c_str(), 0700) != 0 && errno != EEXIST)
     return Status::error("FLASHJIT_DUMP_DIR: cannot create {}: {}", k.dump_dir,
                          std::strerror(errno));
+  FJ_RETURN_IF_ERROR(check_private_dir(k.dump_dir, "FLASHJIT_DUMP_DIR"));
   const std::string path = k.dump_dir + "/" + std::string(file_name);
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), std::streamsize(bytes.size()));
-  out.close();
-  if (!out)
-    return Status::error("FLASHJIT_DUMP_DIR: cannot write {}: {}", path, std::strerror(errno));
+  if (Status s = write_file_atomic(path, bytes, Existing::replace); !s)
+    return s.with_context("FLASHJIT_DUMP_DIR");
   debug_log(2, "dumped {} ({} bytes)", path, bytes.size());
   return Status::ok();
 }
@@ -185,17 +206,24 @@ Expected<std::optional<SourceOverride>> source_override(std::string_view kernel_
   if (!is_identifier(kernel_name))
     return Status::error("FLASHJIT_OVERRIDE_DIR: '{}' is not a kernel name (an identifier)",
                          kernel_name);
+  struct stat dir_stat{};
+  if (::stat(k.override_dir.c_str(), &dir_stat) != 0 && errno == ENOENT)
+    return std::optional<SourceOverride>(); // no directory, no overrides
+  FJ_RETURN_IF_ERROR(check_private_dir(k.override_dir, "FLASHJIT_OVERRIDE_DIR"));
   SourceOverride o;
   o.path = k.override_dir + "/" + std::string(kernel_name) + ".hip";
-  std::error_code ec;
-  if (!std::filesystem::exists(o.path, ec))
+  FileRead file = read_regular_file(o.path, kMaxOverrideBytes, Links::follow);
+  if (file.result == FileRead::Result::missing)
     return std::optional<SourceOverride>();
-  std::ifstream in(o.path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in)
-    return Status::error("FLASHJIT_OVERRIDE_DIR: cannot read {}: {}", o.path, std::strerror(errno));
-  o.source = text.str();
+  if (file.result == FileRead::Result::refused)
+    return Status::error("FLASHJIT_OVERRIDE_DIR: cannot use {}: {}; put the hand-edited source of "
+                         "{} there as a regular file, or remove it to compile the generated one",
+                         o.path, file.why, kernel_name);
+  if (file.bytes.empty())
+    return Status::error("FLASHJIT_OVERRIDE_DIR: {} is empty; put the hand-edited source of {} "
+                         "there, or remove it to compile the generated one",
+                         o.path, kernel_name);
+  o.source = std::move(file.bytes);
   o.hash = sha256_hex(o.source);
 
   static std::mutex mutex;

@@ -22,6 +22,10 @@
 //   FLASHJIT_CACHE_DIR=DIR    the disk cache (default $XDG_CACHE_HOME/flashjit,
 //                             else ~/.cache/flashjit)
 //   FLASHJIT_ALWAYS_COMPILE=1 never take a kernel from the cache (still stores it)
+//
+// The three directories must be private, as ssh asks of ~/.ssh: an existing one
+// owned by another user (root aside) or writable by its group or others is
+// refused with a message that says how to fix it (check_private_dir).
 #pragma once
 
 #include "ir/status.h"
@@ -85,9 +89,23 @@ void debug_log(int level, fmt::format_string<Args...> format, Args &&...args) {
   fmt::print(stderr, "flashjit: {}\n", fmt::format(format, std::forward<Args>(args)...));
 }
 
+/// Whether the existing directory `dir`, which the knob `knob` names (e.g.
+/// "FLASHJIT_CACHE_DIR"), may be trusted with kernels: it must belong to this
+/// user (or to root) and be writable by no one else. Anyone else who can write
+/// there could plant a kernel that loads as a valid cache entry (its checksum
+/// proves integrity, not authorship), an override source, or a symbolic link
+/// where a dump is written. The error names the problem and the fix, e.g.
+/// "FLASHJIT_CACHE_DIR directory /srv/c is writable by its group or others
+/// (mode 0777), so another user could plant files in it: run chmod go-w /srv/c,
+/// or set FLASHJIT_CACHE_DIR to a directory of your own".
+Status check_private_dir(const std::string &dir, std::string_view knob);
+
 /// FLASHJIT_DUMP_DIR: writes `bytes` to <dump_dir>/<file_name> (the directory
-/// created 0700 if missing); does nothing when the knob is unset. A file name
-/// with a '/' or starting with '.' is refused.
+/// created 0700 if missing, refused unless check_private_dir accepts it); does
+/// nothing when the knob is unset. A file name with a '/' or starting with '.'
+/// is refused. The file is written whole through a temporary file created
+/// O_EXCL | O_NOFOLLOW and renamed into place, so a symbolic link planted under
+/// the name is replaced, never written through.
 Status dump_file(std::string_view file_name, std::string_view bytes, const Knobs &k = knobs());
 
 /// A hand-edited kernel source found through FLASHJIT_OVERRIDE_DIR.
@@ -98,10 +116,13 @@ struct SourceOverride {
 };
 
 /// The override for `kernel_name`, or nullopt when the knob is unset or the
-/// file does not exist. The first use of each file (and of each new version of
-/// it) is reported on stderr: "flashjit: FLASHJIT_OVERRIDE_DIR: compiling
-/// <path> instead of the generated <kernel_name> (sha256 <hash>)".
-/// Errors: an unreadable file; a kernel name that is not an identifier.
+/// directory or the file does not exist. The first use of each file (and of
+/// each new version of it) is reported on stderr: "flashjit:
+/// FLASHJIT_OVERRIDE_DIR: compiling <path> instead of the generated
+/// <kernel_name> (sha256 <hash>)".
+/// Errors: a directory check_private_dir refuses; a file that is unreadable,
+/// empty, not a regular file (a FIFO is never opened for blocking reads) or
+/// larger than any kernel source; a kernel name that is not an identifier.
 Expected<std::optional<SourceOverride>> source_override(std::string_view kernel_name,
                                                         const Knobs &k = knobs());
 

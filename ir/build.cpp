@@ -93,40 +93,101 @@ struct Builder {
   std::vector<std::vector<Op> *> body_stack{nullptr};
 };
 
-TensorParam tensor(const char *name, DType t, int64_t b, int64_t h, int64_t s, int64_t d,
-                   Strides st) {
-  return TensorParam{name, t, b, h, s, d, st};
+/// The scalar parameters of one tensor's strides: {t}_batch_stride, ...
+struct TensorScalars {
+  std::string batch, head, seq, dim; // dim empty: unit dim stride
+};
+
+TensorScalars tensor_scalars(std::string_view t, bool unit_dim) {
+  return {fmt::format("{}_batch_stride", t), fmt::format("{}_head_stride", t),
+          fmt::format("{}_seq_stride", t), unit_dim ? "" : fmt::format("{}_dim_stride", t)};
 }
 
+constexpr const char *kTensorNames[] = {"Q", "K", "V", "O"};
+constexpr const char *kTensorPrefixes[] = {"q", "k", "v", "o"};
+
 } // namespace
+
+Bindings bind_attention(const AttentionSpec &spec) {
+  Bindings b;
+  b.set_int("batches", spec.batch);
+  b.set_int("heads", spec.heads);
+  b.set_int("kv_heads", spec.kv_heads);
+  b.set_int("group", spec.group());
+  b.set_int("seqlen_q", spec.seqlen_q);
+  b.set_int("seqlen_k", spec.seqlen_k);
+  // A window wider than both sequences hides nothing more; clamping keeps the
+  // kernel's 32-bit index sums in range.
+  const int64_t widest = spec.seqlen_q + spec.seqlen_k;
+  b.set_int("window_left", std::min(spec.window.left, widest));
+  b.set_int("window_right", std::min(spec.window.right, widest));
+  b.set_real("scale_log2", spec.softmax_scale() * std::numbers::log2e);
+  const Strides *strides[] = {&spec.q, &spec.k, &spec.v, &spec.o};
+  for (int i = 0; i < 4; ++i) {
+    const TensorScalars names = tensor_scalars(kTensorPrefixes[i], false);
+    b.set_int(names.batch, strides[i]->batch);
+    b.set_int(names.head, strides[i]->head);
+    b.set_int(names.seq, strides[i]->seq);
+    b.set_int(names.dim, strides[i]->dim);
+  }
+  b.set_int("lse_batch_stride", spec.heads * spec.seqlen_q);
+  b.set_int("lse_head_stride", spec.seqlen_q);
+  return b;
+}
 
 Expected<Program> build_attention(const AttentionSpec &spec, const Config &config) {
   FJ_RETURN_IF_ERROR(spec.validate());
   FJ_RETURN_IF_ERROR(validate(config));
 
+  const KernelSignature sig = spec.signature();
   const DType dt = spec.dtype;
   const int64_t bm = config.block_m, bn = config.block_n;
   const int64_t dqk = padded(spec.head_dim_qk, config.pad_k);
   const int64_t dv = padded(spec.head_dim_v, config.pad_k);
 
   Program p;
-  p.name = fmt::format("fa_fwd_{}_d{}_{}{}", dtype_name(dt), spec.head_dim_qk, spec.head_dim_v,
-                       spec.causal ? "_causal" : "");
-  p.tensors.push_back(
-      tensor("Q", dt, spec.batch, spec.heads, spec.seqlen_q, spec.head_dim_qk, spec.q));
-  p.tensors.push_back(
-      tensor("K", dt, spec.batch, spec.kv_heads, spec.seqlen_k, spec.head_dim_qk, spec.k));
-  p.tensors.push_back(
-      tensor("V", dt, spec.batch, spec.kv_heads, spec.seqlen_k, spec.head_dim_v, spec.v));
-  p.tensors.push_back(
-      tensor("O", dt, spec.batch, spec.heads, spec.seqlen_q, spec.head_dim_v, spec.o));
-  if (spec.lse)
-    p.tensors.push_back(tensor("LSE", DType::f32, spec.batch, spec.heads, spec.seqlen_q, 0,
-                               Strides{spec.heads * spec.seqlen_q, spec.seqlen_q, 1, 0}));
-  p.grid_q_blocks = (spec.seqlen_q + bm - 1) / bm;
-  p.grid_heads = spec.heads;
-  p.grid_batch = spec.batch;
-  p.group = spec.group();
+  p.name =
+      fmt::format("fa_fwd_{}_d{}_{}{}{}{}", dtype_name(dt), spec.head_dim_qk, spec.head_dim_v,
+                  sig.causal ? "_causal" : "", sig.local ? "_local" : "", sig.lse ? "_lse" : "");
+  auto scalar = [&](std::string name, ScalarType t) {
+    p.scalars.push_back({name, t});
+    return Extent::of(std::move(name));
+  };
+  const Extent batches = scalar("batches", ScalarType::i32);
+  const Extent heads = scalar("heads", ScalarType::i32);
+  const Extent kv_heads = scalar("kv_heads", ScalarType::i32); // sizes K and V only
+  const Extent group = scalar("group", ScalarType::i32);
+  const Extent seqlen_q = scalar("seqlen_q", ScalarType::i32);
+  const Extent seqlen_k = scalar("seqlen_k", ScalarType::i32);
+  if (sig.local) {
+    scalar("window_left", ScalarType::i32);
+    scalar("window_right", ScalarType::i32);
+  }
+  scalar("scale_log2", ScalarType::f32);
+  for (int i = 0; i < 4; ++i) {
+    const TensorScalars names = tensor_scalars(kTensorPrefixes[i], sig.unit_dim[i]);
+    const bool kv = i == 1 || i == 2;
+    TensorParam t;
+    t.name = kTensorNames[i];
+    t.dtype = dt;
+    t.batch = batches;
+    // K and V have heads / group heads; the kernel indexes them by head / group.
+    t.heads = kv ? kv_heads : heads;
+    t.seq = i == 0 || i == 3 ? seqlen_q : seqlen_k;
+    t.dim = i < 2 ? spec.head_dim_qk : spec.head_dim_v;
+    t.stride_batch = scalar(names.batch, ScalarType::i64);
+    t.stride_head = scalar(names.head, ScalarType::i64);
+    // A row stride fits 32 bits (AttentionSpec::validate); offsets are 64-bit.
+    t.stride_seq = scalar(names.seq, ScalarType::i32);
+    t.stride_dim = names.dim.empty() ? Extent::constant(1) : scalar(names.dim, ScalarType::i32);
+    t.row_align = sig.row_align;
+    p.tensors.push_back(std::move(t));
+  }
+  if (sig.lse)
+    p.tensors.push_back(TensorParam{
+        "LSE", DType::f32, batches, heads, seqlen_q, 0, scalar("lse_batch_stride", ScalarType::i64),
+        scalar("lse_head_stride", ScalarType::i64), Extent::constant(1), Extent::constant(0), 4});
+  p.group = group;
   p.config = {{"block_m", bm},
               {"block_n", bn},
               {"waves", config.waves},
@@ -136,15 +197,18 @@ Expected<Program> build_attention(const AttentionSpec &spec, const Config &confi
   if (config.mma_m)
     p.config["mma_m"] = config.mma_m;
   const ValueId q_block = p.add_value(Type::index(), "q_block");
-  p.grid_args = {q_block, p.add_value(Type::index(), "head"), p.add_value(Type::index(), "batch")};
+  p.grid = {GridAxis{q_block, seqlen_q, bm}, GridAxis{p.add_value(Type::index(), "head"), heads, 1},
+            GridAxis{p.add_value(Type::index(), "batch"), batches, 1}};
 
   const Type row = Type::vec(bm, DType::f32);
   const Type s_type = Type::tile(bm, bn, DType::f32, TileLayout::mma_acc);
   const Type acc_type = Type::tile(bm, dv, DType::f32, TileLayout::mma_acc);
   const double inf = std::numeric_limits<double>::infinity();
-  const Attrs mask_attrs = {{"causal", int64_t(spec.causal)},
-                            {"window_left", spec.window.left},
-                            {"window_right", spec.window.right}};
+  Attrs mask_attrs = {{"causal", int64_t(sig.causal)}};
+  if (sig.local) {
+    mask_attrs["window_left"] = ParamRef{"window_left"};
+    mask_attrs["window_right"] = ParamRef{"window_right"};
+  }
 
   Builder b{p};
   const ValueId q = b.emit(OpKind::Load, {q_block}, Type::tile(bm, dqk, dt, TileLayout::mma_a),
@@ -170,8 +234,7 @@ Expected<Program> build_attention(const AttentionSpec &spec, const Config &confi
                              {{"tensor", Symbol{"K"}}});
     const ValueId zero = b.emit(OpKind::Fill, {}, s_type, {{"value", 0.0}});
     const ValueId qk = b.emit(OpKind::MmaABt, {q, k, zero}, s_type);
-    const ValueId s = b.emit(OpKind::Scale, {qk}, s_type,
-                             {{"factor", spec.softmax_scale() * std::numbers::log2e}});
+    const ValueId s = b.emit(OpKind::Scale, {qk}, s_type, {{"factor", ParamRef{"scale_log2"}}});
     const ValueId sm = b.emit(OpKind::Mask, {s, q_block, kb}, s_type, mask_attrs);
     const ValueId rmax = b.emit(OpKind::RowMax, {sm}, row);
     const ValueId m_new = b.emit(OpKind::Max, {m_i, rmax}, row);

@@ -27,7 +27,14 @@ Status validate(const Config &c);
 /// Head dim rounded up to the config's padding.
 inline int64_t padded(int64_t d, int64_t pad) { return (d + pad - 1) / pad * pad; }
 
+/// The shape-free forward program of `spec`'s signature: lengths, batch,
+/// heads, strides, window sizes and the scale are scalar parameters (bound by
+/// bind_attention), so the program depends only on spec.signature() and config.
 Expected<Program> build_attention(const AttentionSpec &spec, const Config &config);
+
+/// The values of every scalar parameter build_attention() declares, for the
+/// shapes of `spec`. Window sizes past every key are clamped (same mask).
+Bindings bind_attention(const AttentionSpec &spec);
 
 /// The KV blocks [begin, end) that hold at least one key visible to some query of
 /// q block `qb` (causal and window removed blocks are skipped, never masked).

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <thread>
+#include <tuple>
 
 namespace flashjit::ir {
 
@@ -24,17 +25,44 @@ struct TileValue {
   float at(int64_t r, int64_t c) const { return data[r * std::max<int64_t>(cols, 1) + c]; }
 };
 
-struct Buffers {
-  std::map<std::string, float *> by_name;
+/// A tensor with its extents and strides bound.
+struct BoundTensor {
+  int64_t batch, heads, seq, dim;
+  Strides strides;
+  float *data;
 };
+
+struct Buffers {
+  std::map<std::string, BoundTensor> by_name;
+  const Bindings *args;
+  int64_t group;
+};
+
+/// An integer attribute's value: the constant or its parameter's binding.
+int64_t int_value(const Op &op, const std::string &key, const Bindings &args, int64_t fallback) {
+  auto it = op.attrs.find(key);
+  if (it == op.attrs.end())
+    return fallback;
+  if (const ParamRef *r = std::get_if<ParamRef>(&it->second))
+    return args.integer(r->name).value(); // check_bindings() ran first
+  return op.int_attr(key, fallback);
+}
+
+double real_value(const Op &op, const std::string &key, const Bindings &args) {
+  auto it = op.attrs.find(key);
+  if (it != op.attrs.end())
+    if (const ParamRef *r = std::get_if<ParamRef>(&it->second))
+      return args.real(r->name).value();
+  return op.float_attr(key);
+}
 
 class Workgroup {
 public:
   Workgroup(const Program &p, const Buffers &buffers, int64_t qb, int64_t head, int64_t batch)
       : p_(p), buffers_(buffers), values_(p.values.size()) {
-    values_[p.grid_args[0]].index = qb;
-    values_[p.grid_args[1]].index = head;
-    values_[p.grid_args[2]].index = batch;
+    values_[p.grid_arg(0)].index = qb;
+    values_[p.grid_arg(1)].index = head;
+    values_[p.grid_arg(2)].index = batch;
     head_ = head;
     batch_ = batch;
   }
@@ -74,9 +102,16 @@ private:
 
   // Element offset of (row, col) of `t` for this workgroup's batch and head.
   int64_t offset(const TensorParam &t, int64_t row, int64_t col) const {
-    const int64_t head = t.name == "K" || t.name == "V" ? head_ / p_.group : head_;
-    return batch_ * t.strides.batch + head * t.strides.head + row * t.strides.seq +
-           col * t.strides.dim;
+    const BoundTensor &b = bound(t);
+    const int64_t head = t.name == "K" || t.name == "V" ? head_ / buffers_.group : head_;
+    return batch_ * b.strides.batch + head * b.strides.head + row * b.strides.seq +
+           col * b.strides.dim;
+  }
+  const BoundTensor &bound(const TensorParam &t) const { return buffers_.by_name.at(t.name); }
+  const BoundTensor &bound(const char *name) const { return buffers_.by_name.at(name); }
+  Window window(const Op &op) const {
+    return {int_value(op, "window_left", *buffers_.args, -1),
+            int_value(op, "window_right", *buffers_.args, -1)};
   }
 
   void execute(const Op &op) {
@@ -87,17 +122,17 @@ private:
       const int64_t row0 = in(op, 0).index * r.rows;
       for (int64_t i = 0; i < r.rows; ++i)
         for (int64_t j = 0; j < r.cols; ++j)
-          if (row0 + i < t.seq && j < t.dim)
-            r.at(i, j) = buffers_.by_name.at(t.name)[offset(t, row0 + i, j)];
+          if (row0 + i < bound(t).seq && j < t.dim)
+            r.at(i, j) = bound(t).data[offset(t, row0 + i, j)];
       values_[op.results[0]] = std::move(r);
       break;
     }
     case OpKind::Store: {
       const TensorParam &t = *p_.tensor(op.symbol_attr("tensor"));
       const TileValue &x = in(op, 0);
-      float *dst = buffers_.by_name.at(t.name);
+      float *dst = bound(t).data;
       const int64_t row0 = in(op, 1).index * x.rows;
-      for (int64_t i = 0; i < x.rows && row0 + i < t.seq; ++i) {
+      for (int64_t i = 0; i < x.rows && row0 + i < bound(t).seq; ++i) {
         if (x.cols == 0) {
           dst[offset(t, row0 + i, 0)] = round_to(t.dtype, x.data[i]);
           continue;
@@ -129,19 +164,19 @@ private:
       break;
     }
     case OpKind::Scale: {
-      const float f = float(op.float_attr("factor"));
+      const float f = float(real_value(op, "factor", *buffers_.args));
       elementwise(op, [f](float x, float) { return x * f; });
       break;
     }
     case OpKind::Mask: {
-      const TensorParam &q = *p_.tensor("Q"), &k = *p_.tensor("K");
-      const Window w{op.int_attr("window_left", -1), op.int_attr("window_right", -1)};
+      const int64_t seqlen_q = bound("Q").seq, seqlen_k = bound("K").seq;
+      const Window w = window(op);
       const bool causal = op.int_attr("causal") != 0;
       TileValue r = in(op, 0);
       const int64_t row0 = in(op, 1).index * r.rows, col0 = in(op, 2).index * r.cols;
       for (int64_t i = 0; i < r.rows; ++i)
         for (int64_t j = 0; j < r.cols; ++j)
-          if (!visible(row0 + i, col0 + j, q.seq, k.seq, causal, w))
+          if (!visible(row0 + i, col0 + j, seqlen_q, seqlen_k, causal, w))
             r.at(i, j) = kNegInf;
       values_[op.results[0]] = std::move(r);
       break;
@@ -199,10 +234,9 @@ private:
       values_[op.results[0]] = in(op, 0);
       break;
     case OpKind::For: {
-      const Window w{op.int_attr("window_left", -1), op.int_attr("window_right", -1)};
       const BlockRange range =
           kv_block_range(in(op, 0).index, op.int_attr("block_m"), op.int_attr("block_n"),
-                         p_.tensor("Q")->seq, p_.tensor("K")->seq, op.int_attr("causal") != 0, w);
+                         bound("Q").seq, bound("K").seq, op.int_attr("causal") != 0, window(op));
       for (size_t i = 1; i < op.operands.size(); ++i)
         values_[op.region_args[i]] = in(op, int(i));
       for (int64_t kb = range.begin; kb < range.end; ++kb) {
@@ -234,40 +268,77 @@ private:
   int64_t head_ = 0, batch_ = 0;
 };
 
-Status check_buffer(const TensorParam &t, const std::vector<float> &buf) {
+/// The tensor's extents and strides under `args`, checked against its buffer.
+Expected<BoundTensor> bind_tensor(const TensorParam &t, const Bindings &args,
+                                  std::vector<float> &buf) {
+  BoundTensor b{};
+  const std::tuple<const char *, const Extent *, int64_t *> fields[] = {
+      {"batch", &t.batch, &b.batch},
+      {"heads", &t.heads, &b.heads},
+      {"seq", &t.seq, &b.seq},
+      {"batch stride", &t.stride_batch, &b.strides.batch},
+      {"heads stride", &t.stride_head, &b.strides.head},
+      {"seq stride", &t.stride_seq, &b.strides.seq},
+      {"dim stride", &t.stride_dim, &b.strides.dim}};
+  for (const auto &[what, extent, out] : fields) {
+    auto v = args.resolve(*extent);
+    if (!v)
+      return v.status().with_context(fmt::format("tensor @{}", t.name));
+    // A negative stride addresses below the buffer, which the size check below
+    // cannot see (the extent only bounds the largest offset).
+    if (*v < 0)
+      return Status::error("tensor @{}'s {} is bound to {}, expected at least 0", t.name, what, *v);
+    *out = *v;
+  }
+  b.dim = t.dim;
   const int64_t need =
-      AttentionSpec::extent(t.strides, t.batch, t.heads, t.seq, std::max<int64_t>(t.dim, 1));
-  if (int64_t(buf.size()) < need)
+      AttentionSpec::extent(b.strides, b.batch, b.heads, b.seq, std::max<int64_t>(t.dim, 1));
+  if (need < 0 || int64_t(buf.size()) < need)
     return Status::error("buffer for tensor {} holds {} elements but its shape and strides need {}",
                          t.name, buf.size(), need);
-  return Status::ok();
+  b.data = buf.data();
+  return b;
 }
 
 } // namespace
 
-Status interpret(const Program &p, HostTensors &t) {
+Status interpret(const Program &p, const Bindings &args, HostTensors &t) {
   FJ_RETURN_IF_ERROR(verify(p));
+  FJ_RETURN_IF_ERROR(check_bindings(p, args));
   Buffers buffers;
+  buffers.args = &args;
+  auto group = args.resolve(p.group);
+  if (!group)
+    return group.status();
+  if (*group < 1)
+    return Status::error("group = {}, expected at least 1", *group);
+  buffers.group = *group;
   std::map<std::string, std::vector<float> *> named = {
       {"Q", &t.q}, {"K", &t.k}, {"V", &t.v}, {"O", &t.o}, {"LSE", &t.lse}};
   for (const TensorParam &param : p.tensors) {
     auto it = named.find(param.name);
     if (it == named.end())
       return Status::error("the interpreter has no buffer for tensor @{}", param.name);
-    FJ_RETURN_IF_ERROR(check_buffer(param, *it->second));
-    buffers.by_name[param.name] = it->second->data();
+    auto bound = bind_tensor(param, args, *it->second);
+    if (!bound)
+      return bound.status();
+    buffers.by_name[param.name] = *bound;
   }
 
-  const int64_t groups = p.grid_q_blocks * p.grid_heads * p.grid_batch;
+  auto grid = grid_size(p.grid, args);
+  if (!grid)
+    return grid.status();
+  const auto [q_blocks, heads, batches] = *grid;
+  const int64_t groups = q_blocks * heads * batches;
   const int64_t workers =
       std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, std::max<int64_t>(groups, 1));
   std::vector<std::thread> pool;
   for (int64_t w = 0; w < workers; ++w)
     pool.emplace_back([&, w] {
       for (int64_t g = w; g < groups; g += workers) {
-        const int64_t qb = g % p.grid_q_blocks;
-        const int64_t head = (g / p.grid_q_blocks) % p.grid_heads;
-        const int64_t batch = g / (p.grid_q_blocks * p.grid_heads);
+        const int64_t qb = g % q_blocks;
+        const int64_t head = (g / q_blocks) % heads;
+        const int64_t batch = g / (q_blocks * heads);
         Workgroup(p, buffers, qb, head, batch).run(p.body);
       }
     });

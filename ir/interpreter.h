@@ -8,8 +8,9 @@
 
 namespace flashjit::ir {
 
-/// Runs every workgroup of `p` over the buffers (named Q, K, V, O and LSE when the
-/// program has it). Buffer sizes are checked against the tensor params first.
-Status interpret(const Program &p, HostTensors &t);
+/// Runs every workgroup of `p`, with its scalar parameters bound by `args`, over
+/// the buffers (named Q, K, V, O and LSE when the program has it). Buffer sizes
+/// are checked against the tensors' shapes and strides first.
+Status interpret(const Program &p, const Bindings &args, HostTensors &t);
 
 } // namespace flashjit::ir

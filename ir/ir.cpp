@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+#include <limits>
+
 namespace flashjit::ir {
 
 const OpInfo &op_info(OpKind k) {
@@ -77,6 +80,86 @@ const TensorParam *Program::tensor(const std::string &name) const {
     if (t.name == name)
       return &t;
   return nullptr;
+}
+
+const ScalarParam *Program::scalar(std::string_view name) const {
+  for (const ScalarParam &s : scalars)
+    if (s.name == name)
+      return &s;
+  return nullptr;
+}
+
+std::string_view scalar_type_name(ScalarType t) {
+  switch (t) {
+  case ScalarType::i32:
+    return "i32";
+  case ScalarType::i64:
+    return "i64";
+  case ScalarType::f32:
+    return "f32";
+  }
+  return "?";
+}
+
+std::string to_string(const Extent &e) {
+  return e.is_param() ? "%" + e.param : std::to_string(e.value);
+}
+
+// ---- bindings ----------------------------------------------------------------
+
+Expected<int64_t> Bindings::integer(std::string_view name) const {
+  auto it = values_.find(name);
+  if (it == values_.end())
+    return Status::error("scalar parameter %{} has no value: bind it before the launch", name);
+  if (const int64_t *i = std::get_if<int64_t>(&it->second))
+    return *i;
+  return Status::error("scalar parameter %{} is bound to {}, not an integer", name,
+                       std::get<double>(it->second));
+}
+
+Expected<double> Bindings::real(std::string_view name) const {
+  auto it = values_.find(name);
+  if (it == values_.end())
+    return Status::error("scalar parameter %{} has no value: bind it before the launch", name);
+  if (const int64_t *i = std::get_if<int64_t>(&it->second))
+    return double(*i);
+  return std::get<double>(it->second);
+}
+
+Expected<int64_t> Bindings::resolve(const Extent &e) const {
+  return e.is_param() ? integer(e.param) : Expected<int64_t>(e.value);
+}
+
+Status check_bindings(const Program &p, const Bindings &b) {
+  for (const ScalarParam &s : p.scalars) {
+    if (s.type == ScalarType::f32) {
+      auto v = b.real(s.name);
+      if (!v)
+        return v.status();
+      if (!std::isfinite(float(*v)))
+        return Status::error("scalar parameter %{} = {} is not a finite f32", s.name, *v);
+      continue;
+    }
+    auto v = b.integer(s.name);
+    if (!v)
+      return v.status();
+    if (s.type == ScalarType::i32 &&
+        (*v < std::numeric_limits<int32_t>::min() || *v > std::numeric_limits<int32_t>::max()))
+      return Status::error("scalar parameter %{} = {} does not fit the kernel's i32", s.name, *v);
+  }
+  return Status::ok();
+}
+
+Expected<std::array<int64_t, 3>> grid_size(const std::vector<GridAxis> &grid, const Bindings &b) {
+  std::array<int64_t, 3> size{1, 1, 1};
+  for (size_t i = 0; i < grid.size() && i < 3; ++i) {
+    auto extent = b.resolve(grid[i].extent);
+    if (!extent)
+      return extent.status();
+    const int64_t d = std::max<int64_t>(grid[i].divisor, 1);
+    size[i] = *extent <= 0 ? 0 : (*extent - 1) / d + 1;
+  }
+  return size;
 }
 
 } // namespace flashjit::ir

@@ -4,6 +4,11 @@
 // workgroups; its body is a flat list of ops plus one `for` over KV blocks whose
 // loop-carried tiles are the running max, running sum and output accumulator.
 //
+// A Program is shape-free: sequence lengths, batch, heads, strides, window
+// sizes and the softmax scale are scalar parameters (%seqlen_q, ...) bound at
+// launch, so one compiled kernel serves every shape of its signature. Tensor
+// extents and strides, grid extents and some op attributes name them.
+//
 // Layouts say how a tile is distributed; they only constrain which ops may
 // consume a tile, and changing one is always an explicit convert_layout:
 //
@@ -18,6 +23,7 @@
 #include "ir/spec.h"
 #include "ir/status.h"
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -67,12 +73,17 @@ struct Type {
 };
 std::string to_string(const Type &t);
 
-/// Attribute values: integer, floating point (inf allowed), or a symbol (@Q).
+/// Attribute values: integer, floating point (inf allowed), a symbol (@Q), or a
+/// scalar parameter read at run time (%window_left).
 struct Symbol {
   std::string name;
   bool operator==(const Symbol &) const = default;
 };
-using Attr = std::variant<int64_t, double, Symbol>;
+struct ParamRef {
+  std::string name;
+  bool operator==(const ParamRef &) const = default;
+};
+using Attr = std::variant<int64_t, double, Symbol, ParamRef>;
 using Attrs = std::map<std::string, Attr>; // printed in key order
 
 using ValueId = int;
@@ -97,32 +108,92 @@ struct ValueDef {
   Type type;
 };
 
+/// The type of a scalar parameter, as the kernel receives it.
+enum class ScalarType { i32, i64, f32 };
+std::string_view scalar_type_name(ScalarType t);
+
+/// A run-time scalar argument of the kernel: a length, stride, window size or scale.
+struct ScalarParam {
+  std::string name; // printed %name; also the kernel's C parameter name
+  ScalarType type;
+  bool operator==(const ScalarParam &) const = default;
+};
+
+/// An extent or stride: a constant, or a scalar parameter (printed %name).
+struct Extent {
+  int64_t value = 0;
+  std::string param; // non-empty: the parameter's name, and value is unused
+  static Extent constant(int64_t v) { return Extent{v, {}}; }
+  static Extent of(std::string param) { return Extent{0, std::move(param)}; }
+  bool is_param() const { return !param.empty(); }
+  bool operator==(const Extent &) const = default;
+};
+std::string to_string(const Extent &e); // "64" or "%seqlen_q"
+
 /// A global tensor the kernel reads or writes: logical [batch, heads, seq, dim]
-/// (dim = 0 for the LSE vector), with element strides.
+/// (dim = 0 for the LSE vector), with element strides. The head dim is always a
+/// constant (it shapes the tiles); the rest may be parameters.
 struct TensorParam {
   std::string name; // Q, K, V, O, LSE
   DType dtype;
-  int64_t batch, heads, seq, dim;
-  Strides strides;
+  Extent batch, heads, seq;
+  int64_t dim = 0;
+  Extent stride_batch, stride_head, stride_seq, stride_dim;
+  /// Every row start (base pointer and strides) is a multiple of this many bytes:
+  /// 16 allows 128-bit accesses, 8 allows 64-bit ones. Part of the signature.
+  int64_t row_align = 2;
   bool operator==(const TensorParam &) const = default;
+};
+
+/// One axis of the grid: `arg` runs over [0, ceil(extent / divisor)).
+struct GridAxis {
+  ValueId arg = -1;
+  Extent extent;
+  int64_t divisor = 1;
+  bool operator==(const GridAxis &) const = default;
 };
 
 struct Program {
   std::string name;
+  std::vector<ScalarParam> scalars;
   std::vector<TensorParam> tensors;
-  // Grid: workgroup (x, y, z) = (q block, head, batch). grid_args are the index
-  // values the body sees for them.
-  int64_t grid_q_blocks = 0, grid_heads = 0, grid_batch = 0;
-  std::vector<ValueId> grid_args; // q_block, head, batch
-  int64_t group = 1;              // q heads per kv head: K/V use head / group
-  Attrs config;                   // the tuning config the program was built with (block_m, ...)
+  // Grid: workgroup (x, y, z) = (q block, head, batch); each axis's arg is the
+  // index value the body sees for it.
+  std::vector<GridAxis> grid;
+  Extent group = Extent::constant(1); // q heads per kv head: K/V use head / group
+  Attrs config;                       // the tuning config the program was built with (block_m, ...)
   std::vector<ValueDef> values;
   std::vector<Op> body;
 
   ValueId add_value(Type t, std::string name = "");
   const Type &type_of(ValueId v) const { return values.at(v).type; }
   const TensorParam *tensor(const std::string &name) const;
+  const ScalarParam *scalar(std::string_view name) const;
+  ValueId grid_arg(size_t axis) const { return grid.at(axis).arg; }
 };
+
+/// The run-time values of a program's scalar parameters, by name.
+class Bindings {
+public:
+  void set_int(const std::string &name, int64_t v) { values_[name] = v; }
+  void set_real(const std::string &name, double v) { values_[name] = v; }
+  /// The integer bound to `name`, or an error naming the missing parameter.
+  Expected<int64_t> integer(std::string_view name) const;
+  /// The number bound to `name` (an integer reads as a double).
+  Expected<double> real(std::string_view name) const;
+  /// An extent's value: the constant, or its parameter's binding.
+  Expected<int64_t> resolve(const Extent &e) const;
+  bool has(std::string_view name) const { return values_.find(name) != values_.end(); }
+
+private:
+  std::map<std::string, std::variant<int64_t, double>, std::less<>> values_;
+};
+
+/// Checks that `b` binds every scalar of `p` with a value of its type (an i32
+/// in range, a finite f32).
+Status check_bindings(const Program &p, const Bindings &b);
+/// The workgroups a grid launches in (x, y, z) under `b`.
+Expected<std::array<int64_t, 3>> grid_size(const std::vector<GridAxis> &grid, const Bindings &b);
 
 /// The text form; parse(print(p)) prints identically.
 std::string print(const Program &p);

@@ -245,6 +245,12 @@ private:
       out = Symbol{name};
       return Status::ok();
     }
+    if (peek() == '%') {
+      std::string name;
+      FJ_RETURN_IF_ERROR(parse_scalar_use(name));
+      out = ParamRef{name};
+      return Status::ok();
+    }
     size_t start = pos_;
     bool negative = peek() == '-';
     if (negative)
@@ -259,7 +265,7 @@ private:
     }
     if (!is_digit(peek())) {
       pos_ = start;
-      return expected("an attribute value (integer, float, inf, nan or @symbol)");
+      return expected("an attribute value (integer, float, inf, nan, @symbol or %scalar)");
     }
     bool is_float = false;
     while (is_digit(peek()))
@@ -446,7 +452,11 @@ private:
     bool have_grid = false;
     for (;;) {
       skip_blank_lines();
-      if (at_word("tensor")) {
+      if (at_word("scalars")) {
+        if (!prog_.scalars.empty() || !prog_.tensors.empty() || have_grid)
+          return error_at(pos_, "the 'scalars' line comes once, before the tensors and the grid");
+        FJ_RETURN_IF_ERROR(parse_scalars());
+      } else if (at_word("tensor")) {
         FJ_RETURN_IF_ERROR(parse_tensor());
       } else if (at_word("grid")) {
         if (have_grid)
@@ -458,7 +468,7 @@ private:
       }
     }
     if (!have_grid)
-      return expected("a 'tensor' or 'grid' line (the grid comes before the first op)");
+      return expected("a 'scalars', 'tensor' or 'grid' line (the grid comes before the first op)");
     FJ_RETURN_IF_ERROR(parse_block(prog_.body, open_pos, "kernel"));
     skip_blank_lines();
     if (!at_end())
@@ -466,8 +476,31 @@ private:
     return Status::ok();
   }
 
-  /// `[name = int, ...]` with exactly the given names in order.
-  Status parse_fields(std::initializer_list<std::pair<std::string_view, int64_t *>> fields,
+  /// `%name` of a declared scalar parameter.
+  Status parse_scalar_use(std::string &out) {
+    NameAt n;
+    FJ_RETURN_IF_ERROR(parse_value_name(n, "a scalar parameter ('%name')"));
+    if (!prog_.scalar(n.name))
+      return error_at(n.pos, fmt::format("%{} is not a scalar parameter of the kernel (declare it "
+                                         "on the 'scalars' line)",
+                                         n.name));
+    out = n.name;
+    return Status::ok();
+  }
+
+  /// An integer or a scalar parameter: `64` or `%seqlen_q`.
+  Status parse_extent(Extent &out, std::string_view what) {
+    skip_spaces();
+    if (peek() == '%') {
+      out.value = 0;
+      return parse_scalar_use(out.param);
+    }
+    out.param.clear();
+    return parse_int(out.value, fmt::format("{} (an integer or a %scalar)", what));
+  }
+
+  /// `[name = extent, ...]` with exactly the given names in order.
+  Status parse_fields(std::initializer_list<std::pair<std::string_view, Extent *>> fields,
                       std::string_view what) {
     FJ_RETURN_IF_ERROR(expect('[', fmt::format("to open the {}", what)));
     bool first = true;
@@ -477,12 +510,46 @@ private:
       first = false;
       FJ_RETURN_IF_ERROR(expect_word(name, fmt::format("in the {}", what)));
       FJ_RETURN_IF_ERROR(expect('=', fmt::format("after '{}'", name)));
-      FJ_RETURN_IF_ERROR(parse_int(*out, fmt::format("an integer for '{}'", name)));
+      FJ_RETURN_IF_ERROR(parse_extent(*out, fmt::format("a value for '{}'", name)));
     }
     return expect(']', fmt::format("to close the {}", what));
   }
 
-  /// `tensor @Q : bf16 [batch = .., heads = .., seq = .., dim = ..] strides [...]`
+  /// `scalars (%seqlen_q : i32, %q_seq_stride : i64, %scale_log2 : f32, ...)`
+  Status parse_scalars() {
+    pos_ += 7; // "scalars"
+    FJ_RETURN_IF_ERROR(expect('(', "after 'scalars'"));
+    if (consume(')'))
+      return expect_end_of_line("after the scalars");
+    do {
+      NameAt n;
+      FJ_RETURN_IF_ERROR(parse_value_name(n, "a scalar parameter ('%name')"));
+      if (!is_ident_start(n.name[0]))
+        return error_at(n.pos,
+                        fmt::format("scalar parameter %{} needs a name, not a number", n.name));
+      if (prog_.scalar(n.name))
+        return error_at(n.pos, fmt::format("scalar parameter %{} is declared twice", n.name));
+      FJ_RETURN_IF_ERROR(expect(':', "after the scalar parameter"));
+      skip_spaces();
+      size_t type_pos = pos_;
+      std::string_view type = ident();
+      ScalarParam param{n.name, ScalarType::i32};
+      if (type == "i32")
+        param.type = ScalarType::i32;
+      else if (type == "i64")
+        param.type = ScalarType::i64;
+      else if (type == "f32")
+        param.type = ScalarType::f32;
+      else
+        return error_at(type_pos,
+                        fmt::format("unknown scalar type '{}': expected i32, i64 or f32", type));
+      prog_.scalars.push_back(std::move(param));
+    } while (consume(','));
+    FJ_RETURN_IF_ERROR(expect(')', "to close the scalars"));
+    return expect_end_of_line("after the scalars");
+  }
+
+  /// `tensor @Q : bf16 [batch = .., heads = .., seq = .., dim = ..] strides [...] align = 16`
   Status parse_tensor() {
     pos_ += 6; // "tensor"
     TensorParam t{};
@@ -501,36 +568,55 @@ private:
     if (!dtype)
       return error_at(dtype_pos, dtype.status().message());
     t.dtype = *dtype;
+    Extent dim;
     FJ_RETURN_IF_ERROR(parse_fields(
-        {{"batch", &t.batch}, {"heads", &t.heads}, {"seq", &t.seq}, {"dim", &t.dim}}, "shape"));
+        {{"batch", &t.batch}, {"heads", &t.heads}, {"seq", &t.seq}, {"dim", &dim}}, "shape"));
+    if (dim.is_param())
+      return error_at(pos_, fmt::format("tensor @{}: the head dim shapes the tiles, so it is a "
+                                        "constant, not %{}",
+                                        t.name, dim.param));
+    t.dim = dim.value;
     FJ_RETURN_IF_ERROR(expect_word("strides", "after the tensor shape"));
-    FJ_RETURN_IF_ERROR(parse_fields({{"batch", &t.strides.batch},
-                                     {"heads", &t.strides.head},
-                                     {"seq", &t.strides.seq},
-                                     {"dim", &t.strides.dim}},
+    FJ_RETURN_IF_ERROR(parse_fields({{"batch", &t.stride_batch},
+                                     {"heads", &t.stride_head},
+                                     {"seq", &t.stride_seq},
+                                     {"dim", &t.stride_dim}},
                                     "strides"));
-    FJ_RETURN_IF_ERROR(expect_end_of_line("after the tensor strides"));
+    FJ_RETURN_IF_ERROR(expect_word("align", "after the tensor strides"));
+    FJ_RETURN_IF_ERROR(expect('=', "after 'align'"));
+    FJ_RETURN_IF_ERROR(parse_int(t.row_align, "the row alignment in bytes (2, 8 or 16)"));
+    FJ_RETURN_IF_ERROR(expect_end_of_line("after the tensor alignment"));
     prog_.tensors.push_back(std::move(t));
     return Status::ok();
   }
 
-  /// `grid (%q_block = 2, %head = 16, %batch = 1) group = 4 [config {block_m = 64, ...}]`
+  /// `grid (%q_block : ceil(%seqlen_q / 64), %head : %heads, %batch : %batches)
+  ///  group = %group [config {block_m = 64, ...}]`
   Status parse_grid() {
     size_t grid_pos = pos_;
     pos_ += 4; // "grid"
     FJ_RETURN_IF_ERROR(expect('(', "after 'grid'"));
-    int64_t *sizes[] = {&prog_.grid_q_blocks, &prog_.grid_heads, &prog_.grid_batch};
     int n = 0;
     do {
       if (n == 3)
         return error_at(grid_pos, "grid takes 3 arguments (q block, head, batch), got more");
       NameAt name;
       FJ_RETURN_IF_ERROR(parse_def(name, "a grid argument ('%name')"));
-      FJ_RETURN_IF_ERROR(expect('=', "after the grid argument"));
-      FJ_RETURN_IF_ERROR(parse_int(*sizes[n], "the grid size (an integer)"));
-      ValueId v = add_value(name, Type::index());
-      prog_.grid_args.push_back(v);
-      make_visible(name, v);
+      FJ_RETURN_IF_ERROR(expect(':', "after the grid argument"));
+      GridAxis axis;
+      if (at_word("ceil")) {
+        pos_ += 4;
+        FJ_RETURN_IF_ERROR(expect('(', "after 'ceil'"));
+        FJ_RETURN_IF_ERROR(parse_extent(axis.extent, "the grid extent"));
+        FJ_RETURN_IF_ERROR(expect('/', "in ceil(extent / divisor)"));
+        FJ_RETURN_IF_ERROR(parse_int(axis.divisor, "the divisor (an integer)"));
+        FJ_RETURN_IF_ERROR(expect(')', "to close ceil(...)"));
+      } else {
+        FJ_RETURN_IF_ERROR(parse_extent(axis.extent, "the grid extent"));
+      }
+      axis.arg = add_value(name, Type::index());
+      prog_.grid.push_back(axis);
+      make_visible(name, axis.arg);
       ++n;
     } while (consume(','));
     if (n != 3)
@@ -539,7 +625,7 @@ private:
     FJ_RETURN_IF_ERROR(expect(')', "to close the grid arguments"));
     FJ_RETURN_IF_ERROR(expect_word("group", "after the grid arguments"));
     FJ_RETURN_IF_ERROR(expect('=', "after 'group'"));
-    FJ_RETURN_IF_ERROR(parse_int(prog_.group, "the group size (an integer)"));
+    FJ_RETURN_IF_ERROR(parse_extent(prog_.group, "the group size"));
     skip_spaces();
     if (!at_end() && peek() == 'c') {
       FJ_RETURN_IF_ERROR(expect_word("config", "after the group size"));

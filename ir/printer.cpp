@@ -40,8 +40,8 @@ std::vector<std::string> value_names(const Program &p) {
       self(self, op.body);
     }
   };
-  for (ValueId v : p.grid_args)
-    define(v);
+  for (const GridAxis &axis : p.grid)
+    define(axis.arg);
   walk(walk, p.body);
   for (ValueId v = 0; v < count; ++v) // used but never defined: marked, so it cannot parse
     if (!defined[v])
@@ -58,6 +58,8 @@ std::string attr_text(const Attr &a) {
     return fmt::format("{}", *i);
   if (const Symbol *s = std::get_if<Symbol>(&a))
     return "@" + s->name;
+  if (const ParamRef *r = std::get_if<ParamRef>(&a))
+    return "%" + r->name;
   double d = std::get<double>(a);
   if (std::isinf(d))
     return d < 0 ? "-inf" : "inf";
@@ -82,17 +84,27 @@ public:
 
   std::string run() {
     line(1, "kernel @{} {{", p_.name);
+    if (!p_.scalars.empty()) {
+      std::string scalars;
+      for (const ScalarParam &s : p_.scalars)
+        scalars += fmt::format("{}%{} : {}", scalars.empty() ? "" : ", ", s.name,
+                               scalar_type_name(s.type));
+      line(2, "scalars ({})", scalars);
+    }
     for (const TensorParam &t : p_.tensors)
       line(2,
            "tensor @{} : {} [batch = {}, heads = {}, seq = {}, dim = {}] "
-           "strides [batch = {}, heads = {}, seq = {}, dim = {}]",
-           t.name, dtype_name(t.dtype), t.batch, t.heads, t.seq, t.dim, t.strides.batch,
-           t.strides.head, t.strides.seq, t.strides.dim);
-    const int64_t sizes[] = {p_.grid_q_blocks, p_.grid_heads, p_.grid_batch};
+           "strides [batch = {}, heads = {}, seq = {}, dim = {}] align = {}",
+           t.name, dtype_name(t.dtype), to_string(t.batch), to_string(t.heads), to_string(t.seq),
+           t.dim, to_string(t.stride_batch), to_string(t.stride_head), to_string(t.stride_seq),
+           to_string(t.stride_dim), t.row_align);
     std::string grid;
-    for (size_t i = 0; i < p_.grid_args.size(); ++i)
-      grid += fmt::format("{}{} = {}", i ? ", " : "", value(p_.grid_args[i]), i < 3 ? sizes[i] : 0);
-    line(2, "grid ({}) group = {}{}", grid, p_.group,
+    for (const GridAxis &axis : p_.grid)
+      grid += fmt::format("{}{} : {}", grid.empty() ? "" : ", ", value(axis.arg),
+                          axis.divisor == 1
+                              ? to_string(axis.extent)
+                              : fmt::format("ceil({} / {})", to_string(axis.extent), axis.divisor));
+    line(2, "grid ({}) group = {}{}", grid, to_string(p_.group),
          p_.config.empty() ? "" : " config " + attrs_text(p_.config));
     for (const Op &op : p_.body)
       print_op(op, 2);

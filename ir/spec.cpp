@@ -182,6 +182,14 @@ Status AttentionSpec::validate() const {
   for (const auto &[field, value] : counts)
     if (value < 1)
       return Status::error("{} ({}) must be at least 1", field, value);
+  for (const auto &[field, value] : counts) {
+    const bool seq = field.starts_with("seqlen");
+    const int64_t limit = seq ? kMaxSeqlen : std::numeric_limits<int32_t>::max();
+    if (value > limit)
+      return Status::error("{} ({}) is past the {} the kernels index with 32-bit integers: {}",
+                           field, value, limit,
+                           seq ? "split the sequence" : "split the call into several");
+  }
   if (heads % kv_heads != 0)
     return Status::error("heads ({}) must be a multiple of kv_heads ({}) for GQA/MQA: each group "
                          "of heads/kv_heads query heads shares one key/value head",
@@ -208,6 +216,11 @@ Status AttentionSpec::validate() const {
     return Status::error("scale ({}) must be a finite positive number, or 0 for the default "
                          "1/sqrt(head_dim_qk)",
                          scale);
+  // The kernels scale in f32, by scale * log2(e).
+  if (!std::isfinite(float(softmax_scale() * 1.4426950408889634)) || float(softmax_scale()) == 0.0f)
+    return Status::error("scale ({}) is outside what f32 represents (the kernels scale scores in "
+                         "f32): use a scale between 1e-30 and 1e30",
+                         scale);
 
   if (window.left < -1)
     return Status::error("window left ({}) must be -1 (unbounded) or >= 0", window.left);
@@ -218,10 +231,89 @@ Status AttentionSpec::validate() const {
                          "right of the diagonal; use window right -1 or 0, or drop causal",
                          window.right);
 
+  const std::pair<std::string_view, const Strides *> rows[] = {
+      {"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}};
+  for (const auto &[tensor, s] : rows)
+    if (s->seq > std::numeric_limits<int32_t>::max() ||
+        s->dim > std::numeric_limits<int32_t>::max())
+      return Status::error("{} seq stride ({}) and dim stride ({}) must be below 2^31: the kernels "
+                           "hold row strides in 32 bits (offsets are 64-bit); use a layout with "
+                           "shorter rows",
+                           tensor, s->seq, s->dim);
   FJ_RETURN_IF_ERROR(validate_strides("q", q, batch, heads, seqlen_q, head_dim_qk));
   FJ_RETURN_IF_ERROR(validate_strides("k", k, batch, kv_heads, seqlen_k, head_dim_qk));
   FJ_RETURN_IF_ERROR(validate_strides("v", v, batch, kv_heads, seqlen_k, head_dim_v));
   FJ_RETURN_IF_ERROR(validate_strides("o", o, batch, heads, seqlen_q, head_dim_v));
+  return Status::ok();
+}
+
+KernelSignature AttentionSpec::signature() const {
+  KernelSignature s;
+  s.dtype = dtype;
+  s.head_dim_qk = head_dim_qk;
+  s.head_dim_v = head_dim_v;
+  s.causal = causal;
+  s.local = window.left >= 0 || window.right >= 0;
+  s.lse = lse;
+  const Strides *all[] = {&q, &k, &v, &o};
+  const int64_t dims[] = {head_dim_qk, head_dim_qk, head_dim_v, head_dim_v};
+  // Elements per aligned run that every row start and row length is a multiple of.
+  auto aligned_to = [&](int64_t elems) {
+    for (int i = 0; i < 4; ++i) {
+      const Strides &t = *all[i];
+      if (t.dim != 1 || t.batch % elems || t.head % elems || t.seq % elems || dims[i] % elems)
+        return false;
+    }
+    return true;
+  };
+  const int bytes = dtype_bytes(dtype);
+  s.row_align = aligned_to(16 / bytes) ? 16 : aligned_to(8 / bytes) ? 8 : bytes;
+  for (int i = 0; i < 4; ++i)
+    s.unit_dim[i] = all[i]->dim == 1;
+  return s;
+}
+
+std::string KernelSignature::summary() const {
+  std::string s =
+      fmt::format("{} d={}/{}{}{}{} align{}", dtype_name(dtype), head_dim_qk, head_dim_v,
+                  causal ? " causal" : "", local ? " local" : "", lse ? " lse" : "", row_align);
+  const char *names[] = {"q", "k", "v", "o"};
+  for (int i = 0; i < 4; ++i)
+    if (!unit_dim[i])
+      s += fmt::format(" {}-dim-strided", names[i]);
+  return s;
+}
+
+Status AttentionSpec::matches(const KernelSignature &want) const {
+  const KernelSignature have = signature();
+  if (have == want)
+    return Status::ok();
+  auto differ = [&](std::string_view field, auto got, auto kernel) {
+    return Status::error("this call's {} ({}) differs from the kernel's ({}): a kernel serves "
+                         "one signature ({}); create another for this one",
+                         field, got, kernel, want.summary());
+  };
+  if (have.dtype != want.dtype)
+    return differ("dtype", dtype_name(have.dtype), dtype_name(want.dtype));
+  if (have.head_dim_qk != want.head_dim_qk)
+    return differ("head_dim_qk", have.head_dim_qk, want.head_dim_qk);
+  if (have.head_dim_v != want.head_dim_v)
+    return differ("head_dim_v", have.head_dim_v, want.head_dim_v);
+  if (have.causal != want.causal)
+    return differ("causal", have.causal, want.causal);
+  if (have.local != want.local)
+    return differ("sliding window (on/off)", have.local, want.local);
+  if (have.lse != want.lse)
+    return differ("lse", have.lse, want.lse);
+  const char *names[] = {"q", "k", "v", "o"};
+  for (int i = 0; i < 4; ++i)
+    if (have.unit_dim[i] != want.unit_dim[i])
+      return differ(fmt::format("{} dim stride (1 or not)", names[i]),
+                    have.unit_dim[i] ? "1" : "not 1", want.unit_dim[i] ? "1" : "not 1");
+  // A kernel for narrower rows runs wider ones; the reverse would misalign.
+  if (have.row_align < want.row_align)
+    return differ("row alignment in bytes (of the strides and head dims)", have.row_align,
+                  want.row_align);
   return Status::ok();
 }
 

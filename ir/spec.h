@@ -29,6 +29,28 @@ struct Window {
   bool operator==(const Window &) const = default;
 };
 
+/// What of an attention spec changes a kernel's code. Everything else (batch,
+/// heads, kv_heads, seqlens, strides, window sizes, scale) is a run-time argument,
+/// so one kernel serves every spec with the same signature.
+struct KernelSignature {
+  DType dtype = DType::bf16;
+  int64_t head_dim_qk = 64, head_dim_v = 64;
+  bool causal = false;
+  bool local = false; // a sliding window (its sizes are run-time arguments)
+  bool lse = false;
+  /// Per tensor (q, k, v, o): the head dim is contiguous (dim stride 1).
+  bool unit_dim[4] = {true, true, true, true};
+  /// Bytes every row start and stride of q, k, v and o is a multiple of: 16
+  /// (128-bit accesses), 8 (64-bit) or 2.
+  int row_align = 2;
+  bool operator==(const KernelSignature &) const = default;
+  /// e.g. "bf16 d=80/80 causal align16"
+  std::string summary() const;
+};
+
+/// The longest sequence a kernel indexes (its row indices are 32-bit).
+constexpr int64_t kMaxSeqlen = int64_t(1) << 29;
+
 struct AttentionSpec {
   int64_t batch = 1;
   int64_t heads = 1;    // query heads
@@ -63,6 +85,11 @@ struct AttentionSpec {
   void set_layout(Layout l);
   /// Every impossible spec gets an error that names the field and the fix.
   Status validate() const;
+  /// What of this spec a kernel specializes on.
+  KernelSignature signature() const;
+  /// Ok when a kernel generated for `s` computes this spec; else which field
+  /// differs and what to do.
+  Status matches(const KernelSignature &s) const;
   /// One line, e.g. "b=1 hq=16 hkv=4 sq=113 sk=203 d=80/80 bf16 causal bshd".
   std::string summary() const;
 };

@@ -7,6 +7,8 @@
 // of op 5. Values are spelled as print() spells them.
 #include "ir/ir.h"
 
+#include <set>
+
 #include <fmt/format.h>
 
 namespace flashjit::ir {
@@ -39,6 +41,8 @@ const char *attr_kind(const Attr &a) {
     return "an integer";
   if (std::holds_alternative<double>(a))
     return "a float";
+  if (std::holds_alternative<ParamRef>(a))
+    return "a scalar parameter";
   return "a symbol";
 }
 
@@ -134,6 +138,27 @@ public:
   }
   Status int_attr(const std::string &key) const { return attr_of<int64_t>(key, "an integer"); }
   Status float_attr(const std::string &key) const { return attr_of<double>(key, "a float"); }
+  /// A constant of the given kind or a scalar parameter of a matching type;
+  /// absent is fine unless `required`.
+  Status value_attr(const std::string &key, bool integer, bool required) const {
+    const Attr *a = attr(key);
+    if (!a)
+      return required ? fail("missing attr `{}`", key) : Status::ok();
+    if (const ParamRef *r = std::get_if<ParamRef>(a)) {
+      const ScalarParam *s = p_.scalar(r->name);
+      if (!s)
+        return fail("attr `{}` reads %{}, which is not a scalar parameter of the kernel", key,
+                    r->name);
+      if ((s->type == ScalarType::f32) == integer)
+        return fail("attr `{}` reads %{} of type {}, expected {}", key, r->name,
+                    scalar_type_name(s->type), integer ? "an integer type" : "f32");
+      return Status::ok();
+    }
+    if (integer ? std::holds_alternative<int64_t>(*a) : std::holds_alternative<double>(*a))
+      return Status::ok();
+    return fail("attr `{}` is {}, expected {} or a scalar parameter", key, attr_kind(*a),
+                integer ? "an integer" : "a float");
+  }
 
   /// attr `tensor` names a tensor of the kernel.
   Status tensor_attr(const TensorParam *&out) const {
@@ -261,7 +286,7 @@ Status check_types(const OpChecker &c, const Op &op) {
   case OpKind::MmaABt:
     return check_mma(c, op);
   case OpKind::Scale:
-    FJ_RETURN_IF_ERROR(c.float_attr("factor"));
+    FJ_RETURN_IF_ERROR(c.value_attr("factor", false, true));
     FJ_RETURN_IF_ERROR(c.tile(operand(0)));
     return c.type_is(result(0), c.type(operand(0)), "the type of operand 0");
   case OpKind::Mask:
@@ -269,8 +294,9 @@ Status check_types(const OpChecker &c, const Op &op) {
     FJ_RETURN_IF_ERROR(c.dtype(operand(0), DType::f32));
     FJ_RETURN_IF_ERROR(c.index(operand(1)));
     FJ_RETURN_IF_ERROR(c.index(operand(2)));
-    for (const char *key : {"causal", "window_left", "window_right"})
-      FJ_RETURN_IF_ERROR(c.int_attr(key));
+    FJ_RETURN_IF_ERROR(c.int_attr("causal"));
+    for (const char *key : {"window_left", "window_right"})
+      FJ_RETURN_IF_ERROR(c.value_attr(key, true, false));
     return c.type_is(result(0), c.type(operand(0)), "the type of operand 0");
   case OpKind::RowMax:
   case OpKind::RowSum: {
@@ -334,8 +360,8 @@ public:
   Status run() {
     FJ_RETURN_IF_ERROR(check_header());
     FJ_RETURN_IF_ERROR(collect_defs(p_.body, ""));
-    for (ValueId v : p_.grid_args)
-      visible_[v] = true;
+    for (const GridAxis &axis : p_.grid)
+      visible_[axis.arg] = true;
     return check_block(p_.body, "", nullptr);
   }
 
@@ -350,29 +376,74 @@ private:
     return fmt::format("op #{}{} `{}`", prefix, i, op_info(op.kind).name);
   }
 
+  /// An extent is a positive constant or an integer scalar parameter.
+  Status check_extent(const Extent &e, std::string_view what, bool zero_ok = false) const {
+    if (!e.is_param()) {
+      if (e.value < (zero_ok ? 0 : 1))
+        return Status::error("{} is {}, expected {}", what, e.value,
+                             zero_ok ? "at least 0" : "a positive size");
+      return Status::ok();
+    }
+    const ScalarParam *s = p_.scalar(e.param);
+    if (!s)
+      return Status::error("{} reads %{}, which is not a scalar parameter of the kernel", what,
+                           e.param);
+    if (s->type == ScalarType::f32)
+      return Status::error("{} reads %{} of type f32, expected an integer parameter", what,
+                           e.param);
+    return Status::ok();
+  }
+
   Status check_header() {
     if (!is_identifier(p_.name))
       return Status::error("kernel name '{}' is not an identifier", p_.name);
+    std::set<std::string> value_names_used(names_.begin(), names_.end());
+    for (size_t i = 0; i < p_.scalars.size(); ++i) {
+      const ScalarParam &s = p_.scalars[i];
+      if (!is_identifier(s.name) || s.name.find('.') != std::string::npos)
+        return Status::error("scalar parameter {} has name '{}', which is not a C identifier", i,
+                             s.name);
+      if (p_.scalar(s.name) != &s)
+        return Status::error("scalar parameter %{} is declared twice", s.name);
+      if (value_names_used.count(s.name))
+        return Status::error("scalar parameter %{} has the name of a value; rename one (both "
+                             "become identifiers of the generated kernel)",
+                             s.name);
+    }
     for (size_t i = 0; i < p_.tensors.size(); ++i) {
       const TensorParam &t = p_.tensors[i];
       if (!is_identifier(t.name))
         return Status::error("tensor {} has name '{}', which is not an identifier", i, t.name);
       if (p_.tensor(t.name) != &t)
         return Status::error("tensor @{} is declared twice", t.name);
-      if (t.batch <= 0 || t.heads <= 0 || t.seq <= 0 || t.dim < 0)
-        return Status::error("tensor @{} has shape [batch = {}, heads = {}, seq = {}, dim = {}]; "
-                             "sizes must be positive (dim = 0 only for a vector such as @LSE)",
-                             t.name, t.batch, t.heads, t.seq, t.dim);
+      if (t.dim < 0)
+        return Status::error("tensor @{} has dim = {}; sizes must be positive (dim = 0 only for "
+                             "a vector such as @LSE)",
+                             t.name, t.dim);
+      const std::pair<const char *, const Extent *> extents[] = {{"batch", &t.batch},
+                                                                 {"heads", &t.heads},
+                                                                 {"seq", &t.seq},
+                                                                 {"batch stride", &t.stride_batch},
+                                                                 {"heads stride", &t.stride_head},
+                                                                 {"seq stride", &t.stride_seq},
+                                                                 {"dim stride", &t.stride_dim}};
+      for (const auto &[what, e] : extents)
+        FJ_RETURN_IF_ERROR(
+            check_extent(*e, fmt::format("tensor @{}'s {}", t.name, what),
+                         std::string_view(what).find("stride") != std::string_view::npos));
+      if (t.row_align != 2 && t.row_align != 4 && t.row_align != 8 && t.row_align != 16)
+        return Status::error("tensor @{} has align = {}, expected 2, 4, 8 or 16 (bytes)", t.name,
+                             t.row_align);
     }
     for (const char *required : {"Q", "K", "V", "O"})
       if (!p_.tensor(required))
         return Status::error("missing tensor @{} (a kernel needs @Q, @K, @V and @O)", required);
-    if (p_.grid_args.size() != 3)
+    if (p_.grid.size() != 3)
       return Status::error("the grid has {} arguments, expected 3 (q block, head, batch)",
-                           p_.grid_args.size());
+                           p_.grid.size());
     const char *roles[] = {"q block", "head", "batch"};
     for (size_t i = 0; i < 3; ++i) {
-      ValueId v = p_.grid_args[i];
+      ValueId v = p_.grid[i].arg;
       if (!valid(v))
         return Status::error("grid argument {} ({}) refers to value {}, which does not exist", i,
                              roles[i], v);
@@ -380,12 +451,15 @@ private:
         return Status::error("grid argument {} ({}) has type {}, expected index", i, value(v),
                              to_string(p_.type_of(v)));
       FJ_RETURN_IF_ERROR(define(v, "the grid"));
+      FJ_RETURN_IF_ERROR(check_extent(p_.grid[i].extent, fmt::format("grid extent {}", i)));
+      if (p_.grid[i].divisor < 1)
+        return Status::error("grid extent {} divides by {}, expected a positive divisor", i,
+                             p_.grid[i].divisor);
     }
-    if (p_.grid_q_blocks <= 0 || p_.grid_heads <= 0 || p_.grid_batch <= 0)
-      return Status::error("the grid ({}, {}, {}) must be positive in every dimension",
-                           p_.grid_q_blocks, p_.grid_heads, p_.grid_batch);
-    if (p_.group < 1)
-      return Status::error("group = {}, expected at least 1", p_.group);
+    FJ_RETURN_IF_ERROR(check_extent(p_.group, "group"));
+    for (const auto &[key, attr] : p_.config)
+      if (!std::holds_alternative<int64_t>(attr))
+        return Status::error("config {} is {}, expected an integer", key, attr_kind(attr));
     for (size_t v = 0; v < p_.values.size(); ++v) {
       const ValueDef &d = p_.values[v];
       if (!d.name.empty() && !is_identifier(d.name))
@@ -466,8 +540,10 @@ private:
   /// arguments are the kv block index and the loop-carried values.
   Status check_for(const OpChecker &c, const Op &op, const std::string &prefix, size_t i) {
     FJ_RETURN_IF_ERROR(c.index(operand(0)));
-    for (const char *key : {"block_m", "block_n", "causal", "window_left", "window_right"})
+    for (const char *key : {"block_m", "block_n", "causal"})
       FJ_RETURN_IF_ERROR(c.int_attr(key));
+    for (const char *key : {"window_left", "window_right"})
+      FJ_RETURN_IF_ERROR(c.value_attr(key, true, false));
     for (size_t r = 0; r < op.results.size(); ++r)
       FJ_RETURN_IF_ERROR(
           c.type_is(result(r), c.type(operand(r + 1)),

@@ -34,6 +34,18 @@ constexpr int kKTile = 16; // k of an operand fragment (head-dim entries or keys
 // LDS row padding (elements) so consecutive rows start in different banks.
 constexpr int kLdsPad = 8;
 
+std::string c_scalar_type(ir::ScalarType t) {
+  switch (t) {
+  case ir::ScalarType::i32:
+    return "int";
+  case ir::ScalarType::i64:
+    return "long";
+  case ir::ScalarType::f32:
+    return "float";
+  }
+  return "?";
+}
+
 std::string float_literal(double x) {
   if (std::isinf(x))
     return x < 0 ? "-FJ_INF" : "FJ_INF";
@@ -66,8 +78,54 @@ private:
   int tiles(int64_t extent) const { return int(extent / kKTile); }
   // Accumulator fragments along a tile's columns.
   int col_tiles(int64_t cols) const { return int(cols / rules_.n_tile()); }
-  static std::string seq_const(const ir::TensorParam &t) {
-    return t.name == "Q" || t.name == "O" || t.name == "LSE" ? "kSeqQ" : "kSeqK";
+  // A run-time extent or stride in C: its parameter's name or the constant.
+  static std::string c_expr(const ir::Extent &e) {
+    return e.is_param() ? e.param : std::to_string(e.value);
+  }
+  // The rows of a tensor (seqlen_q or seqlen_k).
+  static std::string seq_const(const ir::TensorParam &t) { return c_expr(t.seq); }
+  // " * q_dim_stride" for a tensor whose head dim is not contiguous, else "".
+  static std::string dim_stride(const ir::TensorParam &t) {
+    return t.stride_dim == ir::Extent::constant(1) ? "" : " * " + c_expr(t.stride_dim);
+  }
+  // This workgroup's (batch, head) slice of tensor t, written out at each use:
+  // NVIDIA reads kernel arguments from constant memory, so recomputing costs a
+  // few integer ops where a hoisted 64-bit pointer would hold registers across
+  // the KV loop (sm_90 d=128 went from 168 to 175 registers, 3 -> 2 blocks per
+  // SM); LLVM hoists it into scalar registers on AMD by itself.
+  std::string head_base(const ir::TensorParam &t) const {
+    const bool kv = t.name == "K" || t.name == "V";
+    const std::string head =
+        kv ? fmt::format("{} / {}", name(p_.grid_arg(1)), c_expr(p_.group)) : name(p_.grid_arg(1));
+    return fmt::format("{} + long({}) * {} + long({}) * {}", t.name, name(p_.grid_arg(2)),
+                       c_expr(t.stride_batch), head, c_expr(t.stride_head));
+  }
+  // The first row of block `idx` (of `rows` rows) of a tensor's slice `base`.
+  static std::string block_base(const ir::TensorParam &t, const std::string &base,
+                                const std::string &idx, const std::string &rows) {
+    return fmt::format("{} + long({} * {}) * {}", base, idx, rows, c_expr(t.stride_seq));
+  }
+  // The offset of row `local` of a block from its first row: 32-bit unsigned,
+  // so the access takes a scalar base and a 32-bit lane offset; in range as the
+  // runtime checks (Lowered::max_row_stride).
+  static std::string row_offset(const ir::TensorParam &t, const std::string &local) {
+    if (t.stride_seq == ir::Extent::constant(1))
+      return fmt::format("unsigned({})", local);
+    return fmt::format("unsigned({}) * unsigned({})", local, c_expr(t.stride_seq));
+  }
+  // The C value of a mask window attribute: a parameter, a constant, or -1 (none).
+  std::string window_expr(const char *key) const {
+    auto it = mask_.attrs.find(key);
+    if (it == mask_.attrs.end())
+      return "-1";
+    if (const auto *r = std::get_if<ir::ParamRef>(&it->second))
+      return r->name;
+    return std::to_string(mask_.int_attr(key, -1));
+  }
+  // The trailing arguments of the fj_visible / fj_kv_range / fj_block_unmasked helpers.
+  std::string mask_args() const {
+    return fmt::format("{}, {}, {}, {}", seq_const(*p_.tensor("Q")), seq_const(*p_.tensor("K")),
+                       window_expr("window_left"), window_expr("window_right"));
   }
   static std::string dim_const(const ir::TensorParam &t) {
     return t.name == "Q" || t.name == "K" ? "kDimQK" : "kDimV";
@@ -212,22 +270,23 @@ Status KernelEmitter::find_mask(const std::vector<Op> &body) {
   return Status::ok();
 }
 
+// The widest global access the tensors' row alignment allows (IR `align`):
+// 16 bytes for 128-bit runs, 8 for 64-bit ones, else element by element.
 Status KernelEmitter::declare_params() {
   for (const ir::TensorParam &t : p_.tensors) {
     if (t.name == "LSE")
       continue;
-    if (t.strides.dim != 1 || t.strides.seq % 8 || t.strides.head % 8 || t.strides.batch % 8 ||
-        t.dim % 8)
+    const bool unit = t.stride_dim == ir::Extent::constant(1);
+    if (!unit || t.row_align < 16 || t.dim % 8)
       vec_ok_ = false;
-    if (t.strides.dim != 1 || t.strides.seq % 4 || t.strides.head % 4 || t.strides.batch % 4 ||
-        t.dim % 4)
+    if (!unit || t.row_align < 8 || t.dim % 4)
       vec4_ok_ = false;
   }
   return Status::ok();
 }
 
 void KernelEmitter::emit_constants() {
-  const ir::TensorParam &q = *p_.tensor("Q"), &k = *p_.tensor("K"), &v = *p_.tensor("V");
+  const ir::TensorParam &q = *p_.tensor("Q"), &v = *p_.tensor("V");
   auto c = [&](std::string decl, std::string comment) {
     constants_.emplace_back(std::move(decl), std::move(comment));
   };
@@ -246,32 +305,16 @@ void KernelEmitter::emit_constants() {
     "accumulator elements per lane and fragment");
   c(fmt::format("constexpr int kRowSlots = {};", rules_.row_slots()),
     fmt::format("query rows per lane and {}-row fragment", m_tile_));
-  c(fmt::format("constexpr int kSeqQ = {};", q.seq), "seqlen_q");
-  c(fmt::format("constexpr int kSeqK = {};", k.seq), "seqlen_k");
   c(fmt::format("constexpr int kDimQK = {};", q.dim),
     fmt::format("head_dim_qk (padded to {} in registers only)", pad_k_));
   c(fmt::format("constexpr int kDimV = {};", v.dim),
     fmt::format("head_dim_v (padded to {} in registers only)", pad_k_));
-  c(fmt::format("constexpr int kGroup = {};", p_.group), "query heads per KV head (GQA/MQA)");
   c(fmt::format("constexpr bool kCausal = {};", mask_.int_attr("causal") ? "true" : "false"),
     "bottom-right aligned when seqlen_q != seqlen_k");
-  c(fmt::format("constexpr int kWindowLeft = {};", mask_.int_attr("window_left", -1)),
-    "-1: unbounded");
-  c(fmt::format("constexpr int kWindowRight = {};", mask_.int_attr("window_right", -1)),
-    "-1: unbounded");
   c(fmt::format("constexpr bool kVec4Loads = {};", vec4_ok_ ? "true" : "false"),
     "rows are 8-byte aligned runs: 64-bit copies into LDS");
   c(fmt::format("constexpr bool kVecLoads = {};", vec_ok_ ? "true" : "false"),
     "rows are 16-byte aligned runs: 128-bit global loads and stores");
-  for (const ir::TensorParam &t : p_.tensors)
-    c(fmt::format(
-          "constexpr long k{0}BatchStride = {1}, k{0}HeadStride = {2}, k{0}SeqStride = {3};",
-          t.name, t.strides.batch, t.strides.head, t.strides.seq),
-      fmt::format("{} strides (elements){}", t.name,
-                  t.dim ? fmt::format("; dim stride {}", t.strides.dim) : ""));
-  for (const ir::TensorParam &t : p_.tensors)
-    if (t.dim && t.strides.dim != 1)
-      c(fmt::format("constexpr long k{}DimStride = {};", t.name, t.strides.dim), "");
 }
 
 Expected<Lowered> KernelEmitter::run() {
@@ -313,13 +356,16 @@ Expected<Lowered> KernelEmitter::run() {
   w_.line("const int lane = fj_thread_id() % kWave;");
   w_.line("const int wave = fj_thread_id() / kWave;");
   rules_.emit_lane_vars(w_);
-  w_.line("const int {} = fj_group_id_x();", name(p_.grid_args[0]));
-  w_.line("const int {} = fj_group_id_y();", name(p_.grid_args[1]));
-  w_.line("const int {} = fj_group_id_z();", name(p_.grid_args[2]));
-  w_.line("// The query at row r (0..{0}) of this wave's {1}-query tile qt.", m_tile_ - 1, m_tile_);
-  w_.line("auto query_row = [&](int qt, int r) {{ return {} * kBlockM + (wave * kQTiles + qt) * {} "
-          "+ r; }};",
-          name(p_.grid_args[0]), m_tile_);
+  w_.line("const int {} = fj_group_id_x();", name(p_.grid_arg(0)));
+  w_.line("const int {} = fj_group_id_y();", name(p_.grid_arg(1)));
+  w_.line("const int {} = fj_group_id_z();", name(p_.grid_arg(2)));
+  w_.line("// The query at row r (0..{0}) of this wave's {1}-query tile qt: its row in the",
+          m_tile_ - 1, m_tile_);
+  w_.line("// workgroup's block (local_row) and in the sequence (query_row).");
+  w_.line("auto local_row = [&](int qt, int r) {{ return (wave * kQTiles + qt) * {} + r; }};",
+          m_tile_);
+  w_.line("auto query_row = [&](int qt, int r) {{ return {} * kBlockM + local_row(qt, r); }};",
+          name(p_.grid_arg(0)));
   FJ_RETURN_IF_ERROR(emit_ops(p_.body));
   std::swap(w_, body);
 
@@ -345,12 +391,26 @@ Expected<Lowered> KernelEmitter::run() {
     w_.raw(rules_.kernel_helpers());
     w_.blank();
   }
-  const char *out_t = "fj_bits *__restrict__";
-  const char *in_t = "const fj_bits *__restrict__";
+  // The parameters: the tensors, then the run-time shapes (IR scalars).
+  std::vector<KernelParam> params;
+  for (const ir::TensorParam &t : p_.tensors) {
+    const bool output = t.name == "O" || t.name == "LSE";
+    const char *element = t.dtype == DType::f32 ? "float" : "fj_bits";
+    params.push_back({t.name, KernelParam::Kind::tensor, ir::ScalarType::i64,
+                      fmt::format("{}{} *", output ? "" : "const ", element)});
+  }
+  for (const ir::ScalarParam &sp : p_.scalars)
+    params.push_back({sp.name, KernelParam::Kind::scalar, sp.type, c_scalar_type(sp.type)});
   w_.line("FJ_GLOBAL FJ_WORKGROUP_SIZE({})", waves_ * target_.wave_size);
-  w_.line("void {}({} Q, {} K, {} V, {} O, float *__restrict__ LSE)", p_.name, in_t, in_t, in_t,
-          out_t);
-  w_.open("{{");
+  w_.line("void {}(", p_.name);
+  w_.indent(2);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const KernelParam &kp = params[i];
+    w_.line("{}{}{}{}", kp.c_type, kp.kind == KernelParam::Kind::tensor ? "__restrict__ " : " ",
+            kp.name, i + 1 < params.size() ? "," : ") {");
+  }
+  w_.indent(-2);
+  w_.indent(1);
   for (const std::string &decl : lds_decls_)
     w_.line("{}", decl);
   w_.raw(body.str());
@@ -381,9 +441,8 @@ Expected<Lowered> KernelEmitter::run() {
   out.source = w_.str();
   out.kernel_text = kernel.str();
   out.kernel_name = p_.name;
-  out.grid[0] = p_.grid_q_blocks;
-  out.grid[1] = p_.grid_heads;
-  out.grid[2] = p_.grid_batch;
+  out.params = std::move(params);
+  out.grid = p_.grid;
   out.block_threads = int(waves_ * target_.wave_size);
   out.lds_bytes = lds_bytes_;
   out.lds_dynamic = rules_.dynamic_lds();
@@ -391,6 +450,8 @@ Expected<Lowered> KernelEmitter::run() {
   out.rules = std::string(rules_.name());
   out.rules_note = note_;
   out.pointer_alignment = vec_ok_ ? 16 : vec4_ok_ ? 8 : 2;
+  // Rows are addressed by a 32-bit offset within a block (row_offset).
+  out.max_row_stride = int64_t(UINT32_MAX) / std::max(block_m_, block_n_);
   return out;
 }
 
@@ -521,6 +582,8 @@ Status KernelEmitter::emit_op(const Op &op) {
     return Status::ok();
   }
   case OpKind::Scale: {
+    if (const auto *r = std::get_if<ir::ParamRef>(&op.attrs.at("factor")))
+      return elementwise("{0} * " + r->name);
     const std::string k = fmt::format("kScale{}", scale_constants_++);
     add_constant(fmt::format("constexpr float {} = {};", k, float_literal(op.float_attr("factor"))),
                  fmt::format("factor of IR op `scale` (%{})", name(op.results[0])));
@@ -529,15 +592,15 @@ Status KernelEmitter::emit_op(const Op &op) {
   case OpKind::Mask: {
     const Type &t = type(op.results[0]);
     w_.line("{};", declare(op.results[0]));
-    w_.line("const bool {}_full = fj_block_unmasked({}, {});", name(op.results[0]),
-            name(op.operands[1]), name(op.operands[2]));
+    w_.line("const bool {}_full = fj_block_unmasked({}, {}, {});", name(op.results[0]),
+            name(op.operands[1]), name(op.operands[2]), mask_args());
     const std::string dst = open_elements(t, name(op.results[0]));
     w_.line("const int key = {} * kBlockN + c * kNTile + {};", name(op.operands[2]),
             rules_.acc_col("e"));
     // `|`, not `||`: a select, not a branch around every element, keeps the
     // block one straight line for the scheduler (|| made gfx11 spill).
-    w_.line("{} = ({}_full | fj_visible(query_row(qt, {}), key)) ? {}[qt][c][e] : -FJ_INF;", dst,
-            name(op.results[0]), rules_.acc_row("e"), name(op.operands[0]));
+    w_.line("{} = ({}_full | fj_visible(query_row(qt, {}), key, {})) ? {}[qt][c][e] : -FJ_INF;",
+            dst, name(op.results[0]), rules_.acc_row("e"), mask_args(), name(op.operands[0]));
     close_elements(t);
     return Status::ok();
   }
@@ -624,11 +687,7 @@ Status KernelEmitter::emit_load(const Op &op) {
   const ir::TensorParam &t = *p_.tensor(op.symbol_attr("tensor"));
   const Type &ty = type(op.results[0]);
   const std::string idx = name(op.operands[0]);
-  const std::string head = t.name == "K" || t.name == "V" ? "head / kGroup" : "head";
-  const std::string base =
-      fmt::format("{0} + long({1}) * k{0}BatchStride + long({2}) * k{0}HeadStride", t.name,
-                  name(p_.grid_args[2]), head);
-  const std::string dim_stride = t.strides.dim == 1 ? "" : fmt::format(" * k{}DimStride", t.name);
+  const std::string base = head_base(t);
   if (ty.layout == TileLayout::mma_a && q_in_lds_) {
     // Q staged once into LDS; the products read its fragments from there.
     const std::string buf = register_lds(op);
@@ -644,7 +703,8 @@ Status KernelEmitter::emit_load(const Op &op) {
     const int len = rules_.operand_run_len();
     const std::vector<FragmentRun> runs = rules_.operand_runs();
     w_.line("{};", declare(op.results[0]));
-    w_.line("const fj_bits *{}_base = {};", name(op.results[0]), base);
+    w_.line("const fj_bits *{}_base = {};", name(op.results[0]),
+            block_base(t, base, idx, "kBlockM"));
     w_.line("#pragma unroll");
     w_.open("for (int qt = 0; qt < kQTiles; ++qt) {{");
     w_.line("#pragma unroll");
@@ -655,10 +715,10 @@ Status KernelEmitter::emit_load(const Op &op) {
       w_.open("{{");
       w_.line("const int row = query_row(qt, {});", runs[r].row);
       w_.line("const int d0 = c * 16 + {};", runs[r].col);
-      w_.line("const fj_bits *src = {}_base + long(row) * k{}SeqStride;", name(op.results[0]),
-              t.name);
+      w_.line("const fj_bits *src = {}_base + {};", name(op.results[0]),
+              row_offset(t, fmt::format("local_row(qt, {})", runs[r].row)));
       w_.open("if (row < {}) {{", seq_const(t));
-      emit_run_load("frag", int(r) * len, len, runs.size() == 1, dim_const(t), dim_stride);
+      emit_run_load("frag", int(r) * len, len, runs.size() == 1, dim_const(t), dim_stride(t));
       w_.close();
       w_.close();
     }
@@ -750,21 +810,18 @@ void KernelEmitter::emit_stage_issue(const Op &op, const std::string &idx) {
   const std::string buf = register_lds(op);
   const bool transposed = lds_role_.at(buf) == "transposed";
   const std::string &stride_name = lds_strides_.at(buf);
-  const std::string dim_stride = t.strides.dim == 1 ? "" : fmt::format(" * k{}DimStride", t.name);
   const int64_t rows = ty.rows, cols = ty.cols;
   w_.line("// IR: stage block {} of @{} into {}", idx, t.name, buf);
   w_.open("{{");
-  w_.line("const fj_bits *tile = {0} + long({1}) * k{0}BatchStride + long({2}) * k{0}HeadStride;",
-          t.name, name(p_.grid_args[2]),
-          t.name == "K" || t.name == "V" ? "head / kGroup" : name(p_.grid_args[1]));
+  const std::string rows_name = rows == block_n_   ? "kBlockN"
+                                : rows == block_m_ ? "kBlockM"
+                                                   : std::to_string(rows);
+  w_.line("const fj_bits *tile = {};", block_base(t, head_base(t), "(" + idx + ")", rows_name));
   w_.line("// {} rows x {} chunks of 8 elements", rows, cols / 8);
   w_.open("for (int i = fj_thread_id(); i < {} * {}; i += kThreads) {{", rows, cols / 8);
   w_.line("const int r = i / {}, d0 = (i % {}) * 8;", cols / 8, cols / 8);
-  w_.line("const int row = ({}) * {} + r;", idx,
-          rows == block_n_   ? "kBlockN"
-          : rows == block_m_ ? "kBlockM"
-                             : std::to_string(rows));
-  w_.line("const fj_bits *src = tile + long(row) * k{}SeqStride;", t.name);
+  w_.line("const int row = ({}) * {} + r;", idx, rows_name);
+  w_.line("const fj_bits *src = tile + {};", row_offset(t, "r"));
   if (!transposed) {
     w_.open("if (kVecLoads && d0 + 8 <= {}) {{", dim_const(t));
     w_.line("fj_stage8(&{}[r * {} + d0], src + d0, row < {}); // zeros past the last row", buf,
@@ -787,7 +844,7 @@ void KernelEmitter::emit_stage_issue(const Op &op, const std::string &idx) {
   }
   w_.line("for (int e = 0; e < 8; ++e)");
   w_.line("  if (d0 + e < {}) chunk[e] = fj_global_load1(src + long(d0 + e){});", dim_const(t),
-          dim_stride);
+          dim_stride(t));
   if (transposed)
     w_.indent(-1);
   w_.close();
@@ -808,25 +865,24 @@ Status KernelEmitter::emit_store(const Op &op) {
   const ir::TensorParam &t = *p_.tensor(op.symbol_attr("tensor"));
   const Type &ty = type(op.operands[0]);
   const std::string v = name(op.operands[0]);
-  const std::string base =
-      fmt::format("{0} + long({1}) * k{0}BatchStride + long({2}) * k{0}HeadStride", t.name,
-                  name(p_.grid_args[2]), name(p_.grid_args[1]));
+  const std::string base = block_base(t, head_base(t), name(op.operands[1]), "kBlockM");
   if (ty.is_vector()) {
     // One value per query row, written by the one lane the rules name for it.
+    w_.line("float *{}_dst = {};", v, base);
     w_.line("#pragma unroll");
     w_.open("for (int qt = 0; qt < kQTiles; ++qt) {{");
     w_.line("#pragma unroll");
     w_.open("for (int s = 0; s < kRowSlots; ++s) {{");
     w_.line("const int row = query_row(qt, {});", rules_.slot_row("s"));
-    w_.line("if ({} && row < {}) fj_global_store_f32({} + long(row) * k{}SeqStride, {}[qt][s]);",
-            rules_.row_writer(), seq_const(t), base, t.name, v);
+    w_.line("if ({} && row < {}) fj_global_store_f32({}_dst + {}, {}[qt][s]);", rules_.row_writer(),
+            seq_const(t), v, row_offset(t, fmt::format("local_row(qt, {})", rules_.slot_row("s"))),
+            v);
     w_.close();
     w_.close();
     return Status::ok();
   }
   if (ty.layout != TileLayout::mma_acc || ty.dtype == DType::f32)
     return Status::error("{} rules: `store` takes a converted #mma_acc tile", rules_.name());
-  const std::string dim_stride = t.strides.dim == 1 ? "" : fmt::format(" * k{}DimStride", t.name);
   // The accumulator fragment, run by run: `len` consecutive head-dim entries of one row.
   const int len = rules_.acc_run_len();
   const std::vector<FragmentRun> runs = rules_.acc_runs();
@@ -839,7 +895,8 @@ Status KernelEmitter::emit_store(const Op &op) {
     w_.open("{{");
     w_.line("const int row = query_row(qt, {});", runs[r].row);
     w_.line("const int d0 = c * kNTile + {};", runs[r].col);
-    w_.line("fj_bits *dst = {}_dst + long(row) * k{}SeqStride;", v, t.name);
+    w_.line("fj_bits *dst = {}_dst + {};", v,
+            row_offset(t, fmt::format("local_row(qt, {})", runs[r].row)));
     w_.open("if (row < {}) {{", seq_const(t));
     const int first = int(r) * len;
     w_.line("if (kVecLoads && d0 + {} <= {})", len, dim_const(t));
@@ -858,7 +915,7 @@ Status KernelEmitter::emit_store(const Op &op) {
     w_.line("else");
     w_.line("  for (int i = 0; i < {}; ++i)", len);
     w_.line("    if (d0 + i < {}) fj_global_store1(dst + long(d0 + i){}, {}[qt][c][{}]);",
-            dim_const(t), dim_stride, v, first ? fmt::format("{} + i", first) : "i");
+            dim_const(t), dim_stride(t), v, first ? fmt::format("{} + i", first) : "i");
     w_.close();
     w_.close();
   }
@@ -936,7 +993,7 @@ Status KernelEmitter::emit_for(const Op &op) {
     emit_copy(op.region_args[i], name(op.region_args[i]), op.operands[i]);
   }
   w_.line("int kv_begin, kv_end;");
-  w_.line("fj_kv_range({}, &kv_begin, &kv_end);", name(op.operands[0]));
+  w_.line("fj_kv_range({}, {}, &kv_begin, &kv_end);", name(op.operands[0]), mask_args());
   if (plan_pipeline(op)) {
     w_.line("// Software pipeline: the first tile is in flight before the loop starts.");
     w_.open("if (kv_begin < kv_end) {{");
@@ -1160,6 +1217,18 @@ Status check_fits(const AttentionSpec &spec, const ir::Config &c, const Target &
         "tiles (block_m {}, block_n {}, {} rules), over {}'s budget of {}: use a smaller "
         "--block-n or head dim",
         spec.head_dim_qk, spec.head_dim_v, vgprs, c.block_m, c.block_n, r.name(), t.arch, budget);
+  return Status::ok();
+}
+
+Status check_launch(const Lowered &k, const AttentionSpec &shape) {
+  const std::pair<const char *, const Strides *> tensors[] = {
+      {"q", &shape.q}, {"k", &shape.k}, {"v", &shape.v}, {"o", &shape.o}};
+  for (const auto &[name, strides] : tensors)
+    if (strides->seq > k.max_row_stride)
+      return Status::error("{} seq stride ({} elements) is past the {} that kernel {} addresses "
+                           "within a block of rows (32-bit offsets): use a layout with shorter "
+                           "rows, or a smaller block_m / block_n",
+                           name, strides->seq, k.max_row_stride, k.kernel_name);
   return Status::ok();
 }
 

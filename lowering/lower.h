@@ -20,13 +20,24 @@ enum class RulesChoice { automatic, matrix, simt };
 std::string_view rules_choice_name(RulesChoice c); // "auto", "matrix", "simt"
 Expected<RulesChoice> parse_rules_choice(std::string_view name);
 
+/// A parameter of the generated kernel. The kernel takes the program's tensors
+/// (as pointers), then its scalar parameters, in the program's order.
+struct KernelParam {
+  std::string name; // the IR name: Q, ..., LSE, seqlen_q, q_seq_stride, scale_log2, ...
+  enum class Kind { tensor, scalar } kind;
+  ir::ScalarType type; // of a scalar
+  std::string c_type;  // "const fj_bits *", "float *", "int", "long", "float"
+};
+
 struct Lowered {
   std::string source; // the HIP text; same program + target -> byte-identical text
   /// The source minus the target prelude and the fj_mma wrapper: the emulator
   /// runs this same text under its CPU prelude.
   std::string kernel_text;
   std::string kernel_name; // the extern "C" symbol
-  int64_t grid[3] = {1, 1, 1};
+  std::vector<KernelParam> params;
+  /// The program's grid: ir::grid_size() of it and the bindings is the launch's grid.
+  std::vector<ir::GridAxis> grid;
   int block_threads = 0;
   int lds_bytes = 0; // LDS the kernel declares
   /// The LDS is dynamic (NVIDIA: past the 48 KiB of static shared memory): the
@@ -39,6 +50,9 @@ struct Lowered {
   std::string rules_note;
   /// Launch requirement: base pointers aligned to this many bytes (128-bit loads).
   int pointer_alignment = 2;
+  /// Launch requirement: every seq stride (elements) at most this, so that a
+  /// row's offset within a block fits the kernel's 32-bit offsets.
+  int64_t max_row_stride = 0;
 };
 
 /// The default tuning config for a spec on a target (the one `flashjit emit`
@@ -59,6 +73,10 @@ Status check_fits(const AttentionSpec &spec, const ir::Config &config, const Tar
 
 Expected<Lowered> lower(const ir::Program &program, const Target &target,
                         RulesChoice choice = RulesChoice::automatic);
+
+/// Whether kernel `k` can run the shapes of `shape` (its row strides within
+/// Lowered::max_row_stride); an error names the stride and the limit.
+Status check_launch(const Lowered &k, const AttentionSpec &shape);
 
 /// The whole pipeline: validate, build, verify, lower.
 Expected<Lowered> generate(const AttentionSpec &spec, const ir::Config &config,

@@ -237,7 +237,10 @@ ir::Config TransposedRules::default_config(const AttentionSpec &spec) const {
 }
 
 bool TransposedRules::prefers(const AttentionSpec &spec) const {
-  return geo_.tile == 16 || (ir::padded(spec.head_dim_v, 16) % 32 == 0 && spec.seqlen_q > 16);
+  // On the signature only (a kernel serves every length): head dims that fill
+  // 32-column fragments. Decode (one query) pays for 32-query tiles until
+  // split-KV decode has its own plan.
+  return geo_.tile == 16 || ir::padded(spec.head_dim_v, 16) % 32 == 0;
 }
 
 std::string TransposedRules::concat(std::string_view frags) const {

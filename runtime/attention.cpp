@@ -13,10 +13,13 @@
 #include "runtime/attention_detail.h"
 #include "runtime/emulator.h"
 #include "runtime/gpu_driver.h"
+#include "runtime/kernel_args.h"
+#include "runtime/pipeline.h"
 #include "templates/templates.h"
 
 #include <fmt/ranges.h>
 
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -31,24 +34,8 @@ using detail::Failure;
 
 namespace {
 
-/// The generated kernel: everything between the spec and a compiler.
-struct Generated {
-  lowering::Target target;
-  ir::Config config;
-  ir::Program program;
-  std::string ir_text;
-  lowering::Lowered lowered;
-};
-
-/// The compiled kernel and where it came from.
-struct Compiled {
-  compiler::CodeObject code;
-  std::string compiler;      // Compiler::identity()
-  std::string options_text;  // KeyParts::compile_options
-  std::string cache_outcome; // outcome_name()
-  std::string cache_key;     // KeyParts::hash()
-  std::string override_path; // FLASHJIT_OVERRIDE_DIR source, if one was used
-};
+using pipeline::Compiled;
+using pipeline::Generated;
 
 enum class Executor { gpu, emulator, interpreter };
 
@@ -59,113 +46,6 @@ Status failed(Failure *out, Failure stage, Status status) {
   if (out)
     *out = stage;
   return status;
-}
-
-Expected<Generated> generate(const AttentionSpec &spec, std::string_view arch,
-                             const Options &options, Failure *failure) {
-  if (Status s = spec.validate(); !s)
-    return failed(failure, Failure::spec, s.with_context("invalid attention spec"));
-  auto choice = lowering::parse_rules_choice(options.rules);
-  if (!choice)
-    return failed(failure, Failure::argument, choice.status());
-  auto target = lowering::parse_target(arch);
-  if (!target)
-    return failed(failure, Failure::unsupported, target.status());
-  Generated g{
-      *target,
-      options.config.value_or(lowering::default_config(spec, *target, *choice, options.mma_m)),
-      {},
-      {},
-      {}};
-  if (Status s = ir::validate(g.config); !s)
-    return failed(failure, Failure::argument, s);
-  if (Status s = lowering::check_fits(spec, g.config, g.target, *choice); !s)
-    return failed(failure, Failure::unsupported, s);
-  auto program = ir::build_attention(spec, g.config);
-  if (!program)
-    return failed(failure, Failure::unsupported, program.status());
-  g.program = program.take();
-  g.ir_text = ir::print(g.program);
-  auto lowered = lowering::lower(g.program, g.target, *choice);
-  if (!lowered)
-    return failed(failure, Failure::unsupported, lowered.status());
-  g.lowered = lowered.take();
-  return g;
-}
-
-compiler::CompileOptions compile_options(const lowering::Target &target, const Options &options) {
-  compiler::CompileOptions c;
-  c.arch = target.arch;
-  c.features = target.features;
-  c.wave_size = target.wave_size;
-  c.opt_level = options.opt_level;
-  c.extra_flags = options.extra_flags;
-  return c;
-}
-
-/// Everything in CompileOptions that changes the code object, and the rule set
-/// that wrote the source (the printed IR does not say which), as cache-key text.
-std::string compile_options_text(const compiler::CompileOptions &c, const std::string &rules) {
-  return fmt::format("arch={} features={} wave{} -O{} flags=[{}] rules={}", c.arch, c.features,
-                     c.wave_size, c.opt_level, fmt::join(c.extra_flags, " "), rules);
-}
-
-/// Compiles the generated kernel (or its FLASHJIT_OVERRIDE_DIR replacement)
-/// through the process-wide kernel cache.
-Expected<Compiled> compile(const Generated &g, const Options &options, Failure *failure) {
-  auto fail = [&](Status s) { return failed(failure, Failure::compile, s); };
-  auto made = compiler::make_compiler(options.compiler, g.target.target_id());
-  if (!made)
-    return fail(made.status());
-  compiler::Compiler &device_compiler = **made;
-  const compiler::CompileOptions co = compile_options(g.target, options);
-
-  Compiled c;
-  c.compiler = device_compiler.identity();
-  c.options_text = compile_options_text(co, g.lowered.rules);
-  std::string_view source = g.lowered.source;
-  auto override = compiler::source_override(g.lowered.kernel_name);
-  if (!override)
-    return fail(override.status());
-  if (*override) {
-    source = (*override)->source;
-    c.override_path = (*override)->path;
-  }
-  const compiler::KeyParts key{g.ir_text,
-                               g.target.target_id(),
-                               g.config.summary(),
-                               c.options_text,
-                               std::string(templates::bundle_hash),
-                               FLASHJIT_VERSION,
-                               c.compiler,
-                               *override ? (*override)->hash : std::string()};
-  c.cache_key = key.hash();
-  compiler::CacheOutcome outcome = compiler::CacheOutcome::compiled;
-  const std::string &kernel = g.lowered.kernel_name;
-  auto code = compiler::KernelCache::global().get_or_compile(
-      key,
-      [&] {
-        compiler::debug_log(3, "source of {} for {}:\n{}", kernel, g.target.target_id(), source);
-        return device_compiler.compile(source, co);
-      },
-      &outcome);
-  if (!code)
-    return fail(code.status());
-  c.code = code.take();
-  c.cache_outcome = std::string(compiler::outcome_name(outcome));
-
-  // FLASHJIT_DUMP_DIR: the source and the code object, named by kernel and key.
-  auto vendor = compiler::target_vendor(g.target.target_id());
-  const char *extension = vendor && *vendor == compiler::Vendor::nvidia ? "cubin" : "co";
-  const std::string stem = fmt::format("{}-{}", kernel, short_key(c.cache_key));
-  // A debugging aid that fails is reported, never fatal.
-  for (Status s : {compiler::dump_file(stem + ".hip", source),
-                   compiler::dump_file(
-                       fmt::format("{}.{}", stem, extension),
-                       {reinterpret_cast<const char *>(c.code.bytes.data()), c.code.bytes.size()})})
-    if (!s)
-      fmt::print(stderr, "flashjit: FLASHJIT_DUMP_DIR: {}\n", s.message());
-  return c;
 }
 
 // ---- host copies of strided tensors ----------------------------------------
@@ -243,7 +123,8 @@ Status run_on_host(const AttentionSpec &spec, const void *q, const void *k, cons
 // ---- Attention -------------------------------------------------------------
 
 struct Attention::Impl {
-  AttentionSpec spec;
+  AttentionSpec spec; // as created: its signature is the kernel's, its shapes forward()'s default
+  KernelSignature signature;
   DeviceInfo device;
   Options options;
   std::optional<Generated> generated; // absent when generation failed (fallback)
@@ -255,23 +136,26 @@ struct Attention::Impl {
   std::string fallback_reason;
   std::string empty;
   std::vector<uint8_t> no_code;
+  std::atomic<int64_t> launches{0};
 
   /// Generation, compile and module load; the first failure with its stage.
   Status build(Failure *failure);
   Status prepare_fallback(const Status &why);
-  Status check_arguments(const void *q, const void *k, const void *v, const void *out,
-                         const float *lse) const;
-  Status run_gpu(const void *q, const void *k, const void *v, void *out, float *lse, void *stream);
-  Status run_emulator(const void *q, const void *k, const void *v, void *out, float *lse);
-  Status run_interpreter(const void *q, const void *k, const void *v, void *out, float *lse,
-                         void *stream);
+  Status check_arguments(const AttentionSpec &shape, const void *q, const void *k, const void *v,
+                         const void *out, const float *lse) const;
+  Status run_gpu(const AttentionSpec &shape, const void *q, const void *k, const void *v, void *out,
+                 float *lse, void *stream);
+  Status run_emulator(const AttentionSpec &shape, const void *q, const void *k, const void *v,
+                      void *out, float *lse);
+  Status run_interpreter(const AttentionSpec &shape, const void *q, const void *k, const void *v,
+                         void *out, float *lse, void *stream);
   std::string kernel_name() const {
     return generated ? generated->lowered.kernel_name : fallback_program->name;
   }
 };
 
 Status Attention::Impl::build(Failure *failure) {
-  auto g = generate(spec, device.arch, options, failure);
+  auto g = pipeline::generate(spec, device.arch, options, failure);
   if (!g)
     return g.status().with_context(fmt::format("no generated kernel for {} on {} ({})",
                                                spec.summary(), device.id(), device.arch));
@@ -284,10 +168,9 @@ Status Attention::Impl::build(Failure *failure) {
                                 "use \"auto\"",
                                 device.id()));
   if (options.compiler != "none") {
-    auto c = compile(gen, options, failure);
+    auto c = pipeline::compile(gen, options, compiler::KernelCache::global(), failure);
     if (!c)
-      return c.status().with_context(
-          fmt::format("compiling {} for {}", gen.lowered.kernel_name, gen.target.target_id()));
+      return c.status();
     compiled = c.take();
   }
   if (emulator) {
@@ -317,8 +200,8 @@ Status Attention::Impl::prepare_fallback(const Status &why) {
   return Status::ok();
 }
 
-Status Attention::Impl::check_arguments(const void *q, const void *k, const void *v,
-                                        const void *out, const float *lse) const {
+Status Attention::Impl::check_arguments(const AttentionSpec &shape, const void *q, const void *k,
+                                        const void *v, const void *out, const float *lse) const {
   const bool generated_kernel = executor != Executor::interpreter;
   const int align =
       generated_kernel ? generated->lowered.pointer_alignment : dtype_bytes(spec.dtype);
@@ -334,7 +217,7 @@ Status Attention::Impl::check_arguments(const void *q, const void *k, const void
   if (spec.lse && lse == nullptr)
     return Status::error("forward: lse is null but the spec asks for the LSE (lse = true): pass "
                          "a float buffer of batch*heads*seqlen_q = {} elements",
-                         spec.lse_elements());
+                         shape.lse_elements());
   if (!spec.lse && lse != nullptr)
     return Status::error("forward: lse is given but the spec has lse = false, so nothing would be "
                          "written to it: pass null, or create the Attention with lse = true");
@@ -356,17 +239,29 @@ Status Attention::Impl::check_arguments(const void *q, const void *k, const void
   return Status::ok();
 }
 
-Status Attention::Impl::run_gpu(const void *q, const void *k, const void *v, void *out, float *lse,
-                                void *stream) {
+Status Attention::Impl::run_gpu(const AttentionSpec &shape, const void *q, const void *k,
+                                const void *v, void *out, float *lse, void *stream) {
   const lowering::Lowered &l = generated->lowered;
+  const ir::Bindings shapes = ir::bind_attention(shape);
+  auto grid = ir::grid_size(l.grid, shapes);
+  if (!grid)
+    return grid.status();
+  // CUDA grids hold at most 65535 workgroups in y (heads) and z (batch).
+  constexpr int64_t kCudaGridYZ = 65535;
+  if (device.kind == DeviceKind::cuda && ((*grid)[1] > kCudaGridYZ || (*grid)[2] > kCudaGridYZ))
+    return Status::error("forward: heads ({}) and batch ({}) must each be at most {} on CUDA (the "
+                         "grid's y and z limits): split the call",
+                         shape.heads, shape.batch, kCudaGridYZ);
   runtime::LaunchGeometry geometry;
-  std::copy(std::begin(l.grid), std::end(l.grid), geometry.grid);
+  std::copy(grid->begin(), grid->end(), geometry.grid);
   geometry.block[0] = l.block_threads;
   geometry.dynamic_lds_bytes = l.lds_dynamic ? l.lds_bytes : 0; // else static in the kernel
-  void *const args[] = {const_cast<void *>(q), const_cast<void *>(k), const_cast<void *>(v), out,
-                        lse};
+  const runtime::NamedPointer pointers[] = {{"Q", q}, {"K", k}, {"V", v}, {"O", out}, {"LSE", lse}};
+  auto args = runtime::KernelArgs::make(l.params, shapes, pointers);
+  if (!args)
+    return args.status();
   FJ_RETURN_IF_ERROR(
-      kernel->launch(geometry, args, stream)
+      kernel->launch(geometry, args->addresses(), stream)
           .with_context(fmt::format("launching {} on {}", l.kernel_name, device.id())));
   if (options.synchronize)
     FJ_RETURN_IF_ERROR(
@@ -375,25 +270,26 @@ Status Attention::Impl::run_gpu(const void *q, const void *k, const void *v, voi
   return Status::ok();
 }
 
-Status Attention::Impl::run_emulator(const void *q, const void *k, const void *v, void *out,
-                                     float *lse) {
+Status Attention::Impl::run_emulator(const AttentionSpec &shape, const void *q, const void *k,
+                                     const void *v, void *out, float *lse) {
   runtime::EmulatorOptions eo;
   eo.threads = options.cpu_threads;
-  return run_on_host(spec, q, k, v, out, lse, [&](HostTensors &t) {
-    return runtime::emulate(generated->lowered, generated->target, spec, t, eo);
+  return run_on_host(shape, q, k, v, out, lse, [&](HostTensors &t) {
+    return runtime::emulate(generated->lowered, generated->target, shape, t, eo);
   });
 }
 
-Status Attention::Impl::run_interpreter(const void *q, const void *k, const void *v, void *out,
-                                        float *lse, void *stream) {
-  auto interpret = [&](HostTensors &t) { return ir::interpret(*fallback_program, t); };
+Status Attention::Impl::run_interpreter(const AttentionSpec &shape, const void *q, const void *k,
+                                        const void *v, void *out, float *lse, void *stream) {
+  const ir::Bindings shapes = ir::bind_attention(shape);
+  auto interpret = [&](HostTensors &t) { return ir::interpret(*fallback_program, shapes, t); };
   if (device.kind == DeviceKind::emulator)
-    return run_on_host(spec, q, k, v, out, lse, interpret);
+    return run_on_host(shape, q, k, v, out, lse, interpret);
 
   // A GPU: wait for the stream, copy the buffers to the host, interpret, copy
   // O (with its gaps as they were) and the LSE back.
-  const Shapes sh = shapes_of(spec);
-  const size_t element = size_t(dtype_bytes(spec.dtype));
+  const Shapes sh = shapes_of(shape);
+  const size_t element = size_t(dtype_bytes(shape.dtype));
   auto fetch = [&](const void *device_pointer, int64_t elements) -> Expected<std::vector<uint8_t>> {
     std::vector<uint8_t> host(size_t(elements) * element);
     FJ_RETURN_IF_ERROR(
@@ -406,11 +302,11 @@ Status Attention::Impl::run_interpreter(const void *q, const void *k, const void
   for (auto *h : {&hq, &hk, &hv, &ho})
     if (!*h)
       return h->status();
-  std::vector<float> host_lse(spec.lse ? size_t(spec.lse_elements()) : 0);
-  FJ_RETURN_IF_ERROR(run_on_host(spec, hq->data(), hk->data(), hv->data(), ho->data(),
+  std::vector<float> host_lse(shape.lse ? size_t(shape.lse_elements()) : 0);
+  FJ_RETURN_IF_ERROR(run_on_host(shape, hq->data(), hk->data(), hv->data(), ho->data(),
                                  host_lse.data(), interpret));
   FJ_RETURN_IF_ERROR(driver->copy_to_device(device.index, out, ho->data(), ho->size()));
-  if (spec.lse)
+  if (shape.lse)
     FJ_RETURN_IF_ERROR(driver->copy_to_device(device.index, lse, host_lse.data(),
                                               host_lse.size() * sizeof(float)));
   return Status::ok();
@@ -428,7 +324,12 @@ Expected<Attention> Attention::create(const AttentionSpec &spec, const Device &d
 
 Status Attention::forward(const void *q, const void *k, const void *v, void *out, float *lse,
                           void *stream) {
-  return detail::AttentionAccess::forward(*this, q, k, v, out, lse, stream, nullptr);
+  return detail::AttentionAccess::forward(*this, impl_->spec, q, k, v, out, lse, stream, nullptr);
+}
+
+Status Attention::forward(const AttentionSpec &shape, const void *q, const void *k, const void *v,
+                          void *out, float *lse, void *stream) {
+  return detail::AttentionAccess::forward(*this, shape, q, k, v, out, lse, stream, nullptr);
 }
 
 std::string Attention::explain() const {
@@ -448,23 +349,34 @@ std::string Attention::explain() const {
          fmt::format("{} ({}){}", l.rules, l.mma ? l.mma->mnemonic : "no matrix instruction",
                      l.rules_note.empty() ? "" : ": " + l.rules_note));
     line("config", g.config.summary());
-    line("kernel", fmt::format("{}: grid {}x{}x{}, {} work-items, {} bytes LDS, pointers aligned "
-                               "to {} bytes",
-                               l.kernel_name, l.grid[0], l.grid[1], l.grid[2], l.block_threads,
-                               l.lds_bytes, l.pointer_alignment));
+    line("signature", m.signature.summary());
+    std::string grid;
+    for (const ir::GridAxis &axis : l.grid)
+      grid +=
+          fmt::format("{}{}", grid.empty() ? "" : " x ",
+                      axis.divisor == 1
+                          ? ir::to_string(axis.extent)
+                          : fmt::format("ceil({} / {})", ir::to_string(axis.extent), axis.divisor));
+    line("kernel",
+         fmt::format("{}: grid {} (from each call's shapes), {} work-items, {} bytes "
+                     "LDS, pointers aligned to {} bytes",
+                     l.kernel_name, grid, l.block_threads, l.lds_bytes, l.pointer_alignment));
   }
   if (m.compiled) {
     const Compiled &c = *m.compiled;
     line("compiler",
          fmt::format("{} ({}){}", c.compiler, c.options_text,
                      c.override_path.empty() ? "" : ", source from " + c.override_path));
-    line("cache", fmt::format("{} (key {}, {} bytes)", c.cache_outcome, short_key(c.cache_key),
-                              c.code.bytes.size()));
+    line("cache", fmt::format("{} (key {}, {} bytes, {:.3f} s)", c.cache_outcome,
+                              short_key(c.cache_key), c.code.bytes.size(), c.seconds));
   } else if (m.generated && m.executor == Executor::emulator) {
     line("compiler", "none (compiler \"none\": the emulator JIT-compiles the kernel text for "
                      "the host)");
     line("cache", "not used (no code object)");
   }
+  line("launches", fmt::format("{} forward calls, all through this one kernel (shapes are its "
+                               "arguments)",
+                               m.launches.load()));
   switch (m.executor) {
   case Executor::gpu:
     line("executor",
@@ -504,6 +416,7 @@ Expected<Attention> detail::AttentionAccess::create(const AttentionSpec &spec, c
 
   auto impl = std::make_unique<Attention::Impl>();
   impl->spec = spec;
+  impl->signature = spec.signature();
   impl->device = *info;
   impl->options = options;
   if (info->kind != DeviceKind::emulator) {
@@ -532,21 +445,32 @@ Expected<Attention> detail::AttentionAccess::create(const AttentionSpec &spec, c
   return Attention(std::move(impl));
 }
 
-Status detail::AttentionAccess::forward(Attention &a, const void *q, const void *k, const void *v,
-                                        void *out, float *lse, void *stream, Failure *failure) {
+Status detail::AttentionAccess::forward(Attention &a, const AttentionSpec &shape, const void *q,
+                                        const void *k, const void *v, void *out, float *lse,
+                                        void *stream, Failure *failure) {
   Attention::Impl &m = *a.impl_;
-  if (Status s = m.check_arguments(q, k, v, out, lse); !s)
+  if (&shape != &m.spec) {
+    if (Status s = shape.validate(); !s)
+      return failed(failure, Failure::spec, s.with_context("forward: invalid shapes"));
+    if (Status s = shape.matches(m.signature); !s)
+      return failed(failure, Failure::argument, s.with_context("forward"));
+  }
+  if (Status s = m.check_arguments(shape, q, k, v, out, lse); !s)
     return failed(failure, Failure::argument, s);
+  if (m.generated)
+    if (Status s = lowering::check_launch(m.generated->lowered, shape); !s)
+      return failed(failure, Failure::argument, s.with_context("forward"));
+  m.launches.fetch_add(1, std::memory_order_relaxed);
   Status s;
   switch (m.executor) {
   case Executor::gpu:
-    s = m.run_gpu(q, k, v, out, lse, stream);
+    s = m.run_gpu(shape, q, k, v, out, lse, stream);
     break;
   case Executor::emulator:
-    s = m.run_emulator(q, k, v, out, lse);
+    s = m.run_emulator(shape, q, k, v, out, lse);
     break;
   case Executor::interpreter:
-    s = m.run_interpreter(q, k, v, out, lse, stream);
+    s = m.run_interpreter(shape, q, k, v, out, lse, stream);
     break;
   }
   return s ? s : failed(failure, Failure::runtime, s);
@@ -556,7 +480,7 @@ Expected<std::string> detail::AttentionAccess::emit_source(const AttentionSpec &
                                                            std::string_view arch,
                                                            const Options &options,
                                                            Failure *failure) {
-  auto g = generate(spec, arch, options, failure);
+  auto g = pipeline::generate(spec, arch, options, failure);
   if (!g)
     return g.status();
   return g->lowered.source;
@@ -566,10 +490,10 @@ Expected<std::string> detail::AttentionAccess::compile_report(const AttentionSpe
                                                               std::string_view arch,
                                                               const Options &options,
                                                               Failure *failure) {
-  auto g = generate(spec, arch, options, failure);
+  auto g = pipeline::generate(spec, arch, options, failure);
   if (!g)
     return g.status();
-  auto c = compile(*g, options, failure);
+  auto c = pipeline::compile(*g, options, compiler::KernelCache::global(), failure);
   if (!c)
     return c.status();
   const lowering::Target &t = g->target;

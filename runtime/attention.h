@@ -1,16 +1,18 @@
-// flashjit::Attention: the public C++ API. One object is one attention spec on
-// one device, with its kernel generated, compiled (through the kernel cache) and
-// loaded at create(); forward() launches it.
+// flashjit::Attention: the public C++ API. One object is one kernel signature
+// (AttentionSpec::signature: dtype, head dims, mask kind, LSE, layout class) on
+// one device, with its kernel generated, compiled (through the kernel cache)
+// and loaded at create(); forward() launches it for any shapes of that
+// signature: batch, heads, seqlens, strides, window sizes and scale are the
+// kernel's arguments, so a new length never compiles.
 //
 //   auto attn = flashjit::Attention::create(spec, "hip:0");
 //   if (!attn) { report(attn.status().message()); ... }
-//   Status s = attn->forward(q, k, v, out, lse, stream);
+//   Status s = attn->forward(q, k, v, out, lse, stream);          // spec's shapes
+//   Status t = attn->forward(other_shapes, q, k, v, out, lse, stream);
 //
-// create() runs the pipeline of DESIGN.md:
-//   spec.validate -> the device and its arch -> lowering::parse_target ->
-//   config (Options::config or lowering::default_config) -> ir::build_attention
-//   -> lowering::lower -> the device compiler (compiler::make_compiler) through
-//   compiler::KernelCache -> module load.
+// create() runs the pipeline of DESIGN.md (runtime/pipeline.h): spec.validate
+// -> the device and its arch -> config -> ir::build_attention -> lowering ->
+// the device compiler through compiler::KernelCache -> module load.
 // It is strict: when no generated kernel can serve the spec on the device,
 // create() fails with the reason. Only Options::allow_fallback lets the IR
 // interpreter run instead, and explain() then says so and why.
@@ -98,6 +100,12 @@ public:
   /// rows allow 128-bit accesses); the error names the pointer otherwise.
   Status forward(const void *q, const void *k, const void *v, void *out, float *lse = nullptr,
                  void *stream = nullptr);
+  /// The same for the shapes of `shape` (batch, heads, kv_heads, seqlens,
+  /// strides, window sizes, scale), which must have this object's signature
+  /// (AttentionSpec::matches says what differs otherwise). Host cost: a few
+  /// microseconds; nothing is compiled.
+  Status forward(const AttentionSpec &shape, const void *q, const void *k, const void *v, void *out,
+                 float *lse = nullptr, void *stream = nullptr);
 
   /// What create() did, one fact per line: spec, device, target, rules, config,
   /// kernel geometry, compiler, cache outcome and key, and which executor runs.

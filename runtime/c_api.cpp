@@ -321,6 +321,27 @@ fj_error fj_spec_validate(const fj_spec *spec) {
   });
 }
 
+fj_error fj_spec_signature(const fj_spec *spec, char *out, size_t size) {
+  return guarded("fj_spec_signature", [&] {
+    if (spec == nullptr)
+      return null_argument("fj_spec_signature", "spec");
+    if (out == nullptr)
+      return null_argument("fj_spec_signature", "out");
+    flashjit::AttentionSpec s;
+    if (fj_error e = to_spec(spec, &s); e != FJ_OK)
+      return e;
+    if (Status st = s.validate(); !st)
+      return fail(FJ_ERROR_INVALID_SPEC, st.message());
+    const std::string text = s.signature().summary();
+    if (text.size() + 1 > size)
+      return fail(FJ_ERROR_INVALID_ARGUMENT,
+                  fmt::format("fj_spec_signature: the signature needs {} bytes, the buffer has {}",
+                              text.size() + 1, size));
+    std::memcpy(out, text.c_str(), text.size() + 1);
+    return FJ_OK;
+  });
+}
+
 fj_error fj_list_devices(char **json) {
   return guarded("fj_list_devices", [&] {
     if (json == nullptr)
@@ -394,9 +415,28 @@ fj_error fj_attention_forward(fj_attention *attention, const void *q, const void
     if (attention == nullptr)
       return null_argument("fj_attention_forward", "attention");
     Failure failure = Failure::none;
-    Status s = flashjit::detail::AttentionAccess::forward(attention->attention, q, k, v, out, lse,
-                                                          stream, &failure);
+    const flashjit::Attention &a = attention->attention;
+    Status s = flashjit::detail::AttentionAccess::forward(attention->attention, a.spec(), q, k, v,
+                                                          out, lse, stream, &failure);
     return s ? FJ_OK : fail(failure, s);
+  });
+}
+
+fj_error fj_attention_forward_shape(fj_attention *attention, const fj_spec *shape, const void *q,
+                                    const void *k, const void *v, void *out, float *lse,
+                                    void *stream) {
+  return guarded("fj_attention_forward_shape", [&] {
+    if (attention == nullptr)
+      return null_argument("fj_attention_forward_shape", "attention");
+    if (shape == nullptr)
+      return null_argument("fj_attention_forward_shape", "shape");
+    flashjit::AttentionSpec s;
+    if (fj_error e = to_spec(shape, &s); e != FJ_OK)
+      return e;
+    Failure failure = Failure::none;
+    Status status = flashjit::detail::AttentionAccess::forward(attention->attention, s, q, k, v,
+                                                               out, lse, stream, &failure);
+    return status ? FJ_OK : fail(failure, status);
   });
 }
 
@@ -405,8 +445,7 @@ const char *fj_attention_explain(const fj_attention *attention) {
     return "";
   auto *a = const_cast<fj_attention *>(attention);
   try {
-    if (a->explain.empty())
-      a->explain = a->attention.explain();
+    a->explain = a->attention.explain(); // it counts launches: never stale
   } catch (...) {
     return "";
   }

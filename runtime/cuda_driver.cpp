@@ -204,13 +204,6 @@ Status CudaKernel::launch(const LaunchGeometry &g, std::span<void *const> args, 
     if (g.grid[i] < 1 || g.grid[i] > UINT_MAX || g.block[i] < 1)
       return Status::error("cuLaunchKernel: grid {}x{}x{} / block {}x{}x{} out of range", g.grid[0],
                            g.grid[1], g.grid[2], g.block[0], g.block[1], g.block[2]);
-  // The kernel parameters: the address of each argument's value.
-  std::vector<CUdeviceptr> values;
-  for (void *arg : args)
-    values.push_back(CudaDriver::address(arg));
-  std::vector<void *> params;
-  for (CUdeviceptr &value : values)
-    params.push_back(&value);
   return driver_.in_context(device_, [&] {
     if (g.dynamic_lds_bytes > dynamic_shared_limit_) {
       FJ_RETURN_IF_ERROR(FJ_CUDA_CHECK(api, cuFuncSetAttribute, function_,
@@ -221,7 +214,7 @@ Status CudaKernel::launch(const LaunchGeometry &g, std::span<void *const> args, 
     return FJ_CUDA_CHECK(api, cuLaunchKernel, function_, unsigned(g.grid[0]), unsigned(g.grid[1]),
                          unsigned(g.grid[2]), unsigned(g.block[0]), unsigned(g.block[1]),
                          unsigned(g.block[2]), unsigned(g.dynamic_lds_bytes),
-                         static_cast<CUstream>(stream), params.data(), nullptr);
+                         static_cast<CUstream>(stream), const_cast<void **>(args.data()), nullptr);
   });
 }
 

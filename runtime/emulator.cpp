@@ -25,6 +25,7 @@
 
 #include "runtime/emulator_fiber.h"
 #include "runtime/emulator_jit.h"
+#include "runtime/kernel_args.h"
 #include "templates/templates.h"
 
 #include <algorithm>
@@ -130,8 +131,9 @@ struct Launch {
   int block_threads = 0, wave = 0;
   int64_t grid[3] = {1, 1, 1};
   size_t lane_stack_bytes = 0;
-  Buffer buffers[5];         // Q, K, V, O, LSE
-  std::vector<float> decode; // A/B element bits -> value, per the row's ab_dtype
+  Buffer buffers[5];           // Q, K, V, O, LSE
+  void *const *args = nullptr; // the kernel's arguments (KernelArgs::addresses())
+  std::vector<float> decode;   // A/B element bits -> value, per the row's ab_dtype
   // The lane maps, flattened: index of (lane, elem) into row-major A (m x k),
   // B (k x n) and D (m x n).
   std::vector<int> a_index, b_index, d_index;
@@ -396,11 +398,7 @@ private:
   static void lane_main(void *arg) {
     auto *w = static_cast<Worker *>(arg);
     const Launch &l = w->launch_;
-    l.entry(reinterpret_cast<const uint16_t *>(l.buffers[0].base),
-            reinterpret_cast<const uint16_t *>(l.buffers[1].base),
-            reinterpret_cast<const uint16_t *>(l.buffers[2].base),
-            reinterpret_cast<uint16_t *>(l.buffers[3].base),
-            reinterpret_cast<float *>(l.buffers[4].base));
+    l.entry(l.args);
     Lane &lane = w->lanes_[size_t(w->current_)];
     lane.at = At::exited;
     emu::switch_context(lane.context, w->scheduler_);
@@ -781,6 +779,20 @@ Status to_device(std::string_view name, const std::vector<float> &in, DType t, u
 
 bool emulator_available() { return true; }
 
+namespace {
+
+/// The entry point the emulator calls: unpacks the launch's argument addresses
+/// (KernelArgs) into the kernel's parameters.
+std::string launcher_text(const lowering::Lowered &k) {
+  std::string call;
+  for (size_t i = 0; i < k.params.size(); ++i)
+    call += fmt::format("{}*static_cast<{} *>(args[{}])", i ? ", " : "", k.params[i].c_type, i);
+  return fmt::format("\nextern \"C\" void {}(void *const *args) {{ {}({}); }}\n",
+                     emu::kLauncherName, k.kernel_name, call);
+}
+
+} // namespace
+
 Status emulate(const lowering::Lowered &k, const lowering::Target &target,
                const AttentionSpec &spec, HostTensors &tensors, const EmulatorOptions &options) {
   // Lowered::mma is null for kernels without a matrix instruction (simt rules).
@@ -794,10 +806,15 @@ Status emulate(const lowering::Lowered &k, const lowering::Target &target,
     return Status::error("emulator: kernel {} launches {} work-items per workgroup; {} allows 1 "
                          "to {}",
                          k.kernel_name, k.block_threads, target.arch, target.max_workgroup_size);
+  FJ_RETURN_IF_ERROR(lowering::check_launch(k, spec));
+  const ir::Bindings shapes = ir::bind_attention(spec);
+  auto grid = ir::grid_size(k.grid, shapes);
+  if (!grid)
+    return grid.status();
   for (int i = 0; i < 3; ++i)
-    if (k.grid[i] <= 0)
+    if ((*grid)[i] <= 0)
       return Status::error("emulator: kernel {} has an empty grid ({} x {} x {})", k.kernel_name,
-                           k.grid[0], k.grid[1], k.grid[2]);
+                           (*grid)[0], (*grid)[1], (*grid)[2]);
   if (spec.dtype != DType::bf16 && spec.dtype != DType::f16)
     return Status::error("emulator: the kernels take bf16 or f16 tensors, not {}",
                          dtype_name(spec.dtype));
@@ -824,7 +841,7 @@ Status emulate(const lowering::Lowered &k, const lowering::Target &target,
   launch.block_threads = k.block_threads;
   launch.wave = target.wave_size;
   launch.lane_stack_bytes = options.lane_stack_bytes;
-  std::copy(std::begin(k.grid), std::end(k.grid), launch.grid);
+  std::copy(grid->begin(), grid->end(), launch.grid);
   if (k.mma) {
     FJ_RETURN_IF_ERROR(flatten_lane_maps(*launch.layout, target.wave_size, launch));
     launch.decode.resize(65536);
@@ -832,8 +849,8 @@ Status emulate(const lowering::Lowered &k, const lowering::Target &target,
       launch.decode[b] = from_bits(k.mma->ab_dtype, b);
   }
 
-  auto compiled = emu::compile_for_host(templates::emulator_prelude, k.kernel_text, k.kernel_name,
-                                        host_symbols());
+  auto compiled = emu::compile_for_host(templates::emulator_prelude,
+                                        k.kernel_text + launcher_text(k), host_symbols());
   if (!compiled)
     return compiled.status();
   launch.entry = (*compiled)->entry;
@@ -857,10 +874,17 @@ Status emulate(const lowering::Lowered &k, const lowering::Target &target,
   launch.buffers[2] = {"V", v.data, tensors.v.size() * 2, 2, false};
   launch.buffers[3] = {"O", o.data, tensors.o.size() * 2, 2, true};
   launch.buffers[4] = {"LSE", lse.data, spec.lse ? tensors.lse.size() * 4 : 0, 4, true};
+  std::vector<NamedPointer> pointers;
+  for (const Buffer &b : launch.buffers)
+    pointers.push_back({b.name, b.base});
+  auto args = KernelArgs::make(k.params, shapes, pointers);
+  if (!args)
+    return args.status().with_context(fmt::format("emulator: kernel {}", k.kernel_name));
+  launch.args = args->addresses().data();
 
   // Workgroups in parallel; the reported error is the lowest-numbered failing
   // workgroup's, which every run reaches (only higher numbers are skipped).
-  const int64_t groups = k.grid[0] * k.grid[1] * k.grid[2];
+  const int64_t groups = launch.grid[0] * launch.grid[1] * launch.grid[2];
   int threads =
       options.threads > 0 ? options.threads : std::max(1, int(std::thread::hardware_concurrency()));
   threads = int(std::min<int64_t>(threads, groups));

@@ -130,9 +130,10 @@ Expected<Compiled> clang_compile(const std::string &source) {
   return out;
 }
 
-/// Reads FJ_WORKGROUP_SIZE(n) of `fn` from llvm.global.annotations, then drops
-/// the annotations (metadata for us, nothing the JIT should emit).
-int take_workgroup_size(llvm::Module &m, llvm::StringRef fn) {
+/// Reads the FJ_WORKGROUP_SIZE(n) of the module's kernel from
+/// llvm.global.annotations, then drops the annotations (metadata for us,
+/// nothing the JIT should emit).
+int take_workgroup_size(llvm::Module &m) {
   llvm::GlobalVariable *annotations = m.getNamedGlobal("llvm.global.annotations");
   if (!annotations)
     return 0;
@@ -144,7 +145,7 @@ int take_workgroup_size(llvm::Module &m, llvm::StringRef fn) {
         continue;
       auto *f = llvm::dyn_cast<llvm::Function>(fields->getOperand(0)->stripPointerCasts());
       auto *text = llvm::dyn_cast<llvm::GlobalVariable>(fields->getOperand(1)->stripPointerCasts());
-      if (!f || f->getName() != fn || !text || !text->hasInitializer())
+      if (!f || !text || !text->hasInitializer())
         continue;
       auto *data = llvm::dyn_cast<llvm::ConstantDataSequential>(text->getInitializer());
       if (!data || !data->isCString())
@@ -167,19 +168,18 @@ public:
 
   Expected<std::shared_ptr<const CompiledKernel>> get(std::string_view prelude,
                                                       std::string_view kernel_text,
-                                                      std::string_view kernel_name,
                                                       const std::vector<HostSymbol> &symbols) {
     std::string source;
     source.reserve(prelude.size() + kernel_text.size() + 64);
     // Diagnostics and the bounds checks name lines of the kernel text itself.
     source.append(prelude).append("\n#line 1 \"kernel_text\"\n").append(kernel_text);
-    const std::string key = std::string(kernel_name) + '\0' + source;
+    const std::string &key = source;
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto it = cache_.find(key); it != cache_.end())
       return it->second;
     if (!jit_)
       return Status::error("emulator: cannot start the LLVM JIT: {}", jit_error_);
-    auto compiled = compile(source, kernel_name, symbols);
+    auto compiled = compile(source, symbols);
     if (!compiled)
       return compiled.status();
     cache_.emplace(key, *compiled);
@@ -201,22 +201,20 @@ private:
   }
 
   Expected<std::shared_ptr<const CompiledKernel>> compile(const std::string &source,
-                                                          std::string_view kernel_name,
                                                           const std::vector<HostSymbol> &symbols) {
     const auto start = std::chrono::steady_clock::now();
     auto compiled = clang_compile(source);
     if (!compiled)
       return compiled.status();
-    const llvm::StringRef name(kernel_name.data(), kernel_name.size());
+    const llvm::StringRef name(kLauncherName);
     llvm::Function *fn = compiled->module->getFunction(name);
     if (!fn || fn->isDeclaration())
-      return Status::error("emulator: the kernel text defines no kernel named {}", kernel_name);
+      return Status::error("emulator: the kernel text defines no launcher {}", kLauncherName);
     auto kernel = std::make_shared<CompiledKernel>();
-    kernel->workgroup_size = take_workgroup_size(*compiled->module, name);
+    kernel->workgroup_size = take_workgroup_size(*compiled->module);
     if (compiled->module->getNamedGlobal("llvm.global_ctors"))
-      return Status::error("emulator: kernel {} needs dynamic initialization of globals, which "
-                           "a GPU kernel cannot have",
-                           kernel_name);
+      return Status::error("emulator: the kernel needs dynamic initialization of globals, which "
+                           "a GPU kernel cannot have");
 
     auto dylib = jit_->createJITDylib(fmt::format("flashjit_emulated_{}", ++dylibs_));
     if (!dylib)
@@ -234,7 +232,7 @@ private:
       return Status::error("emulator: {}", to_string(std::move(e)));
     auto address = jit_->lookup(*dylib, name);
     if (!address)
-      return Status::error("emulator: cannot link kernel {}: {}", kernel_name,
+      return Status::error("emulator: cannot link the kernel's launcher: {}",
                            to_string(address.takeError()));
     kernel->entry = address->toPtr<KernelEntry>();
     kernel->compile_seconds =
@@ -253,8 +251,8 @@ private:
 
 Expected<std::shared_ptr<const CompiledKernel>>
 compile_for_host(std::string_view prelude, std::string_view kernel_text,
-                 std::string_view kernel_name, const std::vector<HostSymbol> &symbols) {
-  return Jit::instance().get(prelude, kernel_text, kernel_name, symbols);
+                 const std::vector<HostSymbol> &symbols) {
+  return Jit::instance().get(prelude, kernel_text, symbols);
 }
 
 } // namespace flashjit::runtime::emu

@@ -15,9 +15,10 @@
 
 namespace flashjit::runtime::emu {
 
-/// The kernel's entry point: (Q, K, V, O, LSE), as FJ_GLOBAL declares it.
-using KernelEntry = void (*)(const uint16_t *, const uint16_t *, const uint16_t *, uint16_t *,
-                             float *);
+/// The launcher the emulator appends to a kernel's text: it takes the address
+/// of each argument's value (runtime::KernelArgs) and calls the kernel.
+constexpr const char *kLauncherName = "fj_launch";
+using KernelEntry = void (*)(void *const *args);
 
 struct CompiledKernel {
   KernelEntry entry = nullptr;
@@ -33,12 +34,13 @@ struct HostSymbol {
   void *address;
 };
 
-/// Compiles `prelude` + `kernel_text` once per distinct text and returns the
-/// entry point named `kernel_name`; `symbols` resolve its external calls (bound
+/// Compiles `prelude` + `kernel_text` once per distinct text and returns its
+/// launcher (kLauncherName) as the entry point, with the FJ_WORKGROUP_SIZE of
+/// the kernel it calls; `symbols` resolve its external calls (bound
 /// as absolute symbols in the kernel's own JITDylib). Thread-safe. Compile
 /// errors come back with Clang's diagnostics.
 Expected<std::shared_ptr<const CompiledKernel>>
 compile_for_host(std::string_view prelude, std::string_view kernel_text,
-                 std::string_view kernel_name, const std::vector<HostSymbol> &symbols);
+                 const std::vector<HostSymbol> &symbols);
 
 } // namespace flashjit::runtime::emu

@@ -26,8 +26,9 @@ struct LaunchGeometry {
 class GpuKernel {
 public:
   virtual ~GpuKernel();
-  /// Enqueues the kernel on `stream` (nullptr: the device's default stream) with
-  /// `args` as its pointer arguments, in order. Returns once the launch is
+  /// Enqueues the kernel on `stream` (nullptr: the device's default stream);
+  /// `args` holds the address of each argument's value, in parameter order
+  /// (runtime::KernelArgs::addresses()). Returns once the launch is
   /// queued; errors of the execution itself surface at the next synchronize().
   virtual Status launch(const LaunchGeometry &geometry, std::span<void *const> args,
                         void *stream) = 0;

@@ -69,16 +69,12 @@ public:
       if (g.grid[i] < 1 || g.grid[i] > UINT_MAX || g.block[i] < 1)
         return Status::error("hipModuleLaunchKernel: grid {}x{}x{} / block {}x{}x{} out of range",
                              g.grid[0], g.grid[1], g.grid[2], g.block[0], g.block[1], g.block[2]);
-    // The kernel parameters: the address of each argument's value.
-    std::vector<void *> values(args.begin(), args.end());
-    std::vector<void *> params;
-    for (void *&value : values)
-      params.push_back(&value);
     return on_device(api_, device_, [&] {
       return FJ_HIP_CHECK(api_, hipModuleLaunchKernel, function_, unsigned(g.grid[0]),
                           unsigned(g.grid[1]), unsigned(g.grid[2]), unsigned(g.block[0]),
                           unsigned(g.block[1]), unsigned(g.block[2]), unsigned(g.dynamic_lds_bytes),
-                          static_cast<hipStream_t>(stream), params.data(), nullptr);
+                          static_cast<hipStream_t>(stream), const_cast<void **>(args.data()),
+                          nullptr);
     });
   }
 

@@ -1,10 +1,14 @@
 #include "runtime/npy.h"
 
+#include "compiler/safe_file.h"
+
+#include <algorithm>
 #include <bit>
+#include <cctype>
 #include <cmath>
 #include <cstring>
-#include <fstream>
-#include <sstream>
+#include <limits>
+#include <new>
 
 namespace flashjit::npy {
 
@@ -84,7 +88,7 @@ Status scatter(const Array &a, std::vector<float> &buf, const Strides &st, Layou
   return bad;
 }
 
-Status write(const std::string &path, const Array &a) {
+Status write(const std::string &path, const Array &a, bool force) {
   const int bytes = descr_bytes(a.descr);
   if (!bytes)
     return Status::error("cannot write {}: unsupported .npy dtype '{}'", path, a.descr);
@@ -100,96 +104,253 @@ Status write(const std::string &path, const Array &a) {
   const size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');
   header += '\n';
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out)
-    return Status::error("cannot open {} for writing: {}", path, std::strerror(errno));
   const uint16_t hlen = static_cast<uint16_t>(header.size());
-  out.write("\x93NUMPY\x01\x00", 8);
-  out.write(reinterpret_cast<const char *>(&hlen), 2);
-  out << header;
+
+  std::string file("\x93NUMPY\x01\x00", 8);
+  file.reserve(10 + header.size() + a.values.size() * size_t(bytes));
+  file.append(reinterpret_cast<const char *>(&hlen), 2);
+  file += header;
   for (double v : a.values) {
     if (bytes == 2) {
       const uint16_t h = f32_to_f16_bits(float(v));
-      out.write(reinterpret_cast<const char *>(&h), 2);
+      file.append(reinterpret_cast<const char *>(&h), 2);
     } else if (bytes == 4) {
       const float f = float(v);
-      out.write(reinterpret_cast<const char *>(&f), 4);
+      file.append(reinterpret_cast<const char *>(&f), 4);
     } else {
-      out.write(reinterpret_cast<const char *>(&v), 8);
+      file.append(reinterpret_cast<const char *>(&v), 8);
     }
   }
-  if (!out)
-    return Status::error("writing {} failed: {}", path, std::strerror(errno));
-  return Status::ok();
+  return compiler::write_file_atomic(
+      path, file, force ? compiler::Existing::replace : compiler::Existing::refuse);
 }
 
-Expected<Array> read(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    return Status::error("cannot open {}: {}", path, std::strerror(errno));
-  char magic[8];
-  in.read(magic, 8);
-  if (!in || std::memcmp(magic, "\x93NUMPY", 6) != 0)
-    return Status::error("{} is not a .npy file (bad magic)", path);
-  uint32_t hlen = 0;
-  if (magic[6] == 1) {
-    uint16_t h16;
-    in.read(reinterpret_cast<char *>(&h16), 2);
-    hlen = h16;
-  } else {
-    in.read(reinterpret_cast<char *>(&hlen), 4);
+namespace {
+
+/// The dict at the start of a .npy file.
+struct Header {
+  std::string descr;
+  bool fortran_order = false;
+  std::vector<int64_t> shape;
+};
+
+/// Parses the header dict exactly as numpy.save writes it (a Python literal):
+///   {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
+/// The three keys, each once, in any order, then only spaces and newlines.
+class HeaderParser {
+public:
+  explicit HeaderParser(std::string_view text) : text_(text) {}
+
+  Expected<Header> parse() {
+    Header h;
+    bool seen_descr = false, seen_order = false, seen_shape = false;
+    if (!eat('{'))
+      return fail("expected '{' at its start");
+    while (!eat('}')) {
+      std::string key;
+      if (!quoted(key))
+        return fail("expected a quoted key ('descr', 'fortran_order' or 'shape') or '}'");
+      if (!eat(':'))
+        return fail(fmt::format("expected ':' after '{}'", key));
+      if (key == "descr" && !seen_descr) {
+        seen_descr = true;
+        if (!quoted(h.descr))
+          return fail("'descr' must be a quoted dtype such as '<f4'");
+      } else if (key == "fortran_order" && !seen_order) {
+        seen_order = true;
+        if (word("True"))
+          h.fortran_order = true;
+        else if (!word("False"))
+          return fail(fmt::format("'fortran_order' must be True or False, not '{}'", token()));
+      } else if (key == "shape" && !seen_shape) {
+        seen_shape = true;
+        FJ_RETURN_IF_ERROR(shape(h.shape));
+      } else {
+        return fail(fmt::format("the key '{}' is {}", key,
+                                key == "descr" || key == "fortran_order" || key == "shape"
+                                    ? "repeated"
+                                    : "not one of 'descr', 'fortran_order', 'shape'"));
+      }
+      if (!eat(',') && !peek('}'))
+        return fail("expected ',' or '}' after a value");
+    }
+    skip_space();
+    if (pos_ != text_.size())
+      return fail("stray characters after the closing '}'");
+    if (!seen_descr || !seen_order || !seen_shape)
+      return fail(fmt::format("it lacks '{}'", !seen_descr   ? "descr"
+                                               : !seen_order ? "fortran_order"
+                                                             : "shape"));
+    return h;
   }
-  std::string header(hlen, '\0');
-  in.read(header.data(), hlen);
-  if (!in)
-    return Status::error("{}: truncated .npy header", path);
-  auto field = [&](const std::string &key) -> std::string {
-    size_t k = header.find("'" + key + "'");
-    if (k == std::string::npos)
-      return {};
-    size_t c = header.find(':', k);
-    return c == std::string::npos ? std::string() : header.substr(c + 1);
-  };
+
+private:
+  Status fail(const std::string &what) const {
+    return Status::error("{} (at byte {} of the header)", what, pos_);
+  }
+  void skip_space() {
+    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\n' ||
+                                   text_[pos_] == '\t' || text_[pos_] == '\r'))
+      ++pos_;
+  }
+  bool peek(char c) {
+    skip_space();
+    return pos_ < text_.size() && text_[pos_] == c;
+  }
+  bool eat(char c) {
+    if (!peek(c))
+      return false;
+    ++pos_;
+    return true;
+  }
+  bool word(std::string_view w) {
+    skip_space();
+    const std::string_view rest = text_.substr(pos_);
+    if (!rest.starts_with(w) || (rest.size() > w.size() && std::isalnum(uint8_t(rest[w.size()]))))
+      return false;
+    pos_ += w.size();
+    return true;
+  }
+  /// The text up to the next separator, for messages.
+  std::string_view token() {
+    skip_space();
+    const size_t end = text_.find_first_of(",)} \n", pos_);
+    return text_.substr(pos_, std::min<size_t>(end, text_.size()) - pos_).substr(0, 40);
+  }
+  bool quoted(std::string &out) {
+    skip_space();
+    if (pos_ >= text_.size() || (text_[pos_] != '\'' && text_[pos_] != '"'))
+      return false;
+    const size_t close = text_.find(text_[pos_], pos_ + 1);
+    if (close == std::string_view::npos)
+      return false;
+    out.assign(text_.substr(pos_ + 1, close - pos_ - 1));
+    pos_ = close + 1;
+    return true;
+  }
+  /// A tuple of non-negative decimal integers: (), (5,), (2, 3) or (2, 3,).
+  Status shape(std::vector<int64_t> &out) {
+    const char *const expected = "'shape' must be a tuple of non-negative integers such as (2, 3) "
+                                 "or (5,)";
+    if (!eat('('))
+      return fail(fmt::format("{}, not '{}'", expected, token()));
+    bool comma = true; // after '(' or ',': a number or ')' may follow
+    while (!eat(')')) {
+      if (!comma)
+        return fail(fmt::format("{}: expected ',' or ')'", expected));
+      const std::string_view t = token();
+      size_t digits = 0;
+      while (digits < t.size() && t[digits] >= '0' && t[digits] <= '9')
+        ++digits;
+      if (digits == 0 || digits != t.size())
+        return fail(fmt::format("{}, not '{}'", expected, t));
+      if (digits > 18) // past int64, and past any file
+        return fail(fmt::format("the shape dimension {} is too large for any file", t));
+      out.push_back(std::stoll(std::string(t)));
+      pos_ += t.size();
+      comma = eat(',');
+    }
+    if (out.size() == 1 && !comma)
+      return fail(fmt::format("({}) is a number, not a tuple: a 1-d shape is written ({},)", out[0],
+                              out[0]));
+    return Status::ok();
+  }
+
+  std::string_view text_;
+  size_t pos_ = 0;
+};
+
+std::string shape_text(const std::vector<int64_t> &shape) {
+  std::string s;
+  for (int64_t x : shape)
+    s += fmt::format("{}{}", s.empty() ? "" : ", ", x);
+  return "(" + s + (shape.size() == 1 ? ",)" : ")");
+}
+
+} // namespace
+
+Expected<Array> read(const std::string &path) {
+  // The whole file, which bounds every allocation below by its size.
+  compiler::FileRead file;
+  try {
+    file = compiler::read_regular_file(path, std::numeric_limits<int64_t>::max(),
+                                       compiler::Links::follow);
+  } catch (const std::bad_alloc &) {
+    return Status::error("{} is too large to read into memory: use smaller tensors", path);
+  }
+  if (file.result == compiler::FileRead::Result::missing)
+    return Status::error("cannot open {}: no such file; check the path", path);
+  if (file.result == compiler::FileRead::Result::refused)
+    return Status::error("cannot read {}: {}; give a .npy file saved by numpy.save", path,
+                         file.why);
+  const std::string_view bytes = file.bytes;
+  const std::string fix = "save the array again with numpy.save";
+  if (bytes.size() < 10 || bytes.substr(0, 6) != "\x93NUMPY")
+    return Status::error("{} is not a .npy file (bad magic): {}", path, fix);
+  const int major = uint8_t(bytes[6]), minor = uint8_t(bytes[7]);
+  if ((major < 1 || major > 3) || minor != 0)
+    return Status::error("{}: .npy format version {}.{} is not supported (1.0, 2.0, 3.0 are): {}",
+                         path, major, minor, fix);
+  size_t header_at = 10, hlen = uint8_t(bytes[8]) | size_t(uint8_t(bytes[9])) << 8;
+  if (major >= 2) {
+    if (bytes.size() < 12)
+      return Status::error("{}: truncated .npy header: {}", path, fix);
+    header_at = 12;
+    hlen |= size_t(uint8_t(bytes[10])) << 16 | size_t(uint8_t(bytes[11])) << 24;
+  }
+  if (hlen > bytes.size() - header_at)
+    return Status::error("{}: truncated .npy header: it claims {} bytes, the file holds {}: {}",
+                         path, hlen, bytes.size() - header_at, fix);
+  auto header = HeaderParser(bytes.substr(header_at, hlen)).parse();
+  if (!header)
+    return Status::error("{}: malformed .npy header: {}; {}", path, header.status().message(), fix);
+
   Array a;
-  std::string descr = field("descr");
-  size_t q1 = descr.find('\''), q2 = descr.find('\'', q1 + 1);
-  if (q1 == std::string::npos || q2 == std::string::npos)
-    return Status::error("{}: .npy header has no descr", path);
-  a.descr = descr.substr(q1 + 1, q2 - q1 - 1);
-  if (!descr_bytes(a.descr))
+  a.descr = header->descr;
+  a.shape = header->shape;
+  const int item = descr_bytes(a.descr);
+  if (!item)
     return Status::error("{}: dtype '{}' is not supported: use float16 ('<f2'), float32 ('<f4') "
                          "or float64 ('<f8'), little-endian",
                          path, a.descr);
-  if (field("fortran_order").find("True") < field("fortran_order").find(','))
+  if (header->fortran_order)
     return Status::error(
         "{}: Fortran-order arrays are not supported: save with np.ascontiguousarray", path);
-  std::string shape = field("shape");
-  size_t open = shape.find('('), close = shape.find(')');
-  if (open == std::string::npos || close == std::string::npos)
-    return Status::error("{}: .npy header has no shape", path);
-  std::stringstream ss(shape.substr(open + 1, close - open - 1));
-  std::string item;
-  int64_t count = 1;
-  while (std::getline(ss, item, ',')) {
-    if (item.find_first_not_of(' ') == std::string::npos)
-      continue;
-    a.shape.push_back(std::stoll(item));
-    count *= a.shape.back();
+  // The element count, checked against the data the file holds before any
+  // allocation: a shape may claim anything.
+  const uint64_t have = bytes.size() - header_at - hlen;
+  uint64_t count = 1;
+  bool overflow = false;
+  for (int64_t x : a.shape)
+    overflow |= __builtin_mul_overflow(count, uint64_t(x), &count);
+  if (std::find(a.shape.begin(), a.shape.end(), 0) != a.shape.end())
+    count = 0, overflow = false;
+  uint64_t need = 0;
+  overflow |= __builtin_mul_overflow(count, uint64_t(item), &need);
+  if (overflow || need > have)
+    return Status::error("{}: truncated: shape {} of '{}' needs {} bytes of data, the file holds "
+                         "{}: {}",
+                         path, shape_text(a.shape), a.descr,
+                         overflow ? std::string("more than 2^64") : std::to_string(need), have,
+                         fix);
+  if (need < have)
+    return Status::error("{}: {} stray bytes after the {} bytes of data of shape {}: {}", path,
+                         have - need, need, shape_text(a.shape), fix);
+
+  const char *data = bytes.data() + header_at + hlen;
+  try {
+    a.values.resize(count);
+  } catch (const std::bad_alloc &) {
+    return Status::error("{}: {} elements do not fit in memory as doubles: use smaller tensors",
+                         path, count);
   }
-  const int bytes = descr_bytes(a.descr);
-  std::vector<char> raw(count * bytes);
-  in.read(raw.data(), raw.size());
-  if (in.gcount() != std::streamsize(raw.size()))
-    return Status::error("{}: truncated: expected {} bytes of data, found {}", path, raw.size(),
-                         in.gcount());
-  a.values.resize(count);
-  for (int64_t i = 0; i < count; ++i) {
-    const char *p = raw.data() + i * bytes;
-    if (bytes == 2) {
+  for (uint64_t i = 0; i < count; ++i) {
+    const char *p = data + i * item;
+    if (item == 2) {
       uint16_t h;
       std::memcpy(&h, p, 2);
       a.values[i] = f16_bits_to_f32(h);
-    } else if (bytes == 4) {
+    } else if (item == 4) {
       float f;
       std::memcpy(&f, p, 4);
       a.values[i] = f;

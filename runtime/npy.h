@@ -18,7 +18,20 @@ struct Array {
   std::vector<double> values; // C order
 };
 
-Status write(const std::string &path, const Array &a);
+/// Writes `a` to `path` whole or not at all (a temporary file in the same
+/// directory, fsync()ed, closed with its error checked, renamed into place), so
+/// a full disk leaves no truncated file and loses nothing. A symbolic link at
+/// `path` is never followed; an existing `path` is an error unless `force`,
+/// and then it is replaced (a link by the file, not the link's target).
+Status write(const std::string &path, const Array &a, bool force = false);
+
+/// Reads a .npy file (format 1.0, 2.0 or 3.0) that NumPy's own reader would
+/// accept as a little-endian, C-order f2/f4/f8 array; anything else is refused
+/// with the problem and the fix: a header that is not exactly the dict
+/// numpy.save writes (a fortran_order other than True/False, a shape of
+/// anything but non-negative integers such as 1.5 or -3), a shape that needs
+/// more data than the file holds, bytes after the data, a FIFO or device (never
+/// opened for a blocking read). What is allocated is bounded by the file's size.
 Expected<Array> read(const std::string &path);
 
 /// The .npy shape of a spec's tensor in its named layout: bshd [B,S,H,D],

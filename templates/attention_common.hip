@@ -1,49 +1,56 @@
-// ---- attention index math (uses the kernel's named constants above) ----
+// ---- attention index math ----
+// The run-time shapes come in as arguments: the sequence lengths and the
+// sliding window's sizes (-1: unbounded on that side). kCausal, kBlockM and
+// kBlockN are the kernel's named constants above.
+
 // Whether query row i may see key j: sequence bounds, the bottom-right causal
 // diagonal and the sliding window. Mirrors ir::visible().
-FJ_DEVICE bool fj_visible(int i, int j) {
-  if (i >= kSeqQ || j >= kSeqK)
+FJ_DEVICE bool fj_visible(int i, int j, int seqlen_q, int seqlen_k, int window_left,
+                          int window_right) {
+  if (i >= seqlen_q || j >= seqlen_k)
     return false;
-  const int diag = i + (kSeqK - kSeqQ);
+  const int diag = i + (seqlen_k - seqlen_q);
   if (kCausal && j > diag)
     return false;
-  if (kWindowLeft >= 0 && j < diag - kWindowLeft)
+  if (window_left >= 0 && j < diag - window_left)
     return false;
-  if (kWindowRight >= 0 && j > diag + kWindowRight)
+  if (window_right >= 0 && j > diag + window_right)
     return false;
   return true;
 }
 
 // The KV blocks holding at least one key visible to q block qb; the loop skips
 // the rest instead of masking them. Mirrors ir::kv_block_range().
-FJ_DEVICE void fj_kv_range(int qb, int *begin, int *end) {
+FJ_DEVICE void fj_kv_range(int qb, int seqlen_q, int seqlen_k, int window_left, int window_right,
+                           int *begin, int *end) {
   const int first = qb * kBlockM;
-  const int last = (first + kBlockM < kSeqQ ? first + kBlockM : kSeqQ) - 1;
-  const int off = kSeqK - kSeqQ;
-  int lo = 0, hi = kSeqK - 1;
-  if (kWindowLeft >= 0 && first + off - kWindowLeft > lo)
-    lo = first + off - kWindowLeft;
+  const int last = (first + kBlockM < seqlen_q ? first + kBlockM : seqlen_q) - 1;
+  const int off = seqlen_k - seqlen_q;
+  int lo = 0, hi = seqlen_k - 1;
+  if (window_left >= 0 && first + off - window_left > lo)
+    lo = first + off - window_left;
   if (kCausal && last + off < hi)
     hi = last + off;
-  if (kWindowRight >= 0 && last + off + kWindowRight < hi)
-    hi = last + off + kWindowRight;
+  if (window_right >= 0 && last + off + window_right < hi)
+    hi = last + off + window_right;
   *begin = hi < lo ? 0 : lo / kBlockN;
   *end = hi < lo ? 0 : hi / kBlockN + 1;
 }
 
 // True when every (query, key) of the block pair is visible, so the mask can be
 // skipped (a wave-uniform test).
-FJ_DEVICE bool fj_block_unmasked(int qb, int kb) {
+FJ_DEVICE bool fj_block_unmasked(int qb, int kb, int seqlen_q, int seqlen_k, int window_left,
+                                 int window_right) {
   const int i0 = qb * kBlockM, i1 = i0 + kBlockM - 1;
   const int j0 = kb * kBlockN, j1 = j0 + kBlockN - 1;
-  const int off = kSeqK - kSeqQ;
-  if (i1 >= kSeqQ || j1 >= kSeqK)
+  const int off = seqlen_k - seqlen_q;
+  if (i1 >= seqlen_q || j1 >= seqlen_k)
     return false;
   if (kCausal && j1 > i0 + off)
     return false;
-  if (kWindowLeft >= 0 && j0 < i1 + off - kWindowLeft)
+  if (window_left >= 0 && j0 < i1 + off - window_left)
     return false;
-  if (kWindowRight >= 0 && j1 > i0 + off + kWindowRight)
+  if (window_right >= 0 && j1 > i0 + off + window_right)
     return false;
   return true;
 }

@@ -29,6 +29,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 using namespace flashjit;
 
@@ -106,6 +107,10 @@ struct HostBuffers {
   float *lse_or_null() { return lse.empty() ? nullptr : lse.data(); }
   Status forward(Attention &a) {
     return a.forward(q.data(), k.data(), v.data(), o.data(), lse_or_null());
+  }
+  /// The same kernel at the shapes of `shape` (run-time arguments).
+  Status forward(Attention &a, const AttentionSpec &shape) {
+    return a.forward(shape, q.data(), k.data(), v.data(), o.data(), lse_or_null());
   }
   /// The error of the outputs against the float64 reference.
   ErrorStats check(const AttentionSpec &spec) const {
@@ -530,7 +535,8 @@ TEST(CudaDriver, LoadsLaunchesAndCopies) {
   ASSERT_TRUE(kernel) << kernel.status().message();
   runtime::LaunchGeometry g;
   g.block[0] = 256;
-  void *const args[] = {*buffer};
+  void *pointer = *buffer;
+  void *const args[] = {&pointer}; // the address of each argument's value
   Status s = (*kernel)->launch(g, args, nullptr);
   ASSERT_TRUE(s) << s.message();
   ASSERT_TRUE(cuda->synchronize(0, nullptr));
@@ -605,6 +611,187 @@ TEST(AttentionCuda, MatchesTheReferenceOnGpuMemory) {
   EXPECT_TRUE(e.within(tol.abs, tol.rel)) << describe(e);
   for (Buffer &b : buffers)
     EXPECT_TRUE(cuda->release(0, b.device));
+}
+
+// ---- run-time shapes: one kernel per signature -----------------------------
+
+/// Shapes that share the signature of small_spec() (bf16 d64 causal lse, rows
+/// 16-byte aligned): other batch, heads, GQA group, lengths (decode, prefill,
+/// ragged), layouts and strides, and a scale.
+std::vector<AttentionSpec> shapes_of_one_signature() {
+  std::vector<AttentionSpec> shapes;
+  auto add = [&](int64_t b, int64_t h, int64_t hkv, int64_t sq, int64_t sk, Layout l) {
+    AttentionSpec s = make_spec(b, h, hkv, sq, sk, 64, 64, DType::bf16, l);
+    s.causal = true;
+    s.lse = true;
+    shapes.push_back(s);
+  };
+  add(1, 4, 2, 33, 47, Layout::bshd);
+  add(2, 3, 1, 1, 130, Layout::bhsd);          // decode: one query, MQA
+  add(1, 2, 2, 129, 129, Layout::interleaved); // prefill past two query blocks
+  add(3, 4, 4, 17, 5, Layout::bshd);           // more queries than keys
+  shapes.back().scale = 0.3;
+  AttentionSpec padded = make_spec(2, 2, 1, 40, 64, 64, 64, DType::bf16);
+  padded.causal = padded.lse = true;
+  padded.q.seq = padded.o.seq = 2 * 64 + 8; // rows padded by 8 elements
+  padded.q.batch = padded.o.batch = 40 * padded.q.seq;
+  shapes.push_back(padded);
+  return shapes;
+}
+
+TEST(RuntimeShapes, EmittedTextIsTheSameForEveryShapeOnEveryArch) {
+  for (std::string_view arch : lowering::supported_archs()) {
+    SCOPED_TRACE(std::string(arch));
+    std::optional<std::string> first;
+    for (const AttentionSpec &shape : shapes_of_one_signature()) {
+      auto source = emit_source(shape, arch);
+      if (!source) { // an arch the default rules refuse is refused for every shape
+        EXPECT_FALSE(first) << source.status().message();
+        continue;
+      }
+      if (!first)
+        first = *source;
+      EXPECT_EQ(*source, *first) << shape.summary();
+    }
+  }
+}
+
+TEST(RuntimeShapes, OneKernelServesEveryShapeOnEveryAmdFamily) {
+  SKIP_WITHOUT_EMULATOR();
+  // One arch per rule set: gfx12, gfx11, CDNA 16x16 and 32x32 (gfx90a/gfx942), gfx950.
+  for (const char *arch : {"gfx1201", "gfx1100", "gfx90a", "gfx942", "gfx950"}) {
+    const std::vector<AttentionSpec> shapes = shapes_of_one_signature();
+    Options options;
+    options.compiler = "none"; // the compile is tested elsewhere; the text runs here
+    auto attn = Attention::create(shapes[0], std::string("emulator:") + arch, options);
+    ASSERT_TRUE(attn) << attn.status().message();
+    for (const AttentionSpec &shape : shapes) {
+      SCOPED_TRACE(fmt::format("{} {}", arch, shape.summary()));
+      HostBuffers host(shape, 11);
+      ASSERT_TRUE(host.forward(*attn, shape));
+      const ErrorStats e = host.check(shape);
+      const Tolerance tol = tolerance_for(shape.dtype);
+      EXPECT_TRUE(e.within(tol.abs, tol.rel))
+          << describe(e) << " (tolerance " << tol.abs << ", " << tol.rel << ")";
+      EXPECT_EQ(host.gaps_overwritten(shape), 0);
+    }
+    EXPECT_HAS(attn->explain(), fmt::format("{} forward calls", shapes.size()));
+  }
+}
+
+TEST(RuntimeShapes, ForwardRefusesShapesOfAnotherSignature) {
+  SKIP_WITHOUT_EMULATOR();
+  Options options;
+  options.compiler = "none";
+  auto attn = Attention::create(small_spec(), "emulator:gfx1201", options);
+  ASSERT_TRUE(attn) << attn.status().message();
+  AttentionSpec other = small_spec();
+  other.head_dim_v = 80;
+  other.set_layout(Layout::bshd);
+  HostBuffers host(other);
+  Status s = host.forward(*attn, other);
+  ASSERT_FALSE(s);
+  EXPECT_HAS(s.message(), "head_dim_v (80) differs from the kernel's (64)");
+  other = small_spec();
+  other.causal = false;
+  EXPECT_HAS(host.forward(*attn, other).message(), "causal");
+  other = small_spec();
+  other.q.seq += 1; // rows no longer 16-byte aligned
+  other.q.batch = other.q.seq * other.seqlen_q;
+  EXPECT_HAS(host.forward(*attn, other).message(), "row alignment");
+  other = small_spec();
+  other.seqlen_k = kMaxSeqlen + 1;
+  other.set_layout(Layout::bshd);
+  EXPECT_HAS(host.forward(*attn, other).message(), "seqlen_k");
+}
+
+TEST(RuntimeShapes, WarmupThenCreateIsADiskHitAndADamagedEntryRecompiles) {
+  SKIP_WITHOUT_EMULATOR();
+  const char *dir = std::getenv("FLASHJIT_CACHE_DIR");
+  ASSERT_NE(dir, nullptr);
+  const std::string manifest = std::string(dir) + "/../warmup-manifest.json";
+  {
+    std::FILE *f = std::fopen(manifest.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    // Head dim 48: a signature no other test of this process compiles.
+    std::fputs(R"([{"arch": "gfx1201", "heads": 4, "kv_heads": 2, "seqlen_q": 512, "head_dim": 48,
+                    "causal": true, "lse": true, "compiler": "llvm"}])",
+               f);
+    std::fclose(f);
+  }
+  const std::string cmd = fmt::format("FLASHJIT_CACHE_DIR='{}' '{}' warmup '{}' > /dev/null", dir,
+                                      FLASHJIT_CLI, manifest);
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::remove(manifest.c_str());
+  // Other lengths and batch than the manifest's: the same signature, so the same entry.
+  Options options;
+  options.compiler = "llvm";
+  AttentionSpec spec = make_spec(2, 4, 2, 33, 47, 48, 48, DType::bf16);
+  spec.causal = spec.lse = true;
+  auto attn = Attention::create(spec, "emulator:gfx1201", options);
+  ASSERT_TRUE(attn) << attn.status().message();
+  EXPECT_HAS(attn->explain(), "disk hit");
+
+  // A damaged entry is never loaded: it is compiled again.
+  const std::string key = attn->explain().substr(attn->explain().find("(key ") + 5, 16);
+  bool damaged = false;
+  for (const auto &entry : std::filesystem::directory_iterator(dir))
+    if (entry.path().filename().string().starts_with(key)) {
+      std::FILE *f = std::fopen(entry.path().c_str(), "r+b");
+      ASSERT_NE(f, nullptr);
+      std::fseek(f, -1, SEEK_END);
+      std::fputc(0x5a, f);
+      std::fclose(f);
+      damaged = true;
+    }
+  ASSERT_TRUE(damaged) << "no entry " << key << " in " << dir;
+  // A new process would read the file; this one holds the kernel in memory.
+  const std::string again = fmt::format(
+      "FLASHJIT_CACHE_DIR='{}' '{}' compile --arch gfx1201 --heads 4 --kv-heads 2 --head-dim 48 "
+      "--causal --lse --seqlen-q 33 --seqlen-k 47 --compiler llvm --resources 2>&1 | grep -q "
+      "'cache compiled'",
+      dir, FLASHJIT_CLI);
+  EXPECT_EQ(std::system(again.c_str()), 0) << again;
+}
+
+TEST(AttentionCuda, OneKernelServesManyShapesOnGpuMemory) {
+  std::string why;
+  runtime::GpuDriver *cuda = cuda_or_skip_reason(why);
+  if (!cuda)
+    GTEST_SKIP() << why;
+  const std::vector<AttentionSpec> shapes = shapes_of_one_signature();
+  Options options;
+  options.synchronize = true;
+  auto attn = Attention::create(shapes[0], "cuda:0", options);
+  ASSERT_TRUE(attn) << attn.status().message();
+  for (const AttentionSpec &shape : shapes) {
+    SCOPED_TRACE(shape.summary());
+    HostBuffers host(shape, 5);
+    std::vector<void *> device;
+    const std::pair<const void *, size_t> in[] = {{host.q.data(), host.q.size() * 2},
+                                                  {host.k.data(), host.k.size() * 2},
+                                                  {host.v.data(), host.v.size() * 2},
+                                                  {host.o.data(), host.o.size() * 2},
+                                                  {host.lse.data(), host.lse.size() * 4}};
+    for (const auto &[data, bytes] : in) {
+      auto p = cuda->allocate(0, bytes);
+      ASSERT_TRUE(p) << p.status().message();
+      device.push_back(*p);
+      ASSERT_TRUE(cuda->copy_to_device(0, *p, data, bytes));
+    }
+    Status s = attn->forward(shape, device[0], device[1], device[2], device[3],
+                             static_cast<float *>(device[4]));
+    ASSERT_TRUE(s) << s.message();
+    ASSERT_TRUE(cuda->copy_to_host(0, host.o.data(), device[3], in[3].second));
+    ASSERT_TRUE(cuda->copy_to_host(0, host.lse.data(), device[4], in[4].second));
+    const ErrorStats e = host.check(shape);
+    const Tolerance tol = tolerance_for(shape.dtype);
+    EXPECT_TRUE(e.within(tol.abs, tol.rel)) << describe(e);
+    EXPECT_EQ(host.gaps_overwritten(shape), 0);
+    for (void *p : device)
+      EXPECT_TRUE(cuda->release(0, p));
+  }
+  std::printf("%s", attn->explain().c_str());
 }
 
 } // namespace

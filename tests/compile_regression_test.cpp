@@ -4,9 +4,9 @@
 // gfx950; the CDNA rules with the query tile of the lowering's choice, and with
 // 16- and 32-query tiles forced) and for the simt rules on an RDNA and a CDNA
 // arch, head dims 16..256 and the 192/128 pair, causal or not, bf16 or f16: no
-// VGPR/SGPR spills, no scratch, the LDS the kernel declares (within the
-// target's), the target's wave size, and exactly the matrix instructions the
-// products need (no duplicated or dropped loop bodies), none for simt: one per
+// VGPR spills (SGPR spills only on CDNA, at most 8, into VGPR lanes), no scratch, the LDS the
+// kernel declares (within the target's), the target's wave size, and exactly the matrix
+// instructions the products need (no duplicated or dropped loop bodies), none for simt: one per
 // 16x16x16 product, one 16x16x32 per two (an odd last one padded), one
 // 32x32x16 or two 32x32x8 per 32x32x16 product.
 //
@@ -176,9 +176,17 @@ TEST_P(CompileRegression, DefaultConfigsCompileCleanlyWithTheExpectedMatrixCount
 
     EXPECT_EQ(r.kernel, lowered[i].kernel_name);
     EXPECT_FALSE(r.vgpr_spill);
-    EXPECT_FALSE(r.sgpr_spill);
     EXPECT_EQ(r.vgpr_spill_count, 0);
-    EXPECT_EQ(r.sgpr_spill_count, 0);
+    // Run-time shapes (lengths, strides, window and scale are kernel arguments)
+    // cost scalar registers: CDNA's 102-SGPR file overflows by a few for the
+    // causal head dims >= 160, and LLVM spills those into VGPR lanes (no memory,
+    // no scratch: checked below). docs/decisions.md records the trade.
+    if (t.wave_size == 64) {
+      EXPECT_LE(r.sgpr_spill_count, 8);
+    } else {
+      EXPECT_FALSE(r.sgpr_spill);
+      EXPECT_EQ(r.sgpr_spill_count, 0);
+    }
     EXPECT_EQ(r.private_segment_bytes, 0) << "scratch";
     EXPECT_LE(r.vgprs, t.max_vgprs);
     EXPECT_GT(r.occupancy_waves_per_simd, 0);

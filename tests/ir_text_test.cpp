@@ -1,6 +1,7 @@
 // The IR text form: golden printing, exact round trips, and parser errors.
 #include "ir/ir.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -28,19 +29,54 @@ struct Builder {
   }
 };
 
-TensorParam tensor(std::string name, DType t, int64_t seq, int64_t dim) {
-  int64_t heads = 2;
-  if (dim == 0) // a vector: one value per (batch, head, row)
-    return TensorParam{name, t, 1, heads, seq, 0, Strides{heads * seq, seq, 1, 0}};
-  return TensorParam{name, t, 1, heads, seq, dim, Strides{seq * heads * dim, dim, heads * dim, 1}};
+/// The tiny kernel's scalar parameters: every shape but the head dims and the
+/// strides inside a row is bound at run time.
+std::vector<ScalarParam> tiny_scalars() {
+  return {{"batches", ScalarType::i32},         {"seqlen_q", ScalarType::i32},
+          {"seqlen_k", ScalarType::i32},        {"window_left", ScalarType::i32},
+          {"scale_log2", ScalarType::f32},      {"q_batch_stride", ScalarType::i64},
+          {"kv_batch_stride", ScalarType::i64}, {"lse_batch_stride", ScalarType::i64}};
+}
+
+/// A [batch, 2 heads, seq, dim] tensor: batch, seq and the batch stride are
+/// parameters, the head and row strides constants (interleaved heads).
+TensorParam tensor(std::string name, DType dtype, const char *seq, int64_t dim,
+                   const char *batch_stride) {
+  const int64_t heads = 2;
+  TensorParam t;
+  t.name = std::move(name);
+  t.dtype = dtype;
+  t.batch = Extent::of("batches");
+  t.heads = Extent::constant(heads);
+  t.seq = Extent::of(seq);
+  t.dim = dim;
+  t.stride_batch = Extent::of(batch_stride);
+  if (dim == 0) { // a vector: one value per (batch, head, row)
+    t.stride_head = Extent::of(seq);
+    t.stride_seq = Extent::constant(1);
+    t.stride_dim = Extent::constant(0);
+    t.row_align = 4;
+  } else {
+    t.stride_head = Extent::constant(dim);
+    t.stride_seq = Extent::constant(heads * dim);
+    t.stride_dim = Extent::constant(1);
+    t.row_align = 16;
+  }
+  return t;
 }
 
 Attrs loop_attrs() {
+  // window_right is absent: unbounded on the right.
   return {{"block_m", int64_t{64}},
           {"block_n", int64_t{32}},
           {"causal", int64_t{1}},
-          {"window_left", int64_t{-1}},
-          {"window_right", int64_t{-1}}};
+          {"window_left", ParamRef{"window_left"}}};
+}
+
+/// Three index values for the grid, named `names` ("" prints as a number).
+void constant_grid(Program &p, std::initializer_list<const char *> names = {"", "", ""}) {
+  for (const char *n : names)
+    p.grid.push_back(GridAxis{p.add_value(Type::index(), n), Extent::constant(1), 1});
 }
 
 /// A complete small attention kernel: S = Q K^T, online softmax, O = P V, LSE.
@@ -48,14 +84,16 @@ Attrs loop_attrs() {
 Program tiny_attention() {
   Program p;
   p.name = "tiny";
-  p.tensors = {tensor("Q", DType::bf16, 100, 40), tensor("K", DType::bf16, 70, 40),
-               tensor("V", DType::bf16, 70, 40), tensor("O", DType::bf16, 100, 40),
-               tensor("LSE", DType::f32, 100, 0)};
-  p.grid_q_blocks = 2;
-  p.grid_heads = 2;
-  p.grid_batch = 1;
+  p.scalars = tiny_scalars();
+  p.tensors = {tensor("Q", DType::bf16, "seqlen_q", 40, "q_batch_stride"),
+               tensor("K", DType::bf16, "seqlen_k", 40, "kv_batch_stride"),
+               tensor("V", DType::bf16, "seqlen_k", 40, "kv_batch_stride"),
+               tensor("O", DType::bf16, "seqlen_q", 40, "q_batch_stride"),
+               tensor("LSE", DType::f32, "seqlen_q", 0, "lse_batch_stride")};
   ValueId qb = p.add_value(Type::index(), "q_block");
-  p.grid_args = {qb, p.add_value(Type::index(), "head"), p.add_value(Type::index(), "batch")};
+  p.grid = {GridAxis{qb, Extent::of("seqlen_q"), 64},
+            GridAxis{p.add_value(Type::index(), "head"), Extent::constant(2), 1},
+            GridAxis{p.add_value(Type::index(), "batch"), Extent::of("batches"), 1}};
 
   const Type row = Type::vec(64, DType::f32, kRows);
   const Type acc = Type::tile(64, 48, DType::f32, kAcc);
@@ -79,10 +117,9 @@ Program tiny_attention() {
         in.op(OpKind::Load, {kb}, Type::tile(32, 48, DType::bf16, kB), {{"tensor", Symbol{"K"}}});
     ValueId zero = in.op(OpKind::Fill, {}, s_t, {{"value", 0.0}});
     ValueId s = in.op(OpKind::MmaABt, {q, k, zero}, s_t, {}, "s");
-    s = in.op(OpKind::Scale, {s}, s_t, {{"factor", 0.125}});
-    s = in.op(
-        OpKind::Mask, {s, qb, kb}, s_t,
-        {{"causal", int64_t{1}}, {"window_left", int64_t{-1}}, {"window_right", int64_t{-1}}});
+    s = in.op(OpKind::Scale, {s}, s_t, {{"factor", ParamRef{"scale_log2"}}});
+    s = in.op(OpKind::Mask, {s, qb, kb}, s_t,
+              {{"causal", int64_t{1}}, {"window_left", ParamRef{"window_left"}}});
     ValueId mx = in.op(OpKind::RowMax, {s}, row);
     ValueId m_new = in.op(OpKind::Max, {m_i, mx}, row, {}, "m_new");
     ValueId m_safe = in.op(OpKind::ZeroIfNegInf, {m_new}, row);
@@ -111,22 +148,23 @@ Program tiny_attention() {
 }
 
 constexpr std::string_view kTinyText = R"(kernel @tiny {
-  tensor @Q : bf16 [batch = 1, heads = 2, seq = 100, dim = 40] strides [batch = 8000, heads = 40, seq = 80, dim = 1]
-  tensor @K : bf16 [batch = 1, heads = 2, seq = 70, dim = 40] strides [batch = 5600, heads = 40, seq = 80, dim = 1]
-  tensor @V : bf16 [batch = 1, heads = 2, seq = 70, dim = 40] strides [batch = 5600, heads = 40, seq = 80, dim = 1]
-  tensor @O : bf16 [batch = 1, heads = 2, seq = 100, dim = 40] strides [batch = 8000, heads = 40, seq = 80, dim = 1]
-  tensor @LSE : f32 [batch = 1, heads = 2, seq = 100, dim = 0] strides [batch = 200, heads = 100, seq = 1, dim = 0]
-  grid (%q_block = 2, %head = 2, %batch = 1) group = 1
+  scalars (%batches : i32, %seqlen_q : i32, %seqlen_k : i32, %window_left : i32, %scale_log2 : f32, %q_batch_stride : i64, %kv_batch_stride : i64, %lse_batch_stride : i64)
+  tensor @Q : bf16 [batch = %batches, heads = 2, seq = %seqlen_q, dim = 40] strides [batch = %q_batch_stride, heads = 40, seq = 80, dim = 1] align = 16
+  tensor @K : bf16 [batch = %batches, heads = 2, seq = %seqlen_k, dim = 40] strides [batch = %kv_batch_stride, heads = 40, seq = 80, dim = 1] align = 16
+  tensor @V : bf16 [batch = %batches, heads = 2, seq = %seqlen_k, dim = 40] strides [batch = %kv_batch_stride, heads = 40, seq = 80, dim = 1] align = 16
+  tensor @O : bf16 [batch = %batches, heads = 2, seq = %seqlen_q, dim = 40] strides [batch = %q_batch_stride, heads = 40, seq = 80, dim = 1] align = 16
+  tensor @LSE : f32 [batch = %batches, heads = 2, seq = %seqlen_q, dim = 0] strides [batch = %lse_batch_stride, heads = %seqlen_q, seq = 1, dim = 0] align = 4
+  grid (%q_block : ceil(%seqlen_q / 64), %head : 2, %batch : %batches) group = 1
   %0 = load %q_block {tensor = @Q} : tile<64x48xbf16, #mma_a>
   %1 = fill {value = -inf} : tile<64xf32, #rows>
   %2 = fill {value = 0.0} : tile<64xf32, #rows>
   %3 = fill {value = 0.0} : tile<64x48xf32, #mma_acc>
-  %m, %l, %acc = for %q_block, %1, %2, %3 {block_m = 64, block_n = 32, causal = 1, window_left = -1, window_right = -1} : tile<64xf32, #rows>, tile<64xf32, #rows>, tile<64x48xf32, #mma_acc> (%kb, %m_i, %l_i, %acc_i) {
+  %m, %l, %acc = for %q_block, %1, %2, %3 {block_m = 64, block_n = 32, causal = 1, window_left = %window_left} : tile<64xf32, #rows>, tile<64xf32, #rows>, tile<64x48xf32, #mma_acc> (%kb, %m_i, %l_i, %acc_i) {
     %4 = load %kb {tensor = @K} : tile<32x48xbf16, #mma_b>
     %5 = fill {value = 0.0} : tile<64x32xf32, #mma_acc>
     %s = mma_abt %0, %4, %5 : tile<64x32xf32, #mma_acc>
-    %6 = scale %s {factor = 0.125} : tile<64x32xf32, #mma_acc>
-    %7 = mask %6, %q_block, %kb {causal = 1, window_left = -1, window_right = -1} : tile<64x32xf32, #mma_acc>
+    %6 = scale %s {factor = %scale_log2} : tile<64x32xf32, #mma_acc>
+    %7 = mask %6, %q_block, %kb {causal = 1, window_left = %window_left} : tile<64x32xf32, #mma_acc>
     %8 = row_max %7 : tile<64xf32, #rows>
     %m_new = max %m_i, %8 : tile<64xf32, #rows>
     %9 = zero_if_neg_inf %m_new : tile<64xf32, #rows>
@@ -162,6 +200,11 @@ std::string round_trip(const std::string &text) {
 
 TEST(IrText, PrintsGolden) { EXPECT_EQ(print(tiny_attention()), kTinyText); }
 
+TEST(IrText, GoldenKernelVerifies) {
+  const Status s = verify(tiny_attention());
+  EXPECT_TRUE(s) << s.message();
+}
+
 TEST(IrText, RoundTripIsExact) {
   std::string text = print(tiny_attention());
   EXPECT_EQ(round_trip(text), text);
@@ -172,15 +215,21 @@ TEST(IrText, ParsedProgramMatchesBuilt) {
   ASSERT_TRUE(p) << p.status().message();
   Program built = tiny_attention();
   EXPECT_EQ(p->name, built.name);
+  EXPECT_EQ(p->scalars, built.scalars);
   EXPECT_EQ(p->tensors, built.tensors);
-  EXPECT_EQ(p->grid_q_blocks, 2);
-  EXPECT_EQ(p->grid_heads, 2);
-  EXPECT_EQ(p->grid_batch, 1);
-  EXPECT_EQ(p->group, 1);
+  EXPECT_EQ(p->grid, built.grid);
+  EXPECT_EQ(p->grid[0].extent, Extent::of("seqlen_q"));
+  EXPECT_EQ(p->grid[0].divisor, 64);
+  EXPECT_EQ(p->grid[1].extent, Extent::constant(2));
+  EXPECT_EQ(p->grid[2].extent, Extent::of("batches"));
+  EXPECT_EQ(p->group, Extent::constant(1));
+  EXPECT_EQ(p->tensor("LSE")->stride_head, Extent::of("seqlen_q"));
+  EXPECT_EQ(p->tensor("Q")->row_align, 16);
   ASSERT_EQ(p->body.size(), built.body.size());
   const Op &loop = p->body[4];
   ASSERT_EQ(loop.kind, OpKind::For);
-  EXPECT_EQ(loop.int_attr("window_left"), -1);
+  EXPECT_EQ(loop.attrs.at("window_left"), Attr(ParamRef{"window_left"}));
+  EXPECT_EQ(loop.attrs.count("window_right"), 0u) << "an absent window side stays absent";
   EXPECT_EQ(loop.int_attr("block_n"), 32);
   ASSERT_EQ(loop.region_args.size(), 4u);
   EXPECT_EQ(p->type_of(loop.region_args[0]), Type::index());
@@ -189,7 +238,8 @@ TEST(IrText, ParsedProgramMatchesBuilt) {
   EXPECT_EQ(loop.body.size(), built.body[4].body.size());
   EXPECT_EQ(loop.body.back().kind, OpKind::Yield);
   EXPECT_TRUE(std::isinf(p->body[1].float_attr("value")));
-  EXPECT_EQ(loop.body[3].float_attr("factor"), 0.125);
+  EXPECT_EQ(loop.body[3].attrs.at("factor"), Attr(ParamRef{"scale_log2"}));
+  EXPECT_EQ(loop.body[4].attrs, built.body[4].body[4].attrs);
   EXPECT_EQ(p->body.back().symbol_attr("tensor"), "LSE");
   // Numbered values come back unnamed; named ones keep their names.
   EXPECT_EQ(p->values[p->body[0].results[0]].name, "");
@@ -199,7 +249,9 @@ TEST(IrText, ParsedProgramMatchesBuilt) {
 TEST(IrText, ParsedProgramIdsFollowDefinitionOrder) {
   Expected<Program> p = parse(kTinyText);
   ASSERT_TRUE(p) << p.status().message();
-  EXPECT_EQ(p->grid_args, (std::vector<ValueId>{0, 1, 2}));
+  EXPECT_EQ(p->grid_arg(0), 0);
+  EXPECT_EQ(p->grid_arg(1), 1);
+  EXPECT_EQ(p->grid_arg(2), 2);
   EXPECT_EQ(p->body[0].results[0], 3);
   const Op &loop = p->body[4];
   EXPECT_EQ(loop.results, (std::vector<ValueId>{7, 8, 9}));
@@ -220,8 +272,8 @@ TEST(IrText, TypesPrint) {
 /// A minimal kernel around one op; `ops` are the lines of its body.
 std::string kernel_with(std::string_view ops) {
   return std::string(R"(kernel @k {
-  tensor @Q : bf16 [batch = 1, heads = 1, seq = 8, dim = 16] strides [batch = 128, heads = 16, seq = 16, dim = 1]
-  grid (%0 = 1, %1 = 1, %2 = 1) group = 1
+  tensor @Q : bf16 [batch = 1, heads = 1, seq = 8, dim = 16] strides [batch = 128, heads = 16, seq = 16, dim = 1] align = 16
+  grid (%0 : 1, %1 : 1, %2 : 1) group = 1
 )") + std::string(ops) +
          "}\n";
 }
@@ -229,9 +281,8 @@ std::string kernel_with(std::string_view ops) {
 TEST(IrText, AttrValuesRoundTrip) {
   Program p;
   p.name = "attrs";
-  p.grid_q_blocks = p.grid_heads = p.grid_batch = 1;
-  for (int i = 0; i < 3; ++i)
-    p.grid_args.push_back(p.add_value(Type::index()));
+  p.scalars = {{"s", ScalarType::f32}, {"n", ScalarType::i64}};
+  constant_grid(p);
   Builder b{p};
   const Type t = Type::vec(16, DType::f32, TileLayout::blocked);
   Attrs attrs = {{"a_neg_inf", -std::numeric_limits<double>::infinity()},
@@ -244,13 +295,15 @@ TEST(IrText, AttrValuesRoundTrip) {
                  {"h_huge", 1e20},
                  {"i_neg_zero", -0.0},
                  {"j_third", 1.0 / 3.0},
-                 {"k_sym", Symbol{"Q"}}};
+                 {"k_sym", Symbol{"Q"}},
+                 {"l_real_param", ParamRef{"s"}},
+                 {"m_int_param", ParamRef{"n"}}};
   b.op(OpKind::Fill, {}, t, attrs);
   std::string text = print(p);
   EXPECT_NE(text.find("{a_neg_inf = -inf, b_inf = inf, c_one = 1.0, d_eighth = 0.125, "
                       "e_neg_int = -7, f_big_int = -9223372036854775808, g_tiny = 1e-05, "
                       "h_huge = 1e+20, i_neg_zero = -0.0, j_third = 0.3333333333333333, "
-                      "k_sym = @Q}"),
+                      "k_sym = @Q, l_real_param = %s, m_int_param = %n}"),
             std::string::npos)
       << text;
   Expected<Program> back = parse(text);
@@ -271,17 +324,15 @@ TEST(IrText, UnnamedValuesAreRenumberedInDefinitionOrder) {
   // Ids out of definition order, gaps, and an unused value: the text counts 0, 1, 2, ...
   Program p;
   p.name = "order";
-  p.grid_q_blocks = p.grid_heads = p.grid_batch = 1;
   ValueId unused = p.add_value(Type::vec(4, DType::f32, kRows));
   ValueId late = p.add_value(Type::vec(4, DType::f32, kRows));
   ValueId early = p.add_value(Type::vec(4, DType::f32, kRows));
-  p.grid_args = {p.add_value(Type::index(), "x"), p.add_value(Type::index()),
-                 p.add_value(Type::index())};
+  constant_grid(p, {"x", "", ""});
   (void)unused;
   p.body.push_back(Op{OpKind::Fill, {early}, {}, {{"value", 2.0}}, {}, {}});
   p.body.push_back(Op{OpKind::Exp2, {late}, {early}, {}, {}, {}});
   std::string text = print(p);
-  EXPECT_NE(text.find("grid (%x = 1, %0 = 1, %1 = 1) group = 1\n"
+  EXPECT_NE(text.find("grid (%x : 1, %0 : 1, %1 : 1) group = 1\n"
                       "  %2 = fill {value = 2.0} : tile<4xf32, #rows>\n"
                       "  %3 = exp2 %2 : tile<4xf32, #rows>\n"),
             std::string::npos)
@@ -292,9 +343,7 @@ TEST(IrText, UnnamedValuesAreRenumberedInDefinitionOrder) {
 TEST(IrText, RepeatedNamesAreMadeUnique) {
   Program p;
   p.name = "names";
-  p.grid_q_blocks = p.grid_heads = p.grid_batch = 1;
-  for (int i = 0; i < 3; ++i)
-    p.grid_args.push_back(p.add_value(Type::index()));
+  constant_grid(p);
   Builder b{p};
   const Type t = Type::vec(4, DType::f32, kRows);
   ValueId a = b.op(OpKind::Fill, {}, t, {{"value", 1.0}}, "x");
@@ -313,8 +362,9 @@ TEST(IrText, RepeatedNamesAreMadeUnique) {
 TEST(IrText, VectorTilesAndLseTensor) {
   std::string text = kernel_with("  %3 = fill {value = 0.0} : tile<16xf32, #blocked>\n"
                                  "  %4 = fill {value = 0.0} : tile<16x1xf32, #blocked>\n");
-  text.insert(text.find("  grid"), "  tensor @LSE : f32 [batch = 2, heads = 3, seq = 16, dim = 0] "
-                                   "strides [batch = 48, heads = 16, seq = 1, dim = 0]\n");
+  text.insert(text.find("  grid"),
+              "  tensor @LSE : f32 [batch = 2, heads = 3, seq = 16, dim = 0] "
+              "strides [batch = 48, heads = 16, seq = 1, dim = 0] align = 4\n");
   Expected<Program> p = parse(text);
   ASSERT_TRUE(p) << p.status().message();
   EXPECT_TRUE(p->type_of(p->body[0].results[0]).is_vector());
@@ -323,20 +373,96 @@ TEST(IrText, VectorTilesAndLseTensor) {
   ASSERT_NE(lse, nullptr);
   EXPECT_EQ(lse->dim, 0);
   EXPECT_EQ(lse->dtype, DType::f32);
-  EXPECT_EQ(lse->strides, (Strides{48, 16, 1, 0}));
+  EXPECT_EQ(lse->stride_batch, Extent::constant(48));
+  EXPECT_EQ(lse->stride_head, Extent::constant(16));
+  EXPECT_EQ(lse->stride_seq, Extent::constant(1));
+  EXPECT_EQ(lse->stride_dim, Extent::constant(0));
+  EXPECT_EQ(lse->row_align, 4);
   EXPECT_EQ(print(*p), text);
 }
 
 TEST(IrText, ParserAcceptsCommentsBlankLinesAndSpacing) {
   std::string text = "// a comment\n\nkernel   @k   {  // opens\n"
                      "  tensor @Q : bf16 [batch=1, heads=1, seq=8, dim=16] strides [batch=128, "
-                     "heads=16, seq=16, dim=1]\n\n"
-                     "  grid (%0=1,%1=1,%2=1) group=1\n"
+                     "heads=16, seq=16, dim=1] align=16\n\n"
+                     "  grid (%0:1,%1:1,%2:1) group=1\n"
                      "  %3 = fill {value=-inf}:tile<8xf32,#rows>   // trailing\n"
                      "}\n\n";
   Expected<Program> p = parse(text);
   ASSERT_TRUE(p) << p.status().message();
   EXPECT_EQ(print(*p), kernel_with("  %3 = fill {value = -inf} : tile<8xf32, #rows>\n"));
+}
+
+// ---- shape-free headers: scalars, symbolic extents, parameter attrs --------------
+
+/// A kernel whose shapes are all parameters, with constants mixed in.
+constexpr std::string_view kSymbolicText = R"(kernel @sym {
+  scalars (%n : i32, %b : i32, %row : i64, %w : i32, %scale : f32)
+  tensor @Q : f16 [batch = %b, heads = 3, seq = %n, dim = 16] strides [batch = %row, heads = 16, seq = 48, dim = 1] align = 8
+  tensor @O : f16 [batch = 2, heads = 3, seq = %n, dim = 16] strides [batch = 0, heads = %n, seq = %w, dim = %w] align = 2
+  grid (%qb : ceil(%n / 128), %h : 3, %bb : %b) group = %b config {block_m = 128}
+  %0 = fill {a = %scale, b = %w, c = -1} : tile<128xf32, #rows>
+}
+)";
+
+TEST(IrText, SymbolicHeaderRoundTripsExactly) {
+  Expected<Program> p = parse(kSymbolicText);
+  ASSERT_TRUE(p) << p.status().message();
+  EXPECT_EQ(print(*p), kSymbolicText);
+  EXPECT_EQ(p->scalars, (std::vector<ScalarParam>{{"n", ScalarType::i32},
+                                                  {"b", ScalarType::i32},
+                                                  {"row", ScalarType::i64},
+                                                  {"w", ScalarType::i32},
+                                                  {"scale", ScalarType::f32}}));
+  const TensorParam &q = p->tensors[0], &o = p->tensors[1];
+  EXPECT_EQ(q.batch, Extent::of("b"));
+  EXPECT_EQ(q.heads, Extent::constant(3));
+  EXPECT_EQ(q.seq, Extent::of("n"));
+  EXPECT_EQ(q.dim, 16);
+  EXPECT_EQ(q.stride_batch, Extent::of("row"));
+  EXPECT_EQ(q.stride_seq, Extent::constant(48));
+  EXPECT_EQ(q.row_align, 8);
+  EXPECT_EQ(o.batch, Extent::constant(2));
+  EXPECT_EQ(o.stride_batch, Extent::constant(0));
+  EXPECT_EQ(o.stride_head, Extent::of("n"));
+  EXPECT_EQ(o.stride_dim, Extent::of("w"));
+  EXPECT_EQ(o.row_align, 2);
+  ASSERT_EQ(p->grid.size(), 3u);
+  EXPECT_EQ(p->grid[0], (GridAxis{0, Extent::of("n"), 128}));
+  EXPECT_EQ(p->grid[1], (GridAxis{1, Extent::constant(3), 1}));
+  EXPECT_EQ(p->grid[2], (GridAxis{2, Extent::of("b"), 1}));
+  EXPECT_EQ(p->group, Extent::of("b"));
+  const Attrs &attrs = p->body[0].attrs;
+  EXPECT_EQ(attrs.at("a"), Attr(ParamRef{"scale"}));
+  EXPECT_EQ(attrs.at("b"), Attr(ParamRef{"w"}));
+  EXPECT_EQ(attrs.at("c"), Attr(int64_t{-1}));
+  // The parser checks only that a parameter is declared; the verifier checks its use.
+  EXPECT_EQ(to_string(Extent::of("n")), "%n");
+  EXPECT_EQ(to_string(Extent::constant(-3)), "-3");
+}
+
+TEST(IrText, GridExtentsPrintInTheirShortestForm) {
+  // ceil(x / 1) is x; a constant extent may be divided too.
+  std::string text = kernel_with("");
+  text.replace(text.find("grid (%0 : 1"), 12, "grid (%0 : ceil(100 / 64)");
+  text.replace(text.find("%1 : 1"), 6, "%1 : ceil(7 / 1)");
+  Expected<Program> p = parse(text);
+  ASSERT_TRUE(p) << p.status().message();
+  EXPECT_EQ(p->grid[0], (GridAxis{0, Extent::constant(100), 64}));
+  EXPECT_EQ(p->grid[1], (GridAxis{1, Extent::constant(7), 1}));
+  const std::string printed = print(*p);
+  EXPECT_NE(printed.find("  grid (%0 : ceil(100 / 64), %1 : 7, %2 : 1) group = 1\n"),
+            std::string::npos)
+      << printed;
+  EXPECT_EQ(round_trip(printed), printed);
+}
+
+TEST(IrText, EmptyScalarsLineIsNoScalars) {
+  std::string text = kernel_with("");
+  Expected<Program> p = parse("kernel @k {\n  scalars ()\n" + text.substr(text.find('\n') + 1));
+  ASSERT_TRUE(p) << p.status().message();
+  EXPECT_TRUE(p->scalars.empty());
+  EXPECT_EQ(print(*p), text); // no scalars, no line
 }
 
 // ---- parser errors --------------------------------------------------------------
@@ -402,7 +528,7 @@ TEST(IrParseError, UnknownDtype) {
             std::string::npos)
       << m;
   m = parse_error(R"(kernel @k {
-  tensor @Q : fp8 [batch = 1, heads = 1, seq = 8, dim = 16] strides [batch = 128, heads = 16, seq = 16, dim = 1]
+  tensor @Q : fp8 [batch = 1, heads = 1, seq = 8, dim = 16] strides [batch = 128, heads = 16, seq = 16, dim = 1] align = 16
 )");
   EXPECT_NE(m.find("line 2, col 15: unknown dtype 'fp8'"), std::string::npos) << m;
 }
@@ -461,17 +587,19 @@ TEST(IrParseError, UnclosedBody) {
 
 TEST(IrParseError, BadTensorLineAndGrid) {
   std::string m = parse_error(R"(kernel @k {
-  tensor @Q : bf16 [batch = 1, head = 1, seq = 8, dim = 16] strides [batch = 128, heads = 16, seq = 16, dim = 1]
+  tensor @Q : bf16 [batch = 1, head = 1, seq = 8, dim = 16] strides [batch = 128, heads = 16, seq = 16, dim = 1] align = 16
 )");
   EXPECT_NE(m.find("line 2, col 32: expected 'heads' in the shape, found 'head'"),
             std::string::npos)
       << m;
-  m = parse_error("kernel @k {\n  grid (%a = 1, %b = 1) group = 1\n}\n");
+  m = parse_error("kernel @k {\n  grid (%a : 1, %b : 1) group = 1\n}\n");
   EXPECT_NE(m.find("line 2, col 3: grid takes 3 arguments (q block, head, batch), got 2"),
             std::string::npos)
       << m;
   m = parse_error("kernel @k {\n  %0 = fill {value = 1.0} : tile<8xf32, #rows>\n}\n");
-  EXPECT_NE(m.find("line 2, col 3: expected a 'tensor' or 'grid' line"), std::string::npos) << m;
+  EXPECT_NE(m.find("line 2, col 3: expected a 'scalars', 'tensor' or 'grid' line"),
+            std::string::npos)
+      << m;
 }
 
 TEST(IrParseError, MalformedAttributesAndTypes) {
@@ -496,6 +624,106 @@ TEST(IrParseError, TrailingInput) {
   EXPECT_NE(m.find("line 5, col 1: expected end of input after the kernel's closing '}'"),
             std::string::npos)
       << m;
+}
+
+// ---- parser errors in the shape-free header -------------------------------------
+
+/// A header with scalars %n (i32) and %s (f32) and one tensor line; `edit`
+/// replaces `from` (which must occur once) to make it wrong.
+std::string scalar_header_with(std::string_view from, std::string_view to) {
+  std::string text = R"(kernel @k {
+  scalars (%n : i32, %s : f32)
+  tensor @Q : bf16 [batch = 1, heads = 1, seq = %n, dim = 16] strides [batch = 128, heads = 16, seq = 16, dim = 1] align = 16
+  grid (%0 : ceil(%n / 64), %1 : 1, %2 : 1) group = 1
+  %3 = fill {value = %s} : tile<64xf32, #rows>
+}
+)";
+  const size_t at = text.find(from);
+  if (at == std::string::npos || text.find(from, at + 1) != std::string::npos)
+    return fmt::format("test bug: '{}' does not occur exactly once", from);
+  return text.replace(at, from.size(), to);
+}
+
+TEST(IrParseError, ScalarHeaderBaseParses) {
+  Expected<Program> p = parse(scalar_header_with("group = 1", "group = 1"));
+  ASSERT_TRUE(p) << p.status().message();
+}
+
+TEST(IrParseError, UndeclaredScalarInExtent) {
+  std::string m = parse_error(scalar_header_with("seq = %n", "seq = %len"));
+  EXPECT_NE(m.find("line 3, col 49: %len is not a scalar parameter of the kernel (declare it on "
+                   "the 'scalars' line)"),
+            std::string::npos)
+      << m;
+  m = parse_error(scalar_header_with("batch = 128", "batch = %stride"));
+  EXPECT_NE(m.find("line 3, col 80: %stride is not a scalar parameter"), std::string::npos) << m;
+  m = parse_error(scalar_header_with("ceil(%n / 64)", "ceil(%m / 64)"));
+  EXPECT_NE(m.find("line 4, col 19: %m is not a scalar parameter"), std::string::npos) << m;
+  m = parse_error(scalar_header_with("group = 1", "group = %g"));
+  EXPECT_NE(m.find("line 4, col 53: %g is not a scalar parameter"), std::string::npos) << m;
+  // A value is not a scalar parameter, even one defined before.
+  m = parse_error(scalar_header_with("group = 1", "group = %0"));
+  EXPECT_NE(m.find("%0 is not a scalar parameter"), std::string::npos) << m;
+}
+
+TEST(IrParseError, UndeclaredScalarInAttr) {
+  std::string m = parse_error(scalar_header_with("{value = %s}", "{value = %scale}"));
+  EXPECT_NE(m.find("line 5, col 22: %scale is not a scalar parameter of the kernel"),
+            std::string::npos)
+      << m;
+}
+
+TEST(IrParseError, DuplicateScalar) {
+  std::string m = parse_error(scalar_header_with("%s : f32)", "%s : f32, %n : i64)"));
+  EXPECT_NE(m.find("line 2, col 32: scalar parameter %n is declared twice"), std::string::npos)
+      << m;
+}
+
+TEST(IrParseError, UnknownScalarType) {
+  std::string m = parse_error(scalar_header_with("%s : f32", "%s : f64"));
+  EXPECT_NE(m.find("line 2, col 27: unknown scalar type 'f64': expected i32, i64 or f32"),
+            std::string::npos)
+      << m;
+  m = parse_error(scalar_header_with("%n : i32", "%n : index"));
+  EXPECT_NE(m.find("line 2, col 17: unknown scalar type 'index'"), std::string::npos) << m;
+}
+
+TEST(IrParseError, ScalarNeedsANameAndComesFirst) {
+  std::string m = parse_error(scalar_header_with("%n : i32", "%7 : i32"));
+  EXPECT_NE(m.find("line 2, col 12: scalar parameter %7 needs a name, not a number"),
+            std::string::npos)
+      << m;
+  // After a tensor line, a scalars line would declare names already read as undeclared.
+  std::string text = scalar_header_with("  grid", "  scalars (%late : i32)\n  grid");
+  m = parse_error(text);
+  EXPECT_NE(m.find("line 4, col 3: the 'scalars' line comes once, before the tensors and the grid"),
+            std::string::npos)
+      << m;
+}
+
+TEST(IrParseError, HeadDimIsNotAParameter) {
+  // The head dim shapes the tiles: a kernel is generated per head dim.
+  std::string m = parse_error(scalar_header_with("dim = 16]", "dim = %n]"));
+  EXPECT_NE(m.find("tensor @Q: the head dim shapes the tiles, so it is a constant, not %n"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("line 3,"), std::string::npos) << m;
+}
+
+TEST(IrParseError, MalformedGridExtentAndAlign) {
+  std::string m = parse_error(scalar_header_with("ceil(%n / 64)", "ceil(%n, 64)"));
+  EXPECT_NE(m.find("line 4, col 21: expected '/' in ceil(extent / divisor), found ','"),
+            std::string::npos)
+      << m;
+  m = parse_error(scalar_header_with("ceil(%n / 64)", "ceil(%n / %n)"));
+  EXPECT_NE(m.find("line 4, col 24: expected the divisor (an integer)"), std::string::npos) << m;
+  m = parse_error(scalar_header_with("%0 : ceil", "%0 = ceil"));
+  EXPECT_NE(m.find("line 4, col 12: expected ':' after the grid argument, found '='"),
+            std::string::npos)
+      << m;
+  m = parse_error(scalar_header_with(" align = 16", ""));
+  EXPECT_NE(m.find("line 3,"), std::string::npos) << m;
+  EXPECT_NE(m.find("expected 'align' after the tensor strides"), std::string::npos) << m;
 }
 
 } // namespace

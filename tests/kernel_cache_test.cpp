@@ -213,7 +213,7 @@ TEST_F(CacheTest, MemoryOnlyHitsAfterTheFirstCompile) {
   EXPECT_EQ(s.memory_hits, 1);
   EXPECT_EQ(s.disk_entries, 0);
   EXPECT_FALSE(cache.path_for(sample_key().hash()));
-  EXPECT_EQ(*cache.clear(), 0);
+  EXPECT_EQ(cache.clear()->removed, 0);
 }
 
 TEST_F(CacheTest, DiskHitInAFreshCacheKeepsEveryField) {
@@ -480,7 +480,8 @@ TEST_F(CacheTest, ListStatsAndClear) {
   const std::string fresh_temp = dir_ + "/.tmp-" + std::string(64, 'd') + "-AAAAAA";
   const std::string stale_temp = dir_ + "/.tmp-" + std::string(64, 'e') + "-BBBBBB";
   write(fresh_temp, "in progress");
-  write(stale_temp, "left by a crash");
+  // A writer that died after the magic and the format version.
+  write(stale_temp, read(*cache->path_for(sample_key("a").hash())).substr(0, 12));
   struct timeval old[2] = {{1000000000, 0}, {1000000000, 0}};
   ASSERT_EQ(::utimes(stale_temp.c_str(), old), 0);
 
@@ -507,13 +508,18 @@ TEST_F(CacheTest, ListStatsAndClear) {
   EXPECT_EQ(s.disk_entries, 3);
   EXPECT_EQ(s.memory_entries, 2);
 
-  auto removed = cache->clear();
-  ASSERT_TRUE(removed) << removed.status().message();
-  EXPECT_EQ(*removed, 4); // three entries and the stale temporary file
-  EXPECT_EQ(files(),
-            (std::vector<std::string>{fs::path(fresh_temp).filename().string(), "notes.txt"}));
+  auto cleared = cache->clear();
+  ASSERT_TRUE(cleared) << cleared.status().message();
+  EXPECT_EQ(cleared->removed, 3); // two entries and the stale temporary file
+  // The junk under an entry's name is not the cache's to delete: it stays, reported.
+  ASSERT_EQ(cleared->problems.size(), 1u);
+  EXPECT_NE(cleared->problems[0].find(std::string(64, 'c') + ".fjk: not a flashjit cache entry"),
+            std::string::npos)
+      << cleared->problems[0];
+  EXPECT_EQ(files(), (std::vector<std::string>{fs::path(fresh_temp).filename().string(),
+                                               std::string(64, 'c') + ".fjk", "notes.txt"}));
   EXPECT_EQ(cache->stats().memory_entries, 0);
-  EXPECT_EQ(cache->stats().disk_entries, 0);
+  EXPECT_EQ(cache->stats().disk_entries, 1);
 }
 
 TEST_F(CacheTest, AnUnusableDirectoryFallsBackToMemory) {
@@ -528,6 +534,170 @@ TEST_F(CacheTest, AnUnusableDirectoryFallsBackToMemory) {
   ASSERT_EQ(reports_.size(), 1u);
   EXPECT_NE(reports_[0].find("keeping kernels in memory only"), std::string::npos) << reports_[0];
   EXPECT_FALSE(cache->list());
+}
+
+// ---- issue 18 (hardening) ------------------------------------------------------
+
+/// Finding 1: a cache directory others can write is refused (the cache keeps
+/// kernels in memory and says how to fix the directory), as ssh refuses ~/.ssh.
+TEST_F(CacheTest, Issue18Finding1CacheDirWritableByOthersIsRefused) {
+  ASSERT_TRUE(fs::create_directory(dir_));
+  ASSERT_EQ(::chmod(dir_.c_str(), 0777), 0);
+  std::atomic<int> calls{0};
+  auto cache = make();
+  CacheOutcome o;
+  ASSERT_TRUE(cache->get_or_compile(sample_key(), compiler(calls), &o));
+  ASSERT_TRUE(cache->get_or_compile(sample_key(), compiler(calls), &o));
+  EXPECT_EQ(o, CacheOutcome::memory_hit);
+  EXPECT_TRUE(files().empty()) << "nothing is written to an untrusted directory";
+  ASSERT_EQ(reports_.size(), 1u);
+  EXPECT_NE(reports_[0].find("is writable by its group or others (mode 0777)"), std::string::npos)
+      << reports_[0];
+  EXPECT_NE(reports_[0].find("run chmod go-w " + dir_), std::string::npos) << reports_[0];
+  EXPECT_NE(reports_[0].find("keeping kernels in memory only"), std::string::npos) << reports_[0];
+  EXPECT_FALSE(cache->disk_status());
+  auto listed = cache->list();
+  ASSERT_FALSE(listed);
+  EXPECT_EQ(listed.status().message(), cache->disk_status().message());
+  EXPECT_FALSE(cache->clear());
+
+  // A planted entry is never read from it...
+  ASSERT_TRUE(KernelCache((root_ / "elsewhere").string())
+                  .get_or_compile(sample_key(), compiler(calls, 10)));
+  fs::copy_file(root_ / "elsewhere" / (sample_key().hash() + ".fjk"),
+                fs::path(dir_) / (sample_key().hash() + ".fjk"));
+  ASSERT_TRUE(make()->get_or_compile(sample_key(), compiler(calls), &o));
+  EXPECT_EQ(o, CacheOutcome::compiled);
+  // ...and the fixed directory is used again.
+  ASSERT_EQ(::chmod(dir_.c_str(), 0700), 0);
+  auto fixed = make();
+  EXPECT_TRUE(fixed->disk_status());
+  ASSERT_TRUE(fixed->get_or_compile(sample_key(), compiler(calls), &o));
+  EXPECT_EQ(o, CacheOutcome::disk_hit);
+}
+
+TEST_F(CacheTest, Issue18Finding1CacheDirOfAnotherUserIsRefused) {
+  if (::geteuid() != 0)
+    GTEST_SKIP() << "giving a directory to another user needs root";
+  ASSERT_TRUE(fs::create_directory(dir_));
+  ASSERT_EQ(::chmod(dir_.c_str(), 0700), 0);
+  ASSERT_EQ(::chown(dir_.c_str(), 65534, 65534), 0);
+  std::atomic<int> calls{0};
+  auto cache = make();
+  ASSERT_TRUE(cache->get_or_compile(sample_key(), compiler(calls)));
+  EXPECT_TRUE(files().empty());
+  ASSERT_EQ(reports_.size(), 1u);
+  EXPECT_NE(reports_[0].find("belongs to uid 65534, not to you (uid 0)"), std::string::npos)
+      << reports_[0];
+  EXPECT_NE(reports_[0].find("set FLASHJIT_CACHE_DIR to a directory of your own"),
+            std::string::npos)
+      << reports_[0];
+}
+
+/// Finding 6: a FIFO where an entry should be hung every reader; now it is
+/// refused unopened for reading, reported, and the kernel recompiled.
+TEST_F(CacheTest, Issue18Finding6FifoEntryIsSkippedAndRecompiled) {
+  std::atomic<int> calls{0};
+  auto cache = make();
+  const std::string path = *cache->path_for(sample_key().hash());
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  auto listed = cache->list();
+  ASSERT_TRUE(listed) << listed.status().message();
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].problem, "a FIFO, not a regular file");
+  CacheOutcome o;
+  ASSERT_TRUE(cache->get_or_compile(sample_key(), compiler(calls), &o));
+  EXPECT_EQ(o, CacheOutcome::compiled);
+  ASSERT_EQ(reports_.size(), 1u);
+  EXPECT_EQ(reports_[0],
+            "flashjit: cache: " + path + " is corrupt (a FIFO, not a regular file); recompiling");
+  EXPECT_TRUE(fs::is_regular_file(path)) << "the fresh entry replaced the FIFO";
+}
+
+TEST_F(CacheTest, Issue18Finding6HugeSparseEntryIsSkippedAndRecompiled) {
+  std::atomic<int> calls{0};
+  auto cache = make();
+  const std::string path = *cache->path_for(sample_key().hash());
+  write(path, "FJKCACHE");
+  fs::resize_file(path, uintmax_t(8) << 30); // 8 GiB, sparse
+  auto listed = cache->list();
+  ASSERT_TRUE(listed);
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].problem, "8589934592 bytes, more than the 268435456 allowed");
+  CacheOutcome o;
+  ASSERT_TRUE(cache->get_or_compile(sample_key(), compiler(calls), &o));
+  EXPECT_EQ(o, CacheOutcome::compiled);
+  ASSERT_EQ(reports_.size(), 1u);
+  EXPECT_NE(reports_[0].find("more than the 268435456 allowed); recompiling"), std::string::npos)
+      << reports_[0];
+  EXPECT_LT(fs::file_size(path), 10000u);
+}
+
+/// Finding 11: `cache clear` deleted by name alone; now only what verifies as
+/// an entry goes, nothing is entered, and every file left in place is reported.
+TEST_F(CacheTest, Issue18Finding11ClearRemovesOnlyVerifiedEntries) {
+  std::atomic<int> calls{0};
+  auto cache = make();
+  ASSERT_TRUE(cache->get_or_compile(sample_key("a"), compiler(calls, 100)));
+  ASSERT_TRUE(cache->get_or_compile(sample_key("b"), compiler(calls, 100)));
+  const std::string entry_a = read(*cache->path_for(sample_key("a").hash()));
+  auto entry_name = [](char c) { return std::string(64, c) + ".fjk"; };
+  // A user's file under an entry's name, and another entry's file renamed.
+  write(dir_ + "/" + entry_name('1'), "my notes, which happen to have this name");
+  write(dir_ + "/" + entry_name('2'), entry_a);
+  // A directory under an entry's name, with a file in it.
+  fs::create_directory(dir_ + "/" + entry_name('3'));
+  write(dir_ + "/" + entry_name('3') + "/" + entry_name('3'), entry_a);
+  // A symbolic link to a precious file, and a FIFO.
+  write((root_ / "precious").string(), entry_a);
+  fs::create_symlink(root_ / "precious", dir_ + "/" + entry_name('4'));
+  ASSERT_EQ(::mkfifo((dir_ + "/" + entry_name('5')).c_str(), 0600), 0);
+  // A stale temporary file that is not the cache's.
+  const std::string stale = dir_ + "/.tmp-" + std::string(64, '6') + "-XXXXXX";
+  write(stale, "not a cache header");
+  struct timeval old[2] = {{1000000000, 0}, {1000000000, 0}};
+  ASSERT_EQ(::utimes(stale.c_str(), old), 0);
+
+  auto cleared = cache->clear();
+  ASSERT_TRUE(cleared) << cleared.status().message();
+  EXPECT_EQ(cleared->removed, 2);
+  std::map<std::string, std::string> problems; // file name -> line
+  for (const std::string &line : cleared->problems) {
+    EXPECT_TRUE(line.starts_with(dir_ + "/")) << line;
+    EXPECT_TRUE(line.ends_with("; left in place")) << line;
+    problems[fs::path(line.substr(0, line.find(':'))).filename().string()] = line;
+  }
+  ASSERT_EQ(problems.size(), 6u);
+  EXPECT_NE(problems[entry_name('1')].find("not a flashjit cache entry (40 bytes, shorter than"),
+            std::string::npos);
+  EXPECT_NE(problems[entry_name('2')].find("not a flashjit cache entry (its header names another "
+                                           "key)"),
+            std::string::npos);
+  EXPECT_NE(problems[entry_name('3')].find("not a regular file"), std::string::npos);
+  EXPECT_NE(problems[entry_name('4')].find("a symbolic link"), std::string::npos);
+  EXPECT_NE(problems[entry_name('5')].find("not a regular file"), std::string::npos);
+  EXPECT_NE(problems[fs::path(stale).filename().string()].find("not a flashjit cache entry (bad "
+                                                               "magic)"),
+            std::string::npos);
+  EXPECT_EQ(files(), (std::vector<std::string>{fs::path(stale).filename().string(), entry_name('1'),
+                                               entry_name('2'), entry_name('3'), entry_name('4'),
+                                               entry_name('5')}));
+  EXPECT_TRUE(fs::exists(dir_ + "/" + entry_name('3') + "/" + entry_name('3')))
+      << "clear never enters a directory";
+  EXPECT_EQ(read((root_ / "precious").string()), entry_a);
+}
+
+TEST_F(CacheTest, Issue18Finding11ClearOfAnUnreadableDirectoryIsAnError) {
+  if (::geteuid() == 0)
+    GTEST_SKIP() << "root reads every directory";
+  std::atomic<int> calls{0};
+  auto cache = make();
+  ASSERT_TRUE(cache->get_or_compile(sample_key(), compiler(calls)));
+  ASSERT_EQ(::chmod(dir_.c_str(), 0300), 0);
+  auto cleared = cache->clear();
+  ::chmod(dir_.c_str(), 0700);
+  ASSERT_FALSE(cleared);
+  EXPECT_NE(cleared.status().message().find("cannot read the cache directory"), std::string::npos);
 }
 
 // ---- knobs -----------------------------------------------------------------
@@ -604,6 +774,7 @@ TEST(Knobs, TableDocumentsEveryKnob) {
 TEST(Knobs, SourceOverride) {
   const fs::path dir = fs::path(::testing::TempDir()) / ("fj-override-" + std::to_string(getpid()));
   fs::create_directories(dir);
+  fs::permissions(dir, fs::perms::owner_all); // private, whatever the umask
   Knobs k;
   k.override_dir = dir.string();
   EXPECT_FALSE(source_override("fj_attention", k)->has_value()) << "no file, no override";
@@ -634,6 +805,86 @@ TEST(Knobs, DumpFile) {
   EXPECT_FALSE(dump_file("../escape.hip", "x", k));
   EXPECT_FALSE(dump_file(".hidden", "x", k));
   EXPECT_TRUE(dump_file("ignored.hip", "x", Knobs{})) << "no dump dir: nothing to do";
+  fs::remove_all(dir);
+}
+
+/// Finding 1: the dump and override directories must be private too.
+TEST(Knobs, Issue18Finding1DumpAndOverrideDirsWritableByOthersAreRefused) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("fj-shared-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  ASSERT_EQ(::chmod(dir.c_str(), 01777), 0); // like /tmp
+  std::ofstream(dir / "fj_attention.hip") << "// planted by someone else\n";
+  Knobs k;
+  k.dump_dir = k.override_dir = dir.string();
+  Status dumped = dump_file("k-1234.hip", "source", k);
+  ASSERT_FALSE(dumped);
+  EXPECT_EQ(dumped.message(), "FLASHJIT_DUMP_DIR directory " + dir.string() +
+                                  " is writable by its group or others (mode 1777), so another "
+                                  "user could plant files in it: run chmod go-w " +
+                                  dir.string() +
+                                  ", or set FLASHJIT_DUMP_DIR to a directory of "
+                                  "your own");
+  EXPECT_FALSE(fs::exists(dir / "k-1234.hip"));
+  auto o = source_override("fj_attention", k);
+  ASSERT_FALSE(o);
+  EXPECT_NE(o.status().message().find("FLASHJIT_OVERRIDE_DIR directory " + dir.string() +
+                                      " is writable by its group or others"),
+            std::string::npos)
+      << o.status().message();
+  // A missing override directory is no override at all, as before.
+  k.override_dir = (dir / "missing").string();
+  EXPECT_FALSE(source_override("fj_attention", k)->has_value());
+  fs::remove_all(dir);
+}
+
+/// Finding 7: a symbolic link planted under a dump's name is replaced, not
+/// written through.
+TEST(Knobs, Issue18Finding7DumpFileNeverFollowsASymbolicLink) {
+  const fs::path root =
+      fs::path(::testing::TempDir()) / ("fj-dumplink-" + std::to_string(getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root / "dump");
+  fs::permissions(root / "dump", fs::perms::owner_all);
+  std::ofstream(root / "precious") << "do not touch";
+  fs::create_symlink(root / "precious", root / "dump" / "k-1234.hip");
+  Knobs k;
+  k.dump_dir = (root / "dump").string();
+  ASSERT_TRUE(dump_file("k-1234.hip", "source", k));
+  std::ifstream precious(root / "precious");
+  std::string text;
+  std::getline(precious, text);
+  EXPECT_EQ(text, "do not touch");
+  EXPECT_FALSE(fs::is_symlink(root / "dump" / "k-1234.hip"));
+  EXPECT_EQ(fs::file_size(root / "dump" / "k-1234.hip"), 6u);
+  EXPECT_EQ(std::distance(fs::directory_iterator(root / "dump"), fs::directory_iterator()), 1)
+      << "no temporary file is left behind";
+  fs::remove_all(root);
+}
+
+/// Finding 10 (the part in the knobs): a FIFO, a directory or an empty file as
+/// an override is refused, never read as a kernel.
+TEST(Knobs, Issue18Finding10OverrideMustBeANonEmptyRegularFile) {
+  const fs::path dir =
+      fs::path(::testing::TempDir()) / ("fj-override-bad-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::permissions(dir, fs::perms::owner_all);
+  Knobs k;
+  k.override_dir = dir.string();
+  ASSERT_EQ(::mkfifo((dir / "fifo_kernel.hip").c_str(), 0600), 0);
+  fs::create_directory(dir / "dir_kernel.hip");
+  std::ofstream(dir / "empty_kernel.hip").close();
+  for (auto [name, why] : {std::pair{"fifo_kernel", "a FIFO, not a regular file"},
+                           std::pair{"dir_kernel", "a directory, not a regular file"},
+                           std::pair{"empty_kernel", "is empty"}}) {
+    auto o = source_override(name, k);
+    ASSERT_FALSE(o) << name;
+    EXPECT_NE(o.status().message().find(why), std::string::npos) << o.status().message();
+    EXPECT_NE(o.status().message().find("remove it to compile the generated one"),
+              std::string::npos)
+        << o.status().message();
+  }
   fs::remove_all(dir);
 }
 

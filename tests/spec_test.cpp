@@ -196,12 +196,45 @@ TEST(Validate, RejectsHeadsNotMultipleOfKvHeads) {
 }
 
 TEST(Validate, RejectsLseCountOverflow) {
+  // Each count within its 32-bit limit, the product past int64.
   AttentionSpec s = valid_spec();
-  s.batch = int64_t{1} << 40;
-  s.heads = int64_t{1} << 20;
+  s.batch = std::numeric_limits<int32_t>::max();
+  s.heads = std::numeric_limits<int32_t>::max();
   s.kv_heads = 1;
   s.seqlen_q = int64_t{1} << 10;
   EXPECT_TRUE(Mentions(rejection(s), "batch*heads*seqlen_q"));
+}
+
+TEST(Validate, RejectsCountsPastThe32BitKernels) {
+  AttentionSpec s = valid_spec();
+  s.batch = int64_t{1} << 40;
+  std::string m = rejection(s);
+  EXPECT_TRUE(Mentions(m, "batch (1099511627776) is past the 2147483647"));
+  EXPECT_TRUE(Mentions(m, "split the call into several"));
+  s = valid_spec();
+  s.heads = s.kv_heads = int64_t{1} << 31;
+  EXPECT_TRUE(Mentions(rejection(s), "heads (2147483648) is past the 2147483647"));
+}
+
+TEST(Validate, RejectsSeqlenPastKMaxSeqlen) {
+  static_assert(kMaxSeqlen == int64_t{1} << 29);
+  AttentionSpec s = make_spec(1, 1, 1, kMaxSeqlen + 1, 8, 64, 64, DType::bf16);
+  std::string m = rejection(s);
+  EXPECT_TRUE(Mentions(m, "seqlen_q (536870913) is past the 536870912"));
+  EXPECT_TRUE(Mentions(m, "split the sequence"));
+  s = make_spec(1, 1, 1, 8, kMaxSeqlen + 1, 64, 64, DType::bf16);
+  EXPECT_TRUE(Mentions(rejection(s), "seqlen_k (536870913) is past the 536870912"));
+  // kMaxSeqlen itself is fine.
+  s = make_spec(1, 1, 1, kMaxSeqlen, kMaxSeqlen, 64, 64, DType::bf16);
+  EXPECT_TRUE(s.validate().is_ok()) << s.validate().message();
+}
+
+TEST(Validate, RejectsRowStridesPast32Bits) {
+  AttentionSpec s = make_spec(1, 1, 1, 4, 4, 64, 64, DType::bf16);
+  s.k.seq = int64_t{1} << 31;
+  s.k.batch = s.k.seq * 4;
+  std::string m = rejection(s);
+  EXPECT_TRUE(Mentions(m, "k seq stride (2147483648) and dim stride (1) must be below 2^31"));
 }
 
 TEST(Validate, RejectsHeadDimQk) {
@@ -242,6 +275,22 @@ TEST(Validate, RejectsNanScale) {
   AttentionSpec s = valid_spec();
   s.scale = std::nan("");
   EXPECT_TRUE(Mentions(rejection(s), "scale (nan)"));
+}
+
+TEST(Validate, RejectsScaleOutsideF32) {
+  // Finite in double, but the kernels scale by scale * log2(e) in f32.
+  AttentionSpec s = valid_spec();
+  s.scale = 1e39;
+  std::string m = rejection(s);
+  EXPECT_TRUE(Mentions(m, "scale (1e+39) is outside what f32 represents"));
+  s.scale = 3e38; // fits f32, but not once multiplied by log2(e)
+  EXPECT_TRUE(Mentions(rejection(s), "scale (3e+38) is outside what f32 represents"));
+  s.scale = 1e-50; // rounds to 0 in f32
+  EXPECT_TRUE(Mentions(rejection(s), "scale (1e-50) is outside what f32 represents"));
+  for (double ok : {1e30, 1e-30}) {
+    s.scale = ok;
+    EXPECT_TRUE(s.validate().is_ok()) << ok << ": " << s.validate().message();
+  }
 }
 
 TEST(Validate, RejectsInfScale) {
@@ -329,6 +378,122 @@ TEST(Validate, RejectsAbsurdSizesThroughStrides) {
   // Sizes whose dense strides wrap around int64: rejected, not undefined.
   AttentionSpec s = make_spec(1, 1, 1, int64_t{1} << 62, 8, 512, 64, DType::bf16);
   EXPECT_FALSE(s.validate().is_ok());
+}
+
+// ---- kernel signatures ---------------------------------------------------------
+
+TEST(Signature, RowAlignmentClasses) {
+  // bf16: 16 bytes are 8 elements, 8 bytes are 4. Dense layouts of one head dim
+  // share the class of that head dim.
+  struct Row {
+    int64_t d;
+    int align;
+  };
+  for (Row r :
+       {Row{64, 16}, Row{80, 16}, Row{8, 16}, Row{100, 8}, Row{36, 8}, Row{34, 2}, Row{1, 2}})
+    for (Layout l : {Layout::bshd, Layout::bhsd, Layout::interleaved})
+      for (DType t : {DType::bf16, DType::f16}) {
+        AttentionSpec s = make_spec(2, 4, 2, 17, 29, r.d, r.d, t, l);
+        EXPECT_EQ(s.signature().row_align, r.align)
+            << "d=" << r.d << " " << layout_name(l) << " " << dtype_name(t);
+      }
+  // The narrowest tensor decides: padding one row stride by 4 or 1 elements.
+  AttentionSpec s = make_spec(1, 2, 2, 8, 8, 64, 64, DType::bf16);
+  s.o.seq += 4;
+  s.o.batch = s.o.seq * s.seqlen_q;
+  EXPECT_EQ(s.signature().row_align, 8);
+  s.o.seq += 1;
+  s.o.batch = s.o.seq * s.seqlen_q;
+  EXPECT_EQ(s.signature().row_align, 2);
+  // Batch and head strides count too.
+  s = make_spec(2, 1, 1, 8, 8, 64, 64, DType::bf16);
+  s.q.batch += 4;
+  EXPECT_EQ(s.signature().row_align, 8);
+  // Head dims differing between Q/K and V: V's decides.
+  s = make_spec(1, 1, 1, 8, 8, 64, 36, DType::bf16);
+  EXPECT_EQ(s.signature().row_align, 8);
+}
+
+TEST(Signature, HoldsWhatChangesTheCodeOnly) {
+  AttentionSpec s = make_spec(1, 8, 2, 113, 203, 80, 80, DType::bf16);
+  KernelSignature sig = s.signature();
+  EXPECT_EQ(sig.dtype, DType::bf16);
+  EXPECT_EQ(sig.head_dim_qk, 80);
+  EXPECT_EQ(sig.head_dim_v, 80);
+  EXPECT_FALSE(sig.causal || sig.local || sig.lse);
+  EXPECT_EQ(sig.summary(), "bf16 d=80/80 align16");
+  // Shapes, window sizes and the scale are run-time arguments.
+  AttentionSpec other = make_spec(4, 2, 1, 7, 9000, 80, 80, DType::bf16, Layout::bhsd);
+  other.scale = 0.01;
+  EXPECT_EQ(other.signature(), sig);
+  s.causal = true;
+  s.window = Window{16, 0};
+  s.lse = true;
+  AttentionSpec wider = s;
+  wider.window = Window{1000, 0};
+  EXPECT_EQ(s.signature(), wider.signature());
+  EXPECT_EQ(s.signature().summary(), "bf16 d=80/80 causal local lse align16");
+  // One bounded side makes a window.
+  s.window = Window{-1, 0};
+  EXPECT_TRUE(s.signature().local);
+  s.window = Window{};
+  EXPECT_FALSE(s.signature().local);
+  // A strided head dim.
+  AttentionSpec t = make_spec(1, 1, 1, 8, 8, 16, 16, DType::f16);
+  t.v = {.batch = 8 * 16, .head = 8 * 16, .seq = 1, .dim = 8};
+  ASSERT_TRUE(t.validate()) << t.validate().message();
+  sig = t.signature();
+  EXPECT_TRUE(sig.unit_dim[0] && sig.unit_dim[1] && !sig.unit_dim[2] && sig.unit_dim[3]);
+  EXPECT_EQ(sig.summary(), "f16 d=16/16 align2 v-dim-strided");
+}
+
+TEST(Signature, MatchesNamesTheDifferingField) {
+  const AttentionSpec base = make_spec(1, 8, 2, 113, 203, 80, 80, DType::bf16);
+  const KernelSignature kernel = base.signature();
+  EXPECT_TRUE(base.matches(kernel).is_ok());
+  AttentionSpec s = make_spec(2, 4, 4, 5, 5000, 80, 80, DType::bf16, Layout::interleaved);
+  s.scale = 3;
+  EXPECT_TRUE(s.matches(kernel).is_ok()) << s.matches(kernel).message();
+
+  s = base;
+  s.dtype = DType::f16;
+  std::string m = s.matches(kernel).message();
+  EXPECT_TRUE(Mentions(m, "this call's dtype (f16) differs from the kernel's (bf16)"));
+  EXPECT_TRUE(Mentions(m, "a kernel serves one signature (bf16 d=80/80 align16); create another"));
+  s = make_spec(1, 8, 2, 113, 203, 96, 80, DType::bf16);
+  EXPECT_TRUE(
+      Mentions(s.matches(kernel).message(), "head_dim_qk (96) differs from the kernel's (80)"));
+  s = make_spec(1, 8, 2, 113, 203, 80, 64, DType::bf16);
+  EXPECT_TRUE(
+      Mentions(s.matches(kernel).message(), "head_dim_v (64) differs from the kernel's (80)"));
+  s = base;
+  s.causal = true;
+  EXPECT_TRUE(
+      Mentions(s.matches(kernel).message(), "causal (true) differs from the kernel's (false)"));
+  s = base;
+  s.window = Window{8, 8};
+  EXPECT_TRUE(Mentions(s.matches(kernel).message(), "sliding window (on/off) (true)"));
+  s = base;
+  s.lse = true;
+  EXPECT_TRUE(Mentions(s.matches(kernel).message(), "this call's lse (true)"));
+  s = base;
+  s.o.dim = 2; // every other element: rows of 160 elements hold 80
+  s.o.seq *= 2;
+  s.o.head *= 2;
+  s.o.batch *= 2;
+  ASSERT_TRUE(s.validate()) << s.validate().message();
+  EXPECT_TRUE(Mentions(s.matches(kernel).message(), "o dim stride (1 or not) (not 1) differs from "
+                                                    "the kernel's (1)"));
+
+  // Alignment: a kernel for narrower rows serves wider ones, not the reverse.
+  AttentionSpec narrow = base;
+  narrow.q.seq += 4; // 8-byte rows
+  narrow.q.batch = narrow.q.seq * narrow.seqlen_q;
+  ASSERT_EQ(narrow.signature().row_align, 8);
+  EXPECT_TRUE(base.matches(narrow.signature()).is_ok());
+  m = narrow.matches(kernel).message();
+  EXPECT_TRUE(Mentions(m, "row alignment in bytes (of the strides and head dims) (8) differs "
+                          "from the kernel's (16)"));
 }
 
 TEST(Summary, Plain) {

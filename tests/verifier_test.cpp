@@ -7,24 +7,26 @@
 namespace flashjit::ir {
 namespace {
 
-// Op numbers (as the verifier counts them) are in the comments.
+// Shape-free like build_attention's output, with some constants mixed in. Op
+// numbers (as the verifier counts them) are in the comments.
 constexpr std::string_view kValid = R"(kernel @fa_fwd {
-  tensor @Q : bf16 [batch = 1, heads = 4, seq = 113, dim = 80] strides [batch = 36160, heads = 80, seq = 320, dim = 1]
-  tensor @K : bf16 [batch = 1, heads = 2, seq = 150, dim = 80] strides [batch = 24000, heads = 80, seq = 160, dim = 1]
-  tensor @V : bf16 [batch = 1, heads = 2, seq = 150, dim = 80] strides [batch = 24000, heads = 80, seq = 160, dim = 1]
-  tensor @O : bf16 [batch = 1, heads = 4, seq = 113, dim = 80] strides [batch = 36160, heads = 80, seq = 320, dim = 1]
-  tensor @LSE : f32 [batch = 1, heads = 4, seq = 113, dim = 0] strides [batch = 452, heads = 113, seq = 1, dim = 0]
-  grid (%q_block = 2, %head = 4, %batch = 1) group = 2
+  scalars (%batches : i32, %heads : i32, %group : i32, %seqlen_q : i32, %seqlen_k : i32, %window_left : i32, %scale_log2 : f32, %q_batch_stride : i64, %q_seq_stride : i32, %kv_batch_stride : i64)
+  tensor @Q : bf16 [batch = %batches, heads = %heads, seq = %seqlen_q, dim = 80] strides [batch = %q_batch_stride, heads = 80, seq = %q_seq_stride, dim = 1] align = 16
+  tensor @K : bf16 [batch = %batches, heads = 2, seq = %seqlen_k, dim = 80] strides [batch = %kv_batch_stride, heads = 80, seq = 160, dim = 1] align = 16
+  tensor @V : bf16 [batch = %batches, heads = 2, seq = %seqlen_k, dim = 80] strides [batch = %kv_batch_stride, heads = 80, seq = 160, dim = 1] align = 16
+  tensor @O : bf16 [batch = %batches, heads = %heads, seq = %seqlen_q, dim = 80] strides [batch = 36160, heads = 80, seq = 320, dim = 1] align = 8
+  tensor @LSE : f32 [batch = %batches, heads = %heads, seq = %seqlen_q, dim = 0] strides [batch = 452, heads = %seqlen_q, seq = 1, dim = 0] align = 4
+  grid (%q_block : ceil(%seqlen_q / 64), %head : %heads, %batch : %batches) group = %group config {block_m = 64, block_n = 64}
   %q = load %q_block {tensor = @Q} : tile<64x80xbf16, #mma_a>                                     // 0
   %m0 = fill {value = -inf} : tile<64xf32, #rows>                                                 // 1
   %l0 = fill {value = 0.0} : tile<64xf32, #rows>                                                  // 2
   %acc0 = fill {value = 0.0} : tile<64x80xf32, #mma_acc>                                          // 3
-  %m, %l, %acc = for %q_block, %m0, %l0, %acc0 {block_m = 64, block_n = 64, causal = 1, window_left = -1, window_right = -1} : tile<64xf32, #rows>, tile<64xf32, #rows>, tile<64x80xf32, #mma_acc> (%kb, %m_i, %l_i, %acc_i) {
+  %m, %l, %acc = for %q_block, %m0, %l0, %acc0 {block_m = 64, block_n = 64, causal = 1, window_left = %window_left, window_right = 0} : tile<64xf32, #rows>, tile<64xf32, #rows>, tile<64x80xf32, #mma_acc> (%kb, %m_i, %l_i, %acc_i) {
     %k = load %kb {tensor = @K} : tile<64x80xbf16, #mma_b>                                        // 4.0
     %zero = fill {value = 0.0} : tile<64x64xf32, #mma_acc>                                        // 4.1
     %s = mma_abt %q, %k, %zero : tile<64x64xf32, #mma_acc>                                        // 4.2
-    %s2 = scale %s {factor = 0.16129870323320085} : tile<64x64xf32, #mma_acc>                     // 4.3
-    %s3 = mask %s2, %q_block, %kb {causal = 1, window_left = -1, window_right = -1} : tile<64x64xf32, #mma_acc>
+    %s2 = scale %s {factor = %scale_log2} : tile<64x64xf32, #mma_acc>                             // 4.3
+    %s3 = mask %s2, %q_block, %kb {causal = 1, window_left = %window_left, window_right = 0} : tile<64x64xf32, #mma_acc>
     %mx = row_max %s3 : tile<64xf32, #rows>                                                       // 4.5
     %m_new = max %m_i, %mx : tile<64xf32, #rows>                                                  // 4.6
     %m_safe = zero_if_neg_inf %m_new : tile<64xf32, #rows>                                        // 4.7
@@ -109,11 +111,11 @@ TEST(Verifier, AcceptsBlockedTilesAndRoundTrippedText) {
   Program p = valid();
   EXPECT_EQ(message(*parse(print(p))), "ok");
   std::string text = R"(kernel @k {
-  tensor @Q : f16 [batch = 1, heads = 1, seq = 8, dim = 16] strides [batch = 128, heads = 16, seq = 16, dim = 1]
-  tensor @K : f16 [batch = 1, heads = 1, seq = 8, dim = 16] strides [batch = 128, heads = 16, seq = 16, dim = 1]
-  tensor @V : f16 [batch = 1, heads = 1, seq = 8, dim = 16] strides [batch = 128, heads = 16, seq = 16, dim = 1]
-  tensor @O : f16 [batch = 1, heads = 1, seq = 8, dim = 16] strides [batch = 128, heads = 16, seq = 16, dim = 1]
-  grid (%0 = 1, %1 = 1, %2 = 1) group = 1
+  tensor @Q : f16 [batch = 1, heads = 1, seq = 8, dim = 16] strides [batch = 128, heads = 16, seq = 16, dim = 1] align = 16
+  tensor @K : f16 [batch = 1, heads = 1, seq = 8, dim = 16] strides [batch = 128, heads = 16, seq = 16, dim = 1] align = 16
+  tensor @V : f16 [batch = 1, heads = 1, seq = 8, dim = 16] strides [batch = 128, heads = 16, seq = 16, dim = 1] align = 16
+  tensor @O : f16 [batch = 1, heads = 1, seq = 8, dim = 16] strides [batch = 128, heads = 16, seq = 16, dim = 1] align = 16
+  grid (%0 : 1, %1 : 1, %2 : 1) group = 1
   %3 = load %0 {tensor = @Q} : tile<8x16xf16, #blocked>
   %4 = convert %3 : tile<8x16xf32, #blocked>
   %5 = row_max %4 : tile<8xf32, #blocked>
@@ -221,8 +223,8 @@ TEST(Verifier, StoreMatrixChecks) {
   EXPECT_TRUE(has(m, "op #7 `store`: operand 0 has dtype f32, but @O is bf16"));
   m = rejection("store %o, %q_block {tensor = @O}", "store %o, %q_block {tensor = @LSE}");
   EXPECT_TRUE(has(m, "op #7 `store`: stores a 2D tile to @LSE, which has dim = 0"));
-  m = rejection("tensor @O : bf16 [batch = 1, heads = 4, seq = 113, dim = 80]",
-                "tensor @O : bf16 [batch = 1, heads = 4, seq = 113, dim = 96]");
+  m = rejection("tensor @O : bf16 [batch = %batches, heads = %heads, seq = %seqlen_q, dim = 80]",
+                "tensor @O : bf16 [batch = %batches, heads = %heads, seq = %seqlen_q, dim = 96]");
   EXPECT_TRUE(has(m, "op #7 `store`: operand 0 has 80 columns, fewer than the dim = 96 of @O"));
   m = rejection("store %o, %q_block {tensor = @O}", "store %o, %o {tensor = @O}");
   EXPECT_TRUE(has(m, "op #7 `store`: operand 1 has type tile<64x80xbf16, #mma_acc>, expected "
@@ -239,10 +241,10 @@ TEST(Verifier, FillNeedsFloatValue) {
 // ---- elementwise and row ops ----------------------------------------------------------------
 
 TEST(Verifier, ScaleNeedsFactorAndKeepsType) {
-  std::string m = rejection("{factor = 0.16129870323320085}", "{scale = 0.16129870323320085}");
-  EXPECT_TRUE(has(m, "op #4.3 `scale`: missing attr `factor` (a float)"));
-  m = rejection("%s2 = scale %s {factor = 0.16129870323320085} : tile<64x64xf32",
-                "%s2 = scale %s {factor = 0.16129870323320085} : tile<64x64xbf16");
+  std::string m = rejection("{factor = %scale_log2}", "{scale = %scale_log2}");
+  EXPECT_TRUE(has(m, "op #4.3 `scale`: missing attr `factor`"));
+  m = rejection("%s2 = scale %s {factor = %scale_log2} : tile<64x64xf32",
+                "%s2 = scale %s {factor = %scale_log2} : tile<64x64xbf16");
   EXPECT_TRUE(has(m, "op #4.3 `scale`: result 0 (%s2) has type tile<64x64xbf16, #mma_acc>, "
                      "expected tile<64x64xf32, #mma_acc>"));
 }
@@ -250,9 +252,12 @@ TEST(Verifier, ScaleNeedsFactorAndKeepsType) {
 TEST(Verifier, MaskOperandsAndAttrs) {
   std::string m = rejection("mask %s2, %q_block, %kb", "mask %s2, %q_block, %m_i");
   EXPECT_TRUE(has(m, "op #4.4 `mask`: operand 2 has type tile<64xf32, #rows>, expected index"));
-  m = rejection("{causal = 1, window_left = -1, window_right = -1} : tile<64x64xf32",
-                "{causal = 1, window_left = -1} : tile<64x64xf32");
-  EXPECT_TRUE(has(m, "op #4.4 `mask`: missing attr `window_right` (an integer)"));
+  m = rejection("{causal = 1, window_left = %window_left, window_right = 0}",
+                "{window_left = %window_left, window_right = 0}");
+  EXPECT_TRUE(has(m, "op #4.4 `mask`: missing attr `causal` (an integer)"));
+  m = rejection("{causal = 1, window_left = %window_left, window_right = 0}",
+                "{causal = %group, window_left = %window_left, window_right = 0}");
+  EXPECT_TRUE(has(m, "op #4.4 `mask`: attr `causal` is a scalar parameter, expected an integer"));
   Program p = valid();
   p.body[4].body[4].operands[0] = find_op(p.body, p, "mx")->results[0]; // defined by op 4.5
   EXPECT_TRUE(has(message(p), "op #4.4 `mask`: operand 0 (%mx) is not in scope here: it is "
@@ -431,19 +436,157 @@ TEST(Verifier, OnlyForHasARegion) {
 
 TEST(Verifier, GridAndTensors) {
   Program p = valid();
-  p.grid_args.pop_back();
+  p.grid.pop_back();
   EXPECT_TRUE(has(message(p), "the grid has 2 arguments, expected 3 (q block, head, batch)"));
   Program q = valid();
-  q.values[q.grid_args[1]].type = Type::vec(64, DType::f32);
+  q.values[q.grid_arg(1)].type = Type::vec(64, DType::f32);
   EXPECT_TRUE(has(message(q), "grid argument 1 (%head) has type tile<64xf32, #rows>, expected "
                               "index"));
-  std::string m = rejection("  tensor @V : bf16 [batch = 1, heads = 2, seq = 150, dim = 80] "
-                            "strides [batch = 24000, heads = 80, seq = 160, dim = 1]\n",
-                            "");
+  std::string m =
+      rejection("  tensor @V : bf16 [batch = %batches, heads = 2, seq = %seqlen_k, dim = 80] "
+                "strides [batch = %kv_batch_stride, heads = 80, seq = 160, dim = 1] align = 16\n",
+                "");
   EXPECT_TRUE(has(m, "missing tensor @V (a kernel needs @Q, @K, @V and @O)"));
   Program r = valid();
   r.tensors.push_back(r.tensors[0]);
   EXPECT_TRUE(has(message(r), "tensor @Q is declared twice"));
+}
+
+// ---- scalar parameters, extents and the config ---------------------------------------
+
+TEST(Verifier, ScaleFactorReadsAnF32Scalar) {
+  // The kernel multiplies scores by the factor in f32: an integer parameter is refused.
+  std::string m = rejection("{factor = %scale_log2}", "{factor = %seqlen_q}");
+  EXPECT_TRUE(has(m, "op #4.3 `scale`: attr `factor` reads %seqlen_q of type i32, expected f32"));
+  m = rejection("{factor = %scale_log2}", "{factor = %q_batch_stride}");
+  EXPECT_TRUE(has(m, "op #4.3 `scale`: attr `factor` reads %q_batch_stride of type i64, "
+                     "expected f32"));
+  // A constant factor still works; an integer constant is not a float.
+  EXPECT_EQ(rejection("{factor = %scale_log2}", "{factor = 0.16129870323320085}"), "ok");
+  m = rejection("{factor = %scale_log2}", "{factor = 1}");
+  EXPECT_TRUE(has(m, "op #4.3 `scale`: attr `factor` is an integer, expected a float or a scalar "
+                     "parameter"));
+  // The parser refuses an undeclared parameter; a program built in memory can still hold one.
+  Program p = valid();
+  find_op(p.body, p, "s2")->attrs["factor"] = ParamRef{"nope"};
+  EXPECT_TRUE(has(message(p), "op #4.3 `scale`: attr `factor` reads %nope, which is not a scalar "
+                              "parameter of the kernel"));
+}
+
+TEST(Verifier, WindowAttrsAreOptionalIntegers) {
+  // Absent on both ops: unbounded on both sides.
+  EXPECT_EQ(
+      rejection({{"causal = 1, window_left = %window_left, window_right = 0} : tile<64xf32",
+                  "causal = 1} : tile<64xf32"},
+                 {"{causal = 1, window_left = %window_left, window_right = 0}", "{causal = 1}"}}),
+      "ok");
+  std::string m = rejection("{causal = 1, window_left = %window_left, window_right = 0}",
+                            "{causal = 1, window_left = %scale_log2, window_right = 0}");
+  EXPECT_TRUE(has(m, "op #4.4 `mask`: attr `window_left` reads %scale_log2 of type f32, expected "
+                     "an integer type"));
+  m = rejection("{causal = 1, window_left = %window_left, window_right = 0}",
+                "{causal = 1, window_left = %window_left, window_right = 0.5}");
+  EXPECT_TRUE(has(m, "op #4.4 `mask`: attr `window_right` is a float, expected an integer or a "
+                     "scalar parameter"));
+  m = rejection("causal = 1, window_left = %window_left, window_right = 0} : tile<64xf32",
+                "causal = 1, window_left = %window_left, window_right = %scale_log2} : "
+                "tile<64xf32");
+  EXPECT_TRUE(has(m, "op #4 `for`: attr `window_right` reads %scale_log2 of type f32"));
+  // An i64 parameter is an integer too.
+  EXPECT_EQ(rejection("{causal = 1, window_left = %window_left, window_right = 0}",
+                      "{causal = 1, window_left = %kv_batch_stride, window_right = 0}"),
+            "ok");
+}
+
+TEST(Verifier, ExtentsReadIntegerScalars) {
+  std::string m = rejection("strides [batch = %q_batch_stride,", "strides [batch = %scale_log2,");
+  EXPECT_TRUE(has(m, "tensor @Q's batch stride reads %scale_log2 of type f32, expected an "
+                     "integer parameter"));
+  m = rejection("%head : %heads", "%head : %scale_log2");
+  EXPECT_TRUE(has(m, "grid extent 1 reads %scale_log2 of type f32, expected an integer "
+                     "parameter"));
+  m = rejection("ceil(%seqlen_q / 64)", "ceil(%scale_log2 / 64)");
+  EXPECT_TRUE(has(m, "grid extent 0 reads %scale_log2 of type f32"));
+  m = rejection("group = %group", "group = %scale_log2");
+  EXPECT_TRUE(has(m, "group reads %scale_log2 of type f32, expected an integer parameter"));
+  Program p = valid();
+  p.tensors[0].seq = Extent::of("scale_log2");
+  EXPECT_TRUE(has(message(p), "tensor @Q's seq reads %scale_log2 of type f32"));
+  // i64 parameters are integers.
+  EXPECT_EQ(rejection("%head : %heads", "%head : %kv_batch_stride"), "ok");
+  // Names the parser would refuse, in a program built in memory.
+  Program q = valid();
+  q.tensors[1].stride_batch = Extent::of("nope");
+  EXPECT_TRUE(has(message(q), "tensor @K's batch stride reads %nope, which is not a scalar "
+                              "parameter of the kernel"));
+  Program r = valid();
+  r.grid[2].extent = Extent::of("nope");
+  EXPECT_TRUE(has(message(r), "grid extent 2 reads %nope, which is not a scalar parameter"));
+}
+
+TEST(Verifier, ConstantExtentsAndAlignment) {
+  Program p = valid();
+  p.tensors[1].heads = Extent::constant(0);
+  EXPECT_TRUE(has(message(p), "tensor @K's heads is 0, expected a positive size"));
+  p = valid();
+  p.tensors[1].stride_seq = Extent::constant(-160);
+  EXPECT_TRUE(has(message(p), "tensor @K's seq stride is -160, expected at least 0"));
+  p = valid();
+  p.tensors[1].stride_batch = Extent::constant(0); // a broadcast batch: fine
+  EXPECT_EQ(message(p), "ok");
+  p.tensors[0].dim = -1;
+  EXPECT_TRUE(has(message(p), "tensor @Q has dim = -1"));
+  p = valid();
+  p.grid[0].divisor = 0;
+  EXPECT_TRUE(has(message(p), "grid extent 0 divides by 0, expected a positive divisor"));
+  p = valid();
+  p.grid[2].extent = Extent::constant(0);
+  EXPECT_TRUE(has(message(p), "grid extent 2 is 0, expected a positive size"));
+  p = valid();
+  p.group = Extent::constant(0);
+  EXPECT_TRUE(has(message(p), "group is 0, expected a positive size"));
+  std::string m = rejection("align = 8", "align = 12");
+  EXPECT_TRUE(has(m, "tensor @O has align = 12, expected 2, 4, 8 or 16 (bytes)"));
+}
+
+TEST(Verifier, ScalarNames) {
+  // Scalars and values become identifiers of one generated function.
+  std::string m = rejection("%scale_log2 : f32,", "%scale_log2 : f32, %m_i : i32,");
+  EXPECT_TRUE(has(m, "scalar parameter %m_i has the name of a value; rename one"));
+  m = rejection("%scale_log2 : f32,", "%scale_log2 : f32, %head : i32,");
+  EXPECT_TRUE(has(m, "scalar parameter %head has the name of a value"));
+  // Names as printed: the second value named `x` prints (and is emitted) as %x_1.
+  Program p = valid();
+  const Type row = Type::vec(64, DType::f32);
+  const ValueId x = p.add_value(row, "x"), x2 = p.add_value(row, "x");
+  p.body.push_back(Op{OpKind::Fill, {x}, {}, {{"value", 1.0}}, {}, {}});
+  p.body.push_back(Op{OpKind::Fill, {x2}, {}, {{"value", 1.0}}, {}, {}});
+  EXPECT_EQ(message(p), "ok");
+  p.scalars.push_back({"x_1", ScalarType::i32});
+  EXPECT_TRUE(has(message(p), "scalar parameter %x_1 has the name of a value"));
+  Program q = valid();
+  q.scalars.push_back({"heads", ScalarType::i64});
+  EXPECT_TRUE(has(message(q), "scalar parameter %heads is declared twice"));
+  Program r = valid();
+  r.scalars[0].name = "batch.count";
+  EXPECT_TRUE(has(message(r), "scalar parameter 0 has name 'batch.count', which is not a C "
+                              "identifier"));
+  r.scalars[0].name = "";
+  EXPECT_TRUE(has(message(r), "scalar parameter 0 has name '', which is not a C identifier"));
+}
+
+TEST(Verifier, ConfigValuesAreIntegers) {
+  // Issue 18, finding 15: the lowering reads config values with std::get<int64_t>, so a
+  // float one that passed the verifier threw std::bad_variant_access there.
+  std::string m =
+      rejection("config {block_m = 64, block_n = 64}", "config {block_m = 64.0, block_n = 64}");
+  EXPECT_TRUE(has(m, "config block_m is a float, expected an integer"));
+  m = rejection("config {block_m = 64, block_n = 64}",
+                "config {block_m = 64, block_n = %seqlen_k}");
+  EXPECT_TRUE(has(m, "config block_n is a scalar parameter, expected an integer"));
+  m = rejection("config {block_m = 64, block_n = 64}", "config {block_m = 64, block_n = @Q}");
+  EXPECT_TRUE(has(m, "config block_n is a symbol, expected an integer"));
+  EXPECT_EQ(rejection(" config {block_m = 64, block_n = 64}", ""), "ok");
 }
 
 TEST(Verifier, NamesMustPrintAndParse) {

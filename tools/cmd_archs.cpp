@@ -109,8 +109,9 @@ std::vector<CompilerRow> compilers() {
 
 int cmd_archs(const Args &a) {
   std::vector<std::string_view> archs = lowering::supported_archs();
+  const std::string only = a.get("--arch"); // outlives the views into it
   if (a.has("--arch"))
-    archs = {a.get("--arch")};
+    archs = {only};
   std::vector<ArchRow> rows;
   for (std::string_view arch : archs) {
     auto row = describe(arch);
@@ -172,8 +173,8 @@ int cmd_archs(const Args &a) {
              "instruction) is the portable fallback on every AMD arch, taken when asked or\n"
              "when the matrix rules refuse a spec, and then named in the kernel and the result.\n"
              "CDNA has rules for 32-query tiles (cdna32: 32x32 MFMAs, taken by default where\n"
-             "head_dim_v padded to 16 is a multiple of 32 and seqlen_q > 16) and for 16-query\n"
-             "tiles (cdna); --mma-m 16|32 picks one.\n");
+             "head_dim_v padded to 16 is a multiple of 32) and for 16-query tiles (cdna);\n"
+             "--mma-m 16|32 picks one.\n");
   if (rows.size() == 1)
     fmt::print("builtins: {}\n", fmt::join(rows.front().lowered_with, "; "));
 

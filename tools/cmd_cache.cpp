@@ -16,6 +16,7 @@
 #include "compiler/select.h"
 #include "ir/build.h"
 #include "lowering/lower.h"
+#include "runtime/pipeline.h"
 #include "templates/templates.h"
 #include "tools/commands.h"
 #include "tools/json.h"
@@ -71,11 +72,19 @@ int cmd_cache(const Args &a) {
   const bool json = a.has("--json");
 
   if (a.has("clear")) {
-    auto removed = cache.clear();
-    if (!removed)
-      return fail(removed.status());
-    fmt::print("removed {} file{} from {}\n", *removed, *removed == 1 ? "" : "s", *dir);
-    return 0;
+    auto cleared = cache.clear();
+    if (!cleared)
+      return fail(cleared.status());
+    for (const std::string &problem : cleared->problems)
+      fmt::print(stderr, "flashjit: cache clear: {}\n", problem);
+    fmt::print("removed {} file{} from {}\n", cleared->removed, cleared->removed == 1 ? "" : "s",
+               *dir);
+    if (cleared->problems.empty())
+      return 0;
+    return fail(Status::error("{} file{} named like cache entries {} left in place (see above): "
+                              "look at them, and remove them by hand if they are not yours",
+                              cleared->problems.size(), cleared->problems.size() == 1 ? "" : "s",
+                              cleared->problems.size() == 1 ? "was" : "were"));
   }
   auto entries = cache.list();
   if (!entries)
@@ -248,15 +257,10 @@ Expected<WarmupItem> parse_item(const json::Value &item) {
 }
 
 Expected<std::vector<WarmupItem>> read_manifest(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    return Status::error("cannot read the manifest {}: {}", path, std::strerror(errno));
-  std::stringstream text;
-  text << in.rdbuf();
   std::string error;
-  auto root = json::parse(text.str(), &error);
+  auto root = json::parse_file(path, &error);
   if (!root)
-    return Status::error("{}: {}", path, error);
+    return Status::error("cannot read the manifest {}", error);
   if (!root->is_array())
     return Status::error("{}: the manifest must be a JSON list of kernels, e.g. [{{\"arch\": "
                          "\"gfx1201\", \"head_dim\": 128}}]",
@@ -276,91 +280,37 @@ struct WarmupResult {
   std::string line;
 };
 
-/// The pipeline for one item: build the IR, lower it, compile through the
-/// cache with every part of the key filled in. The knobs act here: the IR and
-/// source at FLASHJIT_DEBUG 4 / 3, FLASHJIT_OVERRIDE_DIR, FLASHJIT_DUMP_DIR.
+/// One item through the pipeline (runtime/pipeline.h), into `cache`: the same
+/// generation, key and compile as Attention::create, so a warmed-up kernel is
+/// a hit there. The knobs act in the pipeline: FLASHJIT_DEBUG, _OVERRIDE_DIR,
+/// _DUMP_DIR.
 WarmupResult warm_one(const WarmupItem &w, const std::string &compiler_name,
                       compiler::KernelCache &cache) {
   auto fail_with = [](const Status &s) { return WarmupResult{s, ""}; };
-  auto target = lowering::parse_target(w.arch);
-  if (!target)
-    return fail_with(target.status());
-  ir::Config config = lowering::default_config(w.spec, *target, lowering::RulesChoice::automatic,
-                                               w.mma_m.value_or(0));
-  if (w.block_m)
-    config.block_m = *w.block_m;
-  if (w.block_n)
-    config.block_n = *w.block_n;
-  if (w.waves)
-    config.waves = *w.waves;
-  if (Status s = ir::validate(config); !s)
-    return fail_with(s);
-  if (Status s = lowering::check_fits(w.spec, config, *target); !s)
-    return fail_with(s);
-  auto program = ir::build_attention(w.spec, config);
-  if (!program)
-    return fail_with(program.status());
-  const std::string ir_text = ir::print(*program);
-  compiler::debug_log(4, "tile IR for {} ({}):\n{}", w.spec.summary(), config.summary(), ir_text);
-  auto lowered = lowering::lower(*program, *target);
-  if (!lowered)
-    return fail_with(lowered.status());
-
-  auto made = compiler::make_compiler(compiler_name, target->target_id());
-  if (!made)
-    return fail_with(made.status());
-  compiler::Compiler &cc = **made;
-  compiler::CompileOptions options;
-  options.arch = target->arch;
-  options.features = target->features;
-  options.wave_size = target->wave_size;
-
-  std::string source = lowered->source;
-  compiler::KeyParts key;
-  auto override = compiler::source_override(lowered->kernel_name);
-  if (!override)
-    return fail_with(override.status());
-  if (*override) {
-    source = (*override)->source;
-    key.source_override = (*override)->hash;
+  Options options;
+  options.compiler = compiler_name;
+  options.mma_m = w.mma_m.value_or(0);
+  if (w.block_m || w.block_n || w.waves) {
+    auto target = lowering::parse_target(w.arch);
+    if (!target)
+      return fail_with(target.status());
+    ir::Config config =
+        lowering::default_config(w.spec, *target, lowering::RulesChoice::automatic, options.mma_m);
+    config.block_m = w.block_m.value_or(config.block_m);
+    config.block_n = w.block_n.value_or(config.block_n);
+    config.waves = w.waves.value_or(config.waves);
+    options.config = config;
   }
-  key.ir_text = ir_text;
-  key.target_id = target->target_id();
-  key.config = config.summary();
-  key.compile_options = compiler::describe(options);
-  key.templates_hash = std::string(templates::bundle_hash);
-  key.flashjit_version = std::string(compiler::flashjit_version());
-  key.compiler_identity = cc.identity();
-  const std::string hash = key.hash();
-  const std::string stem = lowered->kernel_name + "-" + hash.substr(0, 16);
-
-  const auto start = std::chrono::steady_clock::now();
-  compiler::CacheOutcome outcome;
-  auto code = cache.get_or_compile(
-      key,
-      [&]() -> Expected<compiler::CodeObject> {
-        compiler::debug_log(3, "HIP source of {} ({}):\n{}", lowered->kernel_name, key.target_id,
-                            source);
-        if (Status s = compiler::dump_file(stem + ".hip", source); !s)
-          fmt::print(stderr, "flashjit: {}\n", s.message());
-        auto c = cc.compile(source, options);
-        if (c)
-          if (Status s = compiler::dump_file(
-                  stem + ".co", {reinterpret_cast<const char *>(c->bytes.data()), c->bytes.size()});
-              !s)
-            fmt::print(stderr, "flashjit: {}\n", s.message());
-        return c;
-      },
-      &outcome);
-  if (!code)
-    return fail_with(code.status().with_context(
-        fmt::format("compiling {} for {}", lowered->kernel_name, key.target_id)));
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  return {Status::ok(),
-          fmt::format("{} {} ({}): {} in {:.1f} ms ({}, {} bytes, key {})", key.target_id,
-                      w.spec.summary(), config.summary(), compiler::outcome_name(outcome), ms,
-                      code->compiler, code->bytes.size(), hash.substr(0, 16))};
+  auto g = pipeline::generate(w.spec, w.arch, options);
+  if (!g)
+    return fail_with(g.status());
+  auto c = pipeline::compile(*g, options, cache);
+  if (!c)
+    return fail_with(c.status());
+  return {Status::ok(), fmt::format("{} {} ({}): {} in {:.1f} ms ({}, {} bytes, key {})",
+                                    g->target.target_id(), w.spec.signature().summary(),
+                                    g->config.summary(), c->cache_outcome, c->seconds * 1e3,
+                                    c->compiler, c->code.bytes.size(), c->cache_key.substr(0, 16))};
 }
 
 int cmd_warmup(const Args &a) {
@@ -380,6 +330,9 @@ int cmd_warmup(const Args &a) {
     return fail(Status::error("--jobs {} is out of range: expected 1..256", *jobs));
   compiler::KernelCache cache(*dir);
   cache.set_always_compile(compiler::knobs().always_compile);
+  // Warming up a cache that cannot keep anything would report false success.
+  if (Status s = cache.disk_status(); !s)
+    return fail(s);
 
   std::vector<WarmupResult> results(items->size());
   std::atomic<size_t> next{0};

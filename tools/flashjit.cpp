@@ -8,8 +8,10 @@
 #include "lowering/lower.h"
 #include "runtime/emulator.h"
 #include "runtime/npy.h"
+#include "runtime/pipeline.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "tools/safe_write.h"
 #include "tools/spec_flags.h"
 
 #include <cstdio>
@@ -37,13 +39,18 @@ std::vector<cli::FlagSpec> with_spec(std::vector<cli::FlagSpec> extra) {
   return f;
 }
 
-// The spec, target and config from the flags; the config defaults to the
-// lowering's choice for the target, and flags override single knobs.
+// The spec, target and pipeline options from the flags; the config defaults to
+// the lowering's choice for the target, and flags override single knobs.
 struct Job {
   AttentionSpec spec;
   ir::Config config;
   std::optional<lowering::Target> target;
   lowering::RulesChoice rules = lowering::RulesChoice::automatic;
+  Options options; // what runtime/pipeline.h takes: rules, config, compiler
+
+  Expected<pipeline::Generated> generate() const {
+    return pipeline::generate(spec, target->target_id(), options);
+  }
 };
 
 Expected<Job> job_from(const cli::Args &a) {
@@ -73,17 +80,10 @@ Expected<Job> job_from(const cli::Args &a) {
   if (!c)
     return c.status();
   job.config = *c;
+  job.options.rules = std::string(lowering::rules_choice_name(job.rules));
+  job.options.config = job.config;
+  job.options.compiler = a.get("--compiler", "auto");
   return job;
-}
-
-Status write_file(const std::string &path, std::string_view bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out)
-    return Status::error("cannot open {} for writing: {}", path, std::strerror(errno));
-  out.write(bytes.data(), std::streamsize(bytes.size()));
-  if (!out)
-    return Status::error("writing {} failed: {}", path, std::strerror(errno));
-  return Status::ok();
 }
 
 int cmd_emit(const cli::Args &a) {
@@ -93,27 +93,28 @@ int cmd_emit(const cli::Args &a) {
   if (!a.has("--print-ir") && !job->target)
     return fail(Status::error("nothing to emit: pass --arch ARCH for HIP source and/or --print-ir "
                               "for the tile IR"));
-  auto p = ir::build_attention(job->spec, job->config);
-  if (!p)
-    return fail(p.status());
-  if (a.has("--print-ir"))
+  if (!job->target) { // the IR alone: no target, no kernel name suffix
+    auto p = ir::build_attention(job->spec, job->config);
+    if (!p)
+      return fail(p.status());
     fmt::print("{}", ir::print(*p));
-  if (!job->target)
     return 0;
-  if (Status s = lowering::check_fits(job->spec, job->config, *job->target, job->rules); !s)
-    return fail(s);
-  auto k = lowering::lower(*p, *job->target, job->rules);
-  if (!k)
-    return fail(k.status());
+  }
+  auto g = job->generate();
+  if (!g)
+    return fail(g.status());
+  if (a.has("--print-ir"))
+    fmt::print("{}", g->ir_text);
+  const lowering::Lowered *k = &g->lowered;
   if (!a.has("-o")) {
     fmt::print("{}", k->source);
     return 0;
   }
-  if (Status s = write_file(a.get("-o"), k->source); !s)
+  if (Status s = cli::write_output(a.get("-o"), k->source, a.has("--force")); !s)
     return fail(s);
-  fmt::print(stderr, "wrote {} ({} for {}, {}; grid {}x{}x{}, {} threads, {} bytes LDS)\n",
+  fmt::print(stderr, "wrote {} ({} for {}, {}; {} threads, {} bytes LDS; any shape of {})\n",
              a.get("-o"), k->kernel_name, job->target->target_id(), job->config.summary(),
-             k->grid[0], k->grid[1], k->grid[2], k->block_threads, k->lds_bytes);
+             k->block_threads, k->lds_bytes, job->spec.signature().summary());
   return 0;
 }
 
@@ -124,22 +125,18 @@ int cmd_compile(const cli::Args &a) {
   if (!job->target)
     return fail(Status::error("compile needs --arch (e.g. --arch gfx1201 or --arch sm_90)"));
   const lowering::Target &t = *job->target;
-  auto k = lowering::generate(job->spec, job->config, t, job->rules);
-  if (!k)
-    return fail(k.status());
-  auto compiler = compiler::make_compiler(a.get("--compiler", "auto"), t.target_id());
-  if (!compiler)
-    return fail(compiler.status());
-  compiler::CompileOptions options;
-  options.arch = t.arch;
-  options.features = t.features;
-  options.wave_size = t.wave_size;
-  auto code = (*compiler)->compile(k->source, options);
-  if (!code)
-    return fail(code.status());
+  auto g = job->generate();
+  if (!g)
+    return fail(g.status());
+  const lowering::Lowered *k = &g->lowered;
+  auto compiled = pipeline::compile(*g, job->options);
+  if (!compiled)
+    return fail(compiled.status());
+  const compiler::CodeObject *code = &compiled->code;
   if (a.has("-o")) {
-    if (Status s = write_file(
-            a.get("-o"), {reinterpret_cast<const char *>(code->bytes.data()), code->bytes.size()});
+    if (Status s = cli::write_output(
+            a.get("-o"), {reinterpret_cast<const char *>(code->bytes.data()), code->bytes.size()},
+            a.has("--force"));
         !s)
       return fail(s);
     fmt::print(stderr, "wrote {} ({} bytes, {} for {})\n", a.get("-o"), code->bytes.size(),
@@ -183,8 +180,8 @@ int cmd_compile(const cli::Args &a) {
       if (a.has("--json"))
         fmt::print("{}\n", report.to_json());
       else
-        fmt::print("config: {} ({} rules, {})\n{}\n", job->config.summary(), k->rules,
-                   code->compiler, report.to_text());
+        fmt::print("config: {} ({} rules, {}; cache {})\n{}\n", job->config.summary(), k->rules,
+                   code->compiler, compiled->cache_outcome, report.to_text());
     }
   }
   return 0;
@@ -211,7 +208,16 @@ Status load_inputs(const std::string &dir, const AttentionSpec &s, HostTensors &
   return Status::ok();
 }
 
-Status save_tensors(const std::string &dir, const AttentionSpec &s, const HostTensors &t) {
+/// The files `run --save-dir` writes.
+std::vector<std::string> saved_files(const AttentionSpec &s) {
+  std::vector<std::string> names = {"q.npy", "k.npy", "v.npy", "out.npy"};
+  if (s.lse)
+    names.push_back("lse.npy");
+  return names;
+}
+
+Status save_tensors(const std::string &dir, const AttentionSpec &s, const HostTensors &t,
+                    bool force) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec)
@@ -225,13 +231,14 @@ Status save_tensors(const std::string &dir, const AttentionSpec &s, const HostTe
               {"k.npy", &t.k, &s.k, s.kv_heads, s.seqlen_k, s.head_dim_qk},
               {"v.npy", &t.v, &s.v, s.kv_heads, s.seqlen_k, s.head_dim_v},
               {"out.npy", &t.o, &s.o, s.heads, s.seqlen_q, s.head_dim_v}};
+  FJ_RETURN_IF_ERROR(cli::check_outputs_absent(dir, saved_files(s), force));
   for (const Out &o : outs)
     FJ_RETURN_IF_ERROR(
         npy::write((fs::path(dir) / o.file).string(),
-                   npy::gather(*o.buf, *o.st, s.layout, s.dtype, s.batch, o.h, o.n, o.d)));
+                   npy::gather(*o.buf, *o.st, s.layout, s.dtype, s.batch, o.h, o.n, o.d), force));
   if (s.lse) {
     npy::Array lse{{s.batch, s.heads, s.seqlen_q}, "<f4", {t.lse.begin(), t.lse.end()}};
-    FJ_RETURN_IF_ERROR(npy::write((fs::path(dir) / "lse.npy").string(), lse));
+    FJ_RETURN_IF_ERROR(npy::write((fs::path(dir) / "lse.npy").string(), lse, force));
   }
   return Status::ok();
 }
@@ -254,10 +261,10 @@ int cmd_run(const cli::Args &a) {
     if (!job->target || job->target->is_nvidia())
       return fail(Status::error("--device emulator runs an emitted AMD kernel: give an AMD --arch, "
                                 "e.g. --arch gfx1201"));
-    auto k = lowering::generate(spec, job->config, *job->target, job->rules);
-    if (!k)
-      return fail(k.status());
-    kernel = std::move(*k);
+    auto g = job->generate();
+    if (!g)
+      return fail(g.status());
+    kernel = std::move(g->lowered);
   }
   auto seed = a.get_int("--seed", 0);
   if (!seed)
@@ -270,11 +277,18 @@ int cmd_run(const cli::Args &a) {
     return fail(
         Status::error("--save-dir and --load-dir name the same folder: saving would overwrite "
                       "your inputs; choose another --save-dir"));
+  // Refused before the run rather than after it.
+  if (a.has("--save-dir"))
+    if (Status s =
+            cli::check_outputs_absent(a.get("--save-dir"), saved_files(spec), a.has("--force"));
+        !s)
+      return fail(s);
   HostTensors t = make_random_inputs(spec, uint64_t(*seed));
   if (a.has("--load-dir"))
     if (Status s = load_inputs(a.get("--load-dir"), spec, t); !s)
       return fail(s);
-  if (Status s = kernel ? runtime::emulate(*kernel, *job->target, spec, t) : ir::interpret(*p, t);
+  if (Status s = kernel ? runtime::emulate(*kernel, *job->target, spec, t)
+                        : ir::interpret(*p, ir::bind_attention(spec), t);
       !s)
     return fail(s);
   const ReferenceResult ref = reference_attention(spec, t);
@@ -290,7 +304,7 @@ int cmd_run(const cli::Args &a) {
              err.max_abs, err.rel_l2, err.nonfinite, dtype_name(spec.dtype), tol.abs, tol.rel,
              ok ? "PASS" : "FAIL");
   if (a.has("--save-dir")) {
-    if (Status s = save_tensors(a.get("--save-dir"), spec, t); !s)
+    if (Status s = save_tensors(a.get("--save-dir"), spec, t, a.has("--force")); !s)
       return fail(s);
     fmt::print("saved q.npy k.npy v.npy out.npy{} to {}\n", spec.lse ? " lse.npy" : "",
                a.get("--save-dir"));
@@ -307,6 +321,7 @@ std::vector<cli::Command> commands() {
        with_spec({{"--arch", "ARCH",
                    "target, e.g. gfx1201 or gfx1200:xnack- (see the supported list in errors)", ""},
                   {"-o", "FILE", "write the HIP source to FILE instead of stdout", ""},
+                  cli::force_flag(),
                   {"--print-ir", "", "print the tile IR", ""}}),
        cmd_emit},
       {"compile",
@@ -316,6 +331,7 @@ std::vector<cli::Command> commands() {
        "--arch ARCH [spec flags] [-o k.co] [--isa] [--resources] [--json]",
        with_spec({{"--arch", "ARCH", "target, e.g. gfx1201", ""},
                   {"-o", "FILE", "write the code object (ELF) to FILE", ""},
+                  cli::force_flag(),
                   {"--compiler", "NAME", "auto, llvm, hiprtc or nvrtc", "auto"},
                   {"--isa", "", "print the disassembly", ""},
                   {"--resources", "",
@@ -336,7 +352,8 @@ std::vector<cli::Command> commands() {
             {"--seed", "N", "seed of the random inputs", "0"},
             {"--save-dir", "DIR",
              "write q/k/v/out(/lse).npy in the spec's layout (bf16 widened to f32)", ""},
-            {"--load-dir", "DIR", "read q/k/v.npy from DIR instead of random inputs", ""}}),
+            {"--load-dir", "DIR", "read q/k/v.npy from DIR instead of random inputs", ""},
+            cli::force_flag()}),
        cmd_run},
   };
   for (auto &c : cli::cache_commands())

@@ -1,9 +1,18 @@
 // A small JSON reader for the manifests of `flashjit warmup` and the test data
 // (tests/data/*.json): objects, arrays, numbers, strings, bools, null. Not a
 // general-purpose library: no \u escapes beyond ASCII, numbers are doubles.
+// Nothing a file holds can crash it: nesting is bounded (kMaxDepth), and
+// parse_file reads only regular files of bounded size.
 #pragma once
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -31,6 +40,12 @@ struct Value {
     return nullptr;
   }
 };
+
+/// Arrays and objects nested deeper than this are refused (a manifest is two
+/// levels deep); the recursive parser never comes near the stack's end.
+constexpr int kMaxDepth = 64;
+/// parse_file's default limit on the file's size.
+constexpr int64_t kMaxFileBytes = 64 << 20;
 
 class Parser {
 public:
@@ -120,11 +135,15 @@ private:
     ++pos_;
     return true;
   }
-  bool value(Value &v) {
+  bool value(Value &v, int depth = 0) {
     skip_space();
     if (pos_ >= text_.size())
       return (fail("unexpected end"), false);
     char c = text_[pos_];
+    if ((c == '{' || c == '[') && depth >= kMaxDepth)
+      return (fail("arrays and objects nested more than " + std::to_string(kMaxDepth) +
+                   " deep; flatten the document"),
+              false);
     if (c == '{') {
       v.kind = Value::Kind::object;
       ++pos_;
@@ -138,7 +157,7 @@ private:
           return (fail("expected ':'"), false);
         v.keys.push_back(std::move(key));
         v.items.emplace_back();
-        if (!value(v.items.back()))
+        if (!value(v.items.back(), depth + 1))
           return false;
       } while (eat(','));
       return eat('}') || (fail("expected ',' or '}'"), false);
@@ -150,7 +169,7 @@ private:
         return true;
       do {
         v.items.emplace_back();
-        if (!value(v.items.back()))
+        if (!value(v.items.back(), depth + 1))
           return false;
       } while (eat(','));
       return eat(']') || (fail("expected ',' or ']'"), false);
@@ -187,6 +206,48 @@ inline std::optional<Value> parse(std::string_view text, std::string *error = nu
   std::optional<Value> v = p.parse();
   if (!v && error)
     *error = p.error();
+  return v;
+}
+
+/// Reads and parses the JSON file at `path`; on failure returns nullopt and
+/// sets *error to the problem and the fix. Only a regular file of at most
+/// `max_bytes` is read: a FIFO or a device (`/dev/zero`) is refused before any
+/// read could block or run away, as is a huge file.
+inline std::optional<Value> parse_file(const std::string &path, std::string *error,
+                                       int64_t max_bytes = kMaxFileBytes) {
+  auto fail = [&](const std::string &what) {
+    if (error)
+      *error = path + ": " + what;
+    return std::nullopt;
+  };
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0)
+    return fail(std::string("cannot read it: ") + std::strerror(errno));
+  std::string text;
+  struct stat st{};
+  const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  if (regular && st.st_size <= max_bytes) {
+    text.resize(size_t(st.st_size));
+    size_t done = 0;
+    while (done < text.size()) {
+      ssize_t n = ::read(fd, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n <= 0)
+        break;
+      done += size_t(n);
+    }
+    text.resize(done);
+  }
+  ::close(fd);
+  if (!regular)
+    return fail("not a regular file (a FIFO, device or directory); give a JSON file");
+  if (st.st_size > max_bytes)
+    return fail(std::to_string(st.st_size) + " bytes, more than the " + std::to_string(max_bytes) +
+                " a JSON file here may be; give a smaller file");
+  std::optional<Value> v = parse(text, error);
+  if (!v && error)
+    *error = path + ": " + *error;
   return v;
 }
 

@@ -19,6 +19,9 @@
  *   if (fj_attention_create(&spec, "hip:0", "auto", &attn) != FJ_OK)
  *     fprintf(stderr, "%s\n", fj_last_error());
  *   fj_attention_forward(attn, q, k, v, out, NULL, stream);
+ *   spec.seqlen_k = 1025;  // any other length: the same kernel, nothing compiles
+ *   fj_spec_set_layout(&spec, FJ_LAYOUT_BSHD);
+ *   fj_attention_forward_shape(attn, &spec, q, k, v, out, NULL, stream);
  *   fj_attention_destroy(attn);
  */
 #ifndef FLASHJIT_FLASHJIT_H
@@ -112,6 +115,12 @@ FJ_API fj_error fj_spec_set_layout(fj_spec *spec, fj_layout layout);
 /* FJ_OK, or FJ_ERROR_INVALID_SPEC with a message naming the field and the fix. */
 FJ_API fj_error fj_spec_validate(const fj_spec *spec);
 
+/* The kernel signature of a valid spec, as text, into out[size] (NUL
+ * included; 256 bytes always suffice): what a kernel specializes on (dtype,
+ * head dims, causal, window on/off, lse, layout class). Specs with equal
+ * signatures share one fj_attention (fj_attention_forward_shape). */
+FJ_API fj_error fj_spec_signature(const fj_spec *spec, char *out, size_t size);
+
 /* ---- devices ----------------------------------------------------------- */
 
 /* The devices this process can reach, as a JSON array malloc'd into *json
@@ -157,9 +166,18 @@ FJ_API fj_error fj_attention_create_ex(const fj_spec *spec, const char *device,
  * they are host pointers to the 16-bit element bits (bf16 / f16). */
 FJ_API fj_error fj_attention_forward(fj_attention *attention, const void *q, const void *k,
                                      const void *v, void *out, float *lse, void *stream);
+/* The same with the shapes of `shape`: batch, heads, kv_heads, seqlens,
+ * strides, window sizes and scale may differ from the spec the handle was
+ * created with, nothing else (dtype, head dims, causal, window on/off, lse and
+ * the layout class are the kernel's signature; the error names what differs).
+ * Nothing is compiled: one handle serves every length. */
+FJ_API fj_error fj_attention_forward_shape(fj_attention *attention, const fj_spec *shape,
+                                           const void *q, const void *k, const void *v, void *out,
+                                           float *lse, void *stream);
 
-/* What create did: spec, device, target, rules, config, compiler, cache
- * outcome, executor. Owned by the handle. */
+/* What create did: spec, signature, device, target, rules, config, compiler,
+ * cache outcome, launches so far, executor. Owned by the handle, valid until
+ * the next call of this function on it. */
 FJ_API const char *fj_attention_explain(const fj_attention *attention);
 /* The generated HIP source ("" when the fallback runs without one). Owned by the handle. */
 FJ_API const char *fj_attention_source(const fj_attention *attention);

@@ -91,6 +91,9 @@ lib.fj_options_init.restype = None
 lib.fj_attention_create_ex.argtypes = [_p(Spec), ctypes.c_char_p, _p(Options),
                                        _p(ctypes.c_void_p)]
 lib.fj_attention_forward.argtypes = [ctypes.c_void_p] * 5 + [_p(ctypes.c_float), ctypes.c_void_p]
+lib.fj_attention_forward_shape.argtypes = [ctypes.c_void_p, _p(Spec)] + [ctypes.c_void_p] * 4 + [
+    _p(ctypes.c_float), ctypes.c_void_p]
+lib.fj_spec_signature.argtypes = [_p(Spec), ctypes.c_char_p, ctypes.c_size_t]
 lib.fj_attention_explain.argtypes = [ctypes.c_void_p]
 lib.fj_attention_explain.restype = ctypes.c_char_p
 lib.fj_attention_source.argtypes = [ctypes.c_void_p]

@@ -1,5 +1,6 @@
 """flash_attn_func, emit and compile over libflashjit's C API."""
 
+import collections
 import ctypes
 import json
 import math
@@ -7,7 +8,11 @@ import math
 from . import _lib
 from ._lib import FlashJitError
 
-_ATTENTIONS = {}  # (spec fields, device, config) -> fj_attention handle, built once per shape
+# (kernel signature, device, config) -> fj_attention handle: one handle (one compiled
+# kernel) serves every shape of its signature; the least recently used beyond
+# MAX_HANDLES are destroyed.
+_ATTENTIONS = collections.OrderedDict()
+MAX_HANDLES = 64
 # The tuning knobs flash_attn_func(config=...) accepts (the config of flashjit emit's flags).
 CONFIG_KEYS = ("block_m", "block_n", "waves", "stages", "q_in_lds", "pad_k", "mma_m")
 
@@ -104,9 +109,12 @@ def _spec(b, sq, sk, hq, hkv, d, dv, dtype, softmax_scale, causal, window_size, 
     return s
 
 
-def _spec_key(s):
-    return tuple(getattr(s, f) for f, _ in _lib.Spec._fields_ if f not in "qkvo") + tuple(
-        (st.batch, st.head, st.seq, st.dim) for st in (s.q, s.k, s.v, s.o))
+def _signature(spec):
+    """The text of the spec's kernel signature (fj_spec_signature): what a kernel
+    specializes on; everything else is an argument of each call."""
+    buf = ctypes.create_string_buffer(256)
+    _lib.check(_lib.lib.fj_spec_signature(ctypes.byref(spec), buf, len(buf)), "spec validation")
+    return buf.value
 
 
 def _options(config):
@@ -136,17 +144,25 @@ def _options(config):
     return options
 
 
-def _attention(spec, device, config=None):
-    key = (_spec_key(spec), device, tuple(sorted((config or {}).items())))
+def _attention(spec, device, config=None, kind=None):
+    key = (_signature(spec), device, tuple(sorted((config or {}).items())))
     handle = _ATTENTIONS.get(key)
-    if handle is None:
-        h = ctypes.c_void_p()
-        options = _options(config)
-        _lib.check(_lib.lib.fj_attention_create_ex(ctypes.byref(spec), device.encode(),
-                                                   ctypes.byref(options), ctypes.byref(h)),
-                   "fj_attention_create")
-        handle = _ATTENTIONS[key] = h
-    return handle
+    if handle is not None:
+        _ATTENTIONS.move_to_end(key)
+        return handle
+    h = ctypes.c_void_p()
+    options = _options(config)
+    _lib.check(_lib.lib.fj_attention_create_ex(ctypes.byref(spec), device.encode(),
+                                               ctypes.byref(options), ctypes.byref(h)),
+               "fj_attention_create")
+    _ATTENTIONS[key] = h
+    while len(_ATTENTIONS) > MAX_HANDLES:
+        _, old = _ATTENTIONS.popitem(last=False)
+        if kind == "torch":  # its kernel may still be queued: let it finish first
+            import torch
+            torch.cuda.synchronize()
+        _lib.lib.fj_attention_destroy(old)
+    return h
 
 
 # ---- the public functions --------------------------------------------------------------
@@ -229,14 +245,13 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     strides = [_strides(x, kind) for x in ins] + [_strides(out16, kind)]
     spec = _spec(b, sq, sk, hq, hkv, d, dv, dtype, softmax_scale, causal, window_size,
                  return_lse, strides)
-    _lib.check(_lib.lib.fj_spec_validate(ctypes.byref(spec)), "spec validation")
-    handle = _attention(spec, device, config)
+    handle = _attention(spec, device, config, kind)  # validates the spec
     lse_ptr = ctypes.cast(ctypes.c_void_p(_ptr(lse, kind)), ctypes.POINTER(ctypes.c_float)) \
         if return_lse else None
-    _lib.check(_lib.lib.fj_attention_forward(handle, *(ctypes.c_void_p(_ptr(x, kind)) for x in ins),
-                                             ctypes.c_void_p(_ptr(out16, kind)), lse_ptr,
-                                             ctypes.c_void_p(stream) if stream else None),
-               "fj_attention_forward")
+    _lib.check(_lib.lib.fj_attention_forward_shape(
+        handle, ctypes.byref(spec), *(ctypes.c_void_p(_ptr(x, kind)) for x in ins),
+        ctypes.c_void_p(_ptr(out16, kind)), lse_ptr, ctypes.c_void_p(stream) if stream else None),
+        "fj_attention_forward_shape")
     out = out16
     if kind == "numpy" and dtype == "bf16":
         out = (out16.astype("uint32") << 16).view("float32")

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The H100 measurements of the run-time shapes work, as run through the device
+# tool (CUDA 13, PyTorch, no LLVM 22 there: LLVM off, nvrtc compiles).
+#   bench/h100_session.sh tests    build, ctest, the torch tests, dynamic shapes, compile times
+#   bench/h100_session.sh sdpa     the SDPA bench with this tree and with .old (the tree
+#                                  before run-time shapes, `git archive` of the last commit)
+# Logs go to $OUT (or ./h100-out).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-h100-out}
+mkdir -p "$out"
+build() { # src dir, build dir, targets...
+  local src=$1 dir=$2
+  shift 2
+  cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHJIT_WITH_LLVM=OFF >/dev/null &&
+    ninja -C "$dir" -j16 "$@" >"$out/build-$(basename "$dir").log" 2>&1
+}
+case "${1:-tests}" in
+tests)
+  build . /tmp/fj || { tail -50 "$out/build-fj.log"; exit 1; }
+  export FLASHJIT_LIBRARY=/tmp/fj/runtime/libflashjit.so
+  ctest --test-dir /tmp/fj -j8 --output-on-failure >"$out/ctest.log" 2>&1
+  tail -15 "$out/ctest.log"
+  grep -E "AttentionCuda|CudaDriver" "$out/ctest.log" | head
+  FLASHJIT_CACHE_DIR=$(mktemp -d) /tmp/fj/bench/dynamic_shapes cuda:0 50 "$out/dynamic_shapes_cpp.csv" \
+    >"$out/dynamic_shapes_cpp.log" 2>&1
+  tail -16 "$out/dynamic_shapes_cpp.log"
+  FLASHJIT_CACHE_DIR=$(mktemp -d) PYTHONUNBUFFERED=1 python3 bench/dynamic_shapes.py --out "$out" \
+    >"$out/dynamic_shapes_py.log" 2>&1
+  tail -22 "$out/dynamic_shapes_py.log"
+  /tmp/fj/bench/compile_bench 7 200 >"$out/compile_bench.log" 2>&1
+  cat "$out/compile_bench.log"
+  # The torch suites (the NumPy ones need the emulator, which needs LLVM).
+  FLASHJIT_CACHE_DIR=$(mktemp -d) timeout 300 python3 -m pytest -q -x \
+    python/tests/test_torch_cuda.py python/tests/test_torch_matrix.py \
+    >"$out/torch_tests.log" 2>&1
+  tail -3 "$out/torch_tests.log"
+  ;;
+sdpa)
+  build . /tmp/fj flashjit_shared || { tail -50 "$out/build-fj.log"; exit 1; }
+  build .old /tmp/old flashjit_shared || { tail -50 "$out/build-old.log"; exit 1; }
+  args=(--seqlens "${SEQLENS:-1024,4096,16384}" --head-dims "${HEAD_DIMS:-64,80,128,256}")
+  for tree in old new; do
+    # Each tree's own Python package and bench script with its own library.
+    lib=/tmp/fj/runtime/libflashjit.so src=.
+    [ $tree = old ] && lib=/tmp/old/runtime/libflashjit.so src=.old
+    mkdir -p "$out/$tree"
+    FLASHJIT_CACHE_DIR=$(mktemp -d) FLASHJIT_LIBRARY=$lib PYTHONUNBUFFERED=1 \
+      python3 $src/bench/bench_sdpa.py --out "$out/$tree" "${args[@]}" 2>&1 | tee "$out/sdpa_$tree.log"
+  done
+  ;;
+esac

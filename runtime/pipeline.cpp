@@ -1,0 +1,145 @@
+#include "runtime/pipeline.h"
+
+#include "compiler/knobs.h"
+#include "compiler/select.h"
+#include "compiler/sha256.h"
+#include "templates/templates.h"
+
+#include <fmt/ranges.h>
+
+#include <chrono>
+
+namespace flashjit::pipeline {
+
+namespace {
+
+/// Records the failing stage for the C API and passes the Status on.
+Status failed(Failure *out, Failure stage, Status status) {
+  if (out)
+    *out = stage;
+  return status;
+}
+
+/// Everything in CompileOptions that changes the code object, and the rule set
+/// that wrote the source, as cache-key text.
+std::string compile_options_text(const compiler::CompileOptions &c, const std::string &rules) {
+  return fmt::format("{} rules={}", compiler::describe(c), rules);
+}
+
+} // namespace
+
+compiler::CompileOptions compile_options(const lowering::Target &target, const Options &options) {
+  compiler::CompileOptions c;
+  c.arch = target.arch;
+  c.features = target.features;
+  c.wave_size = target.wave_size;
+  c.opt_level = options.opt_level;
+  c.extra_flags = options.extra_flags;
+  return c;
+}
+
+Expected<Generated> generate(const AttentionSpec &spec, std::string_view arch,
+                             const Options &options, Failure *failure) {
+  if (Status s = spec.validate(); !s)
+    return failed(failure, Failure::spec, s.with_context("invalid attention spec"));
+  auto choice = lowering::parse_rules_choice(options.rules);
+  if (!choice)
+    return failed(failure, Failure::argument, choice.status());
+  auto target = lowering::parse_target(arch);
+  if (!target)
+    return failed(failure, Failure::unsupported, target.status());
+  Generated g;
+  g.target = *target;
+  g.rules = *choice;
+  g.config =
+      options.config.value_or(lowering::default_config(spec, g.target, *choice, options.mma_m));
+  if (Status s = ir::validate(g.config); !s)
+    return failed(failure, Failure::argument, s);
+  if (Status s = lowering::check_fits(spec, g.config, g.target, *choice); !s)
+    return failed(failure, Failure::unsupported, s);
+  auto program = ir::build_attention(spec, g.config);
+  if (!program)
+    return failed(failure, Failure::unsupported, program.status());
+  g.program = program.take();
+  // The kernel name says what it computes and, by a hash of everything that
+  // shapes its text, which variant: FLASHJIT_DUMP_DIR and FLASHJIT_OVERRIDE_DIR
+  // both name its source <kernel name>.hip.
+  const std::string variant =
+      compiler::sha256_hex(fmt::format("{}\n{}\n{}", ir::print(g.program), g.target.target_id(),
+                                       lowering::rules_choice_name(g.rules)));
+  g.program.name += "_" + variant.substr(0, 8);
+  g.ir_text = ir::print(g.program);
+  compiler::debug_log(4, "tile IR of {} for {} ({}):\n{}", g.program.name, g.target.target_id(),
+                      g.config.summary(), g.ir_text);
+  auto lowered = lowering::lower(g.program, g.target, *choice);
+  if (!lowered)
+    return failed(failure, Failure::unsupported, lowered.status());
+  g.lowered = lowered.take();
+  return g;
+}
+
+Expected<Compiled> compile(const Generated &g, const Options &options, compiler::KernelCache &cache,
+                           Failure *failure) {
+  auto fail = [&](Status s) {
+    return failed(failure, Failure::compile,
+                  s.with_context(fmt::format("compiling {} for {}", g.lowered.kernel_name,
+                                             g.target.target_id())));
+  };
+  const auto start = std::chrono::steady_clock::now();
+  auto made = compiler::make_compiler(options.compiler, g.target.target_id());
+  if (!made)
+    return fail(made.status());
+  compiler::Compiler &device_compiler = **made;
+  const compiler::CompileOptions co = compile_options(g.target, options);
+
+  Compiled c;
+  c.compiler = device_compiler.identity();
+  c.options_text = compile_options_text(co, g.lowered.rules);
+  std::string_view source = g.lowered.source;
+  const std::string &kernel = g.lowered.kernel_name;
+  auto override = compiler::source_override(kernel);
+  if (!override)
+    return fail(override.status());
+  if (*override) {
+    source = (*override)->source;
+    c.override_path = (*override)->path;
+  }
+  const compiler::KeyParts key{g.ir_text,
+                               g.target.target_id(),
+                               g.config.summary(),
+                               c.options_text,
+                               std::string(templates::bundle_hash),
+                               std::string(compiler::flashjit_version()),
+                               c.compiler,
+                               *override ? (*override)->hash : std::string()};
+  compiler::CacheOutcome outcome = compiler::CacheOutcome::compiled;
+  auto code = cache.get_or_compile(
+      key,
+      [&] {
+        compiler::debug_log(3, "source of {} for {}:\n{}", kernel, g.target.target_id(), source);
+        return device_compiler.compile(source, co);
+      },
+      &outcome);
+  if (!code)
+    return fail(code.status());
+  c.code = code.take();
+  c.cache_key = key.hash();
+  c.cache_outcome = std::string(compiler::outcome_name(outcome));
+
+  // FLASHJIT_DUMP_DIR: the source and the code object, named like the override.
+  {
+    auto vendor = compiler::target_vendor(g.target.target_id());
+    const char *extension = vendor && *vendor == compiler::Vendor::nvidia ? "cubin" : "co";
+    // A debugging aid that fails is reported, never fatal.
+    for (Status s : {compiler::dump_file(kernel + ".hip", source),
+                     compiler::dump_file(fmt::format("{}.{}", kernel, extension),
+                                         {reinterpret_cast<const char *>(c.code.bytes.data()),
+                                          c.code.bytes.size()})})
+      if (!s)
+        fmt::print(stderr, "flashjit: FLASHJIT_DUMP_DIR: {}\n", s.message());
+  }
+  c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return c;
+}
+
+} // namespace flashjit::pipeline

@@ -1,0 +1,66 @@
+// The pipeline of DESIGN.md, written once: a spec's signature and a target ->
+// config -> tile IR -> HIP source -> cache key -> code object. The runtime
+// (flashjit::Attention), every CLI command (emit, compile, run, warmup), the
+// benches and the tests go through these functions, so a kernel warmed up by
+// one is a cache hit for the others.
+//
+// Only the spec's signature (AttentionSpec::signature) reaches the kernel:
+// lengths, batch, heads, strides, window sizes and the scale are scalar
+// parameters bound at launch (ir::bind_attention), so the IR, the source, the
+// kernel name and the key are the same for every shape of one signature.
+#pragma once
+
+#include "compiler/code_object.h"
+#include "compiler/kernel_cache.h"
+#include "ir/build.h"
+#include "ir/ir.h"
+#include "lowering/lower.h"
+#include "lowering/target.h"
+#include "runtime/attention.h"
+#include "runtime/attention_detail.h"
+
+#include <string>
+#include <string_view>
+
+namespace flashjit::pipeline {
+
+using detail::Failure;
+
+/// Everything between a spec and a compiler.
+struct Generated {
+  lowering::Target target;
+  lowering::RulesChoice rules = lowering::RulesChoice::automatic;
+  ir::Config config;
+  ir::Program program; // shape-free; its name is unique per (signature, config, target, rules)
+  std::string ir_text;
+  lowering::Lowered lowered;
+};
+
+/// Validates the spec and options, chooses the config (Options::config, else the
+/// rules' default for the signature) and builds, prints and lowers the program.
+/// FLASHJIT_DEBUG=4 logs the IR. `failure` (may be null) gets the failing stage.
+Expected<Generated> generate(const AttentionSpec &spec, std::string_view arch,
+                             const Options &options, Failure *failure = nullptr);
+
+/// A compiled kernel and where it came from.
+struct Compiled {
+  compiler::CodeObject code;
+  std::string compiler;      // Compiler::identity()
+  std::string options_text;  // KeyParts::compile_options
+  std::string cache_outcome; // compiler::outcome_name()
+  std::string cache_key;     // KeyParts::hash()
+  std::string override_path; // the FLASHJIT_OVERRIDE_DIR source, if one was used
+  double seconds = 0;        // of this call (compile or cache lookup)
+};
+
+/// Compiles `g` (or its FLASHJIT_OVERRIDE_DIR/<kernel name>.hip replacement)
+/// with the device compiler Options::compiler names, through `cache`.
+/// FLASHJIT_DUMP_DIR receives <kernel name>.hip and the code object.
+Expected<Compiled> compile(const Generated &g, const Options &options,
+                           compiler::KernelCache &cache = compiler::KernelCache::global(),
+                           Failure *failure = nullptr);
+
+/// The compile options of a target under `options` (the key's compile_options).
+compiler::CompileOptions compile_options(const lowering::Target &target, const Options &options);
+
+} // namespace flashjit::pipeline
