@@ -109,6 +109,13 @@ constexpr const char *kTensorPrefixes[] = {"q", "k", "v", "o"};
 } // namespace
 
 Bindings bind_attention(const AttentionSpec &spec) {
+  // The names of the stride parameters, in build_attention's order (no
+  // formatting per call: this runs on every launch).
+  static constexpr std::string_view kStrideNames[4][4] = {
+      {"q_batch_stride", "q_head_stride", "q_seq_stride", "q_dim_stride"},
+      {"k_batch_stride", "k_head_stride", "k_seq_stride", "k_dim_stride"},
+      {"v_batch_stride", "v_head_stride", "v_seq_stride", "v_dim_stride"},
+      {"o_batch_stride", "o_head_stride", "o_seq_stride", "o_dim_stride"}};
   Bindings b;
   b.set_int("batches", spec.batch);
   b.set_int("heads", spec.heads);
@@ -124,11 +131,10 @@ Bindings bind_attention(const AttentionSpec &spec) {
   b.set_real("scale_log2", spec.softmax_scale() * std::numbers::log2e);
   const Strides *strides[] = {&spec.q, &spec.k, &spec.v, &spec.o};
   for (int i = 0; i < 4; ++i) {
-    const TensorScalars names = tensor_scalars(kTensorPrefixes[i], false);
-    b.set_int(names.batch, strides[i]->batch);
-    b.set_int(names.head, strides[i]->head);
-    b.set_int(names.seq, strides[i]->seq);
-    b.set_int(names.dim, strides[i]->dim);
+    b.set_int(kStrideNames[i][0], strides[i]->batch);
+    b.set_int(kStrideNames[i][1], strides[i]->head);
+    b.set_int(kStrideNames[i][2], strides[i]->seq);
+    b.set_int(kStrideNames[i][3], strides[i]->dim);
   }
   b.set_int("lse_batch_stride", spec.heads * spec.seqlen_q);
   b.set_int("lse_head_stride", spec.seqlen_q);

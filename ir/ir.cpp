@@ -107,23 +107,46 @@ std::string to_string(const Extent &e) {
 
 // ---- bindings ----------------------------------------------------------------
 
-Expected<int64_t> Bindings::integer(std::string_view name) const {
-  auto it = values_.find(name);
-  if (it == values_.end())
-    return Status::error("scalar parameter %{} has no value: bind it before the launch", name);
-  if (const int64_t *i = std::get_if<int64_t>(&it->second))
-    return *i;
-  return Status::error("scalar parameter %{} is bound to {}, not an integer", name,
-                       std::get<double>(it->second));
+void Bindings::set(std::string_view name, Value v) {
+  for (auto &[n, value] : values_)
+    if (n == name) {
+      value = v;
+      return;
+    }
+  values_.emplace_back(std::string(name), v);
 }
 
-Expected<double> Bindings::real(std::string_view name) const {
-  auto it = values_.find(name);
-  if (it == values_.end())
+const Bindings::Value *Bindings::find(std::string_view name, size_t *hint) const {
+  const size_t n = values_.size();
+  const size_t start = hint && *hint < n ? *hint : 0;
+  for (size_t i = 0; i < n; ++i) {
+    const size_t at = (start + i) % n;
+    if (values_[at].first == name) {
+      if (hint)
+        *hint = at + 1;
+      return &values_[at].second;
+    }
+  }
+  return nullptr;
+}
+
+Expected<int64_t> Bindings::integer(std::string_view name, size_t *hint) const {
+  const Value *v = find(name, hint);
+  if (!v)
     return Status::error("scalar parameter %{} has no value: bind it before the launch", name);
-  if (const int64_t *i = std::get_if<int64_t>(&it->second))
+  if (const int64_t *i = std::get_if<int64_t>(v))
+    return *i;
+  return Status::error("scalar parameter %{} is bound to {}, not an integer", name,
+                       std::get<double>(*v));
+}
+
+Expected<double> Bindings::real(std::string_view name, size_t *hint) const {
+  const Value *v = find(name, hint);
+  if (!v)
+    return Status::error("scalar parameter %{} has no value: bind it before the launch", name);
+  if (const int64_t *i = std::get_if<int64_t>(v))
     return double(*i);
-  return std::get<double>(it->second);
+  return std::get<double>(*v);
 }
 
 Expected<int64_t> Bindings::resolve(const Extent &e) const {

@@ -172,21 +172,29 @@ struct Program {
   ValueId grid_arg(size_t axis) const { return grid.at(axis).arg; }
 };
 
-/// The run-time values of a program's scalar parameters, by name.
+/// The run-time values of a program's scalar parameters, by name. A flat list:
+/// a launch binds ~30 values and reads each once, in nearly the order bound, so
+/// lookups take a position hint (the last match + 1) and cost no allocation.
 class Bindings {
 public:
-  void set_int(const std::string &name, int64_t v) { values_[name] = v; }
-  void set_real(const std::string &name, double v) { values_[name] = v; }
+  using Value = std::variant<int64_t, double>;
+  Bindings() { values_.reserve(32); }
+  void set_int(std::string_view name, int64_t v) { set(name, v); }
+  void set_real(std::string_view name, double v) { set(name, v); }
+  /// The value bound to `name`, or null; `hint` (in/out, may be null) is
+  /// where the search starts and, on a match, the position after it.
+  const Value *find(std::string_view name, size_t *hint = nullptr) const;
   /// The integer bound to `name`, or an error naming the missing parameter.
-  Expected<int64_t> integer(std::string_view name) const;
+  Expected<int64_t> integer(std::string_view name, size_t *hint = nullptr) const;
   /// The number bound to `name` (an integer reads as a double).
-  Expected<double> real(std::string_view name) const;
+  Expected<double> real(std::string_view name, size_t *hint = nullptr) const;
   /// An extent's value: the constant, or its parameter's binding.
   Expected<int64_t> resolve(const Extent &e) const;
-  bool has(std::string_view name) const { return values_.find(name) != values_.end(); }
+  bool has(std::string_view name) const { return find(name) != nullptr; }
 
 private:
-  std::map<std::string, std::variant<int64_t, double>, std::less<>> values_;
+  void set(std::string_view name, Value v);
+  std::vector<std::pair<std::string, Value>> values_;
 };
 
 /// Checks that `b` binds every scalar of `p` with a value of its type (an i32

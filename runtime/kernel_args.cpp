@@ -9,6 +9,7 @@ Expected<KernelArgs> KernelArgs::make(std::span<const lowering::KernelParam> par
                                       std::span<const NamedPointer> tensors) {
   KernelArgs args;
   args.values_.assign(params.size(), 0);
+  size_t hint = 0; // the parameters come in nearly the order they were bound
   for (size_t i = 0; i < params.size(); ++i) {
     const lowering::KernelParam &p = params[i];
     uint64_t &slot = args.values_[i];
@@ -21,14 +22,14 @@ Expected<KernelArgs> KernelArgs::make(std::span<const lowering::KernelParam> par
       continue;
     }
     if (p.type == ir::ScalarType::f32) {
-      auto v = scalars.real(p.name);
+      auto v = scalars.real(p.name, &hint);
       if (!v)
         return v.status();
       const float f = float(*v);
       std::memcpy(&slot, &f, sizeof f);
       continue;
     }
-    auto v = scalars.integer(p.name);
+    auto v = scalars.integer(p.name, &hint);
     if (!v)
       return v.status();
     if (p.type == ir::ScalarType::i32) {
@@ -41,6 +42,7 @@ Expected<KernelArgs> KernelArgs::make(std::span<const lowering::KernelParam> par
       std::memcpy(&slot, &*v, sizeof(int64_t));
     }
   }
+  args.addresses_.reserve(args.values_.size());
   for (uint64_t &slot : args.values_)
     args.addresses_.push_back(&slot);
   return args;

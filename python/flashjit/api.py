@@ -95,26 +95,31 @@ def _bf16_bits(a):
 
 
 def _spec(b, sq, sk, hq, hkv, d, dv, dtype, softmax_scale, causal, window_size, lse, strides):
-    s = _lib.Spec()
-    _lib.lib.fj_spec_init(ctypes.byref(s))
-    s.batch, s.heads, s.kv_heads, s.seqlen_q, s.seqlen_k = b, hq, hkv, sq, sk
-    s.head_dim_qk, s.head_dim_v = d, dv
-    s.dtype = _lib.DTYPE_BF16 if dtype == "bf16" else _lib.DTYPE_F16
-    s.layout = _lib.LAYOUT_BSHD
-    s.scale = 0.0 if softmax_scale is None else float(softmax_scale)
-    s.causal, s.lse = int(bool(causal)), int(bool(lse))
-    s.window_left, s.window_right = int(window_size[0]), int(window_size[1])
-    for name, (sb, ss, sh, sd) in zip("qkvo", strides):
-        setattr(s, name, _lib.Strides(sb, sh, ss, sd))  # BSHD tensor strides -> (batch, head, seq, dim)
-    return s
+    # Every field set in one constructor call (this runs on every forward).
+    q, k, v, o = (_lib.Strides(sb, sh, ss, sd) for sb, ss, sh, sd in strides)  # BSHD -> BHSD order
+    return _lib.Spec(batch=b, heads=hq, kv_heads=hkv, seqlen_q=sq, seqlen_k=sk, head_dim_qk=d,
+                     head_dim_v=dv, dtype=_lib.DTYPE_BF16 if dtype == "bf16" else _lib.DTYPE_F16,
+                     layout=_lib.LAYOUT_BSHD,
+                     scale=0.0 if softmax_scale is None else float(softmax_scale),
+                     causal=int(bool(causal)), lse=int(bool(lse)),
+                     window_left=int(window_size[0]), window_right=int(window_size[1]),
+                     q=q, k=k, v=v, o=o)
 
 
-def _signature(spec):
-    """The text of the spec's kernel signature (fj_spec_signature): what a kernel
-    specializes on; everything else is an argument of each call."""
-    buf = ctypes.create_string_buffer(256)
-    _lib.check(_lib.lib.fj_spec_signature(ctypes.byref(spec), buf, len(buf)), "spec validation")
-    return buf.value
+def _signature(dtype, d, dv, causal, window_size, lse, strides):
+    """What the kernel specializes on (AttentionSpec::signature): dtype, head dims,
+    causal, window on/off, lse, which head dims are contiguous and the rows'
+    alignment class. Computed here rather than by a C call on every forward; were
+    it ever coarser than the library's, fj_attention_forward_shape would refuse
+    the call naming the field, so a handle never runs a kernel of another signature.
+    `strides`: per tensor (batch, seq, head, dim) in elements."""
+    unit = tuple(st[3] == 1 for st in strides)
+    bits = d | dv  # every row start and length is a multiple of what all of these are
+    for sb, ss, sh, _ in strides:
+        bits |= sb | ss | sh
+    align = 2 if not all(unit) else 16 if bits % 8 == 0 else 8 if bits % 4 == 0 else 2  # bytes
+    local = window_size[0] >= 0 or window_size[1] >= 0
+    return (dtype, d, dv, bool(causal), local, bool(lse), unit, align)
 
 
 def _options(config):
@@ -144,8 +149,8 @@ def _options(config):
     return options
 
 
-def _attention(spec, device, config=None, kind=None):
-    key = (_signature(spec), device, tuple(sorted((config or {}).items())))
+def _attention(signature, spec, device, config=None, kind=None):
+    key = (signature, device, tuple(sorted(config.items())) if config else ())
     handle = _ATTENTIONS.get(key)
     if handle is not None:
         _ATTENTIONS.move_to_end(key)
@@ -245,7 +250,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     strides = [_strides(x, kind) for x in ins] + [_strides(out16, kind)]
     spec = _spec(b, sq, sk, hq, hkv, d, dv, dtype, softmax_scale, causal, window_size,
                  return_lse, strides)
-    handle = _attention(spec, device, config, kind)  # validates the spec
+    signature = _signature(dtype, d, dv, causal, window_size, return_lse, strides)
+    handle = _attention(signature, spec, device, config, kind)  # creating one validates the spec
     lse_ptr = ctypes.cast(ctypes.c_void_p(_ptr(lse, kind)), ctypes.POINTER(ctypes.c_float)) \
         if return_lse else None
     _lib.check(_lib.lib.fj_attention_forward_shape(
