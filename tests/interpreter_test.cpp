@@ -13,6 +13,7 @@
 #include <array>
 #include <cmath>
 #include <numbers>
+#include <variant>
 #include <vector>
 
 using namespace flashjit;
@@ -203,35 +204,31 @@ TEST(ShapeFreeProgram, RejectsMissingOrOutOfRangeBindings) {
   ASSERT_FALSE(s);
   EXPECT_NE(s.message().find("scalar parameter %batches has no value"), std::string::npos)
       << s.message();
-  ir::Bindings b = ir::bind_attention(spec);
-  b.set_int("seqlen_q", int64_t{1} << 32);
-  s = ir::interpret(*p, b, t);
-  ASSERT_FALSE(s);
-  EXPECT_NE(s.message().find("%seqlen_q = 4294967296 does not fit the kernel's i32"),
-            std::string::npos)
-      << s.message();
-  b = ir::bind_attention(spec);
-  b.set_real("scale_log2", 1e39);
-  s = ir::interpret(*p, b, t);
-  ASSERT_FALSE(s);
-  EXPECT_NE(s.message().find("%scale_log2 = 1e+39 is not a finite f32"), std::string::npos)
-      << s.message();
-  b = ir::bind_attention(spec);
-  b.set_real("seqlen_k", 17.0);
-  s = ir::interpret(*p, b, t);
-  ASSERT_FALSE(s);
-  EXPECT_NE(s.message().find("%seqlen_k is bound to 17, not an integer"), std::string::npos)
-      << s.message();
-  // A negative stride would walk below the buffer, which the size check alone misses.
-  b = ir::bind_attention(spec);
-  b.set_int("k_seq_stride", -1);
-  s = ir::interpret(*p, b, t);
-  ASSERT_FALSE(s);
-  EXPECT_NE(s.message().find("tensor @K's seq stride is bound to -1"), std::string::npos)
-      << s.message();
+  // One binding changed at a time: each refusal names the parameter and why.
+  struct Bad {
+    const char *name;
+    std::variant<int64_t, double> value;
+    const char *message;
+  };
+  const Bad bad[] = {
+      {"seqlen_q", int64_t{1} << 32, "%seqlen_q = 4294967296 does not fit the kernel's i32"},
+      {"scale_log2", 1e39, "%scale_log2 = 1e+39 is not a finite f32"},
+      {"seqlen_k", 17.0, "%seqlen_k is bound to 17, not an integer"},
+      // A negative stride would walk below the buffer, which the size check alone misses.
+      {"k_seq_stride", int64_t{-1}, "tensor @K's seq stride is bound to -1"},
+  };
+  for (const Bad &c : bad) {
+    ir::Bindings b = ir::bind_attention(spec);
+    if (const int64_t *i = std::get_if<int64_t>(&c.value))
+      b.set_int(c.name, *i);
+    else
+      b.set_real(c.name, std::get<double>(c.value));
+    s = ir::interpret(*p, b, t);
+    ASSERT_FALSE(s) << c.name;
+    EXPECT_NE(s.message().find(c.message), std::string::npos) << s.message();
+  }
   // Shapes bigger than the buffers hold: the buffer check names the tensor.
-  b = ir::bind_attention(make_spec(1, 2, 2, 18, 17, 32, 32, f16));
-  s = ir::interpret(*p, b, t);
+  s = ir::interpret(*p, ir::bind_attention(make_spec(1, 2, 2, 18, 17, 32, 32, f16)), t);
   ASSERT_FALSE(s);
   EXPECT_NE(s.message().find("buffer for tensor Q"), std::string::npos) << s.message();
 }

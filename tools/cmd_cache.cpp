@@ -412,7 +412,8 @@ std::vector<Command> cache_commands() {
         {"--json", "", "print stats or list as JSON", ""}},
        cmd_cache},
       {"warmup",
-       "Compile the kernels a manifest lists into the cache, ahead of their first use.",
+       "Compile the kernels a manifest lists into the cache, ahead of their first use (one "
+       "per signature: its lengths and batch are only examples).",
        "MANIFEST.json | --manifest FILE [--compiler NAME] [--jobs N] [--dir DIR]",
        {{"--manifest", "FILE",
          "JSON list of {\"arch\": ..., spec fields..., block_m/block_n/waves/mma_m} (see "

@@ -316,7 +316,8 @@ std::vector<cli::Command> commands() {
   std::vector<cli::Command> all = {
       {"emit",
        "Build the tile-IR program for an attention spec; print it and/or the HIP source for an "
-       "arch.",
+       "arch. The kernel takes lengths, batch, heads, strides, window sizes and scale as "
+       "arguments: every shape of one signature prints the same text.",
        "[--arch ARCH] [spec flags] [-o k.hip] [--print-ir]",
        with_spec({{"--arch", "ARCH",
                    "target, e.g. gfx1201 or gfx1200:xnack- (see the supported list in errors)", ""},

@@ -1,0 +1,214 @@
+// The kernel emitter, internal to lowering/: one KernelEmitter walks a verified
+// program once and writes the HIP, split by concept across
+//   lower.cpp         the op walk: values, elementwise ops, products, masks,
+//                     reductions, the kernel's text around the body
+//   lower_memory.cpp  global memory and LDS: loads, stores, staging, addressing
+//   lower_loops.cpp   the KV loop: loop-carried values, barriers across the back
+//                     edge, software pipelining
+//   rule_choice.cpp   which rules lower a program, default configs, check_fits
+// What differs between families comes from lowering/rules.h.
+#pragma once
+
+#include "ir/ir.h"
+#include "lowering/hip_writer.h"
+#include "lowering/lower.h"
+#include "lowering/rules.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace flashjit::lowering::emit {
+
+using ir::Op;
+using ir::OpKind;
+using ir::TileLayout;
+using ir::Type;
+using ir::ValueId;
+
+constexpr int kKTile = 16; // k of an operand fragment (head-dim entries or keys)
+
+// LDS row padding (elements) so consecutive rows start in different banks.
+constexpr int kLdsPad = 8;
+
+inline std::string c_scalar_type(ir::ScalarType t) {
+  switch (t) {
+  case ir::ScalarType::i32:
+    return "int";
+  case ir::ScalarType::i64:
+    return "long";
+  case ir::ScalarType::f32:
+    return "float";
+  }
+  return "?";
+}
+
+inline std::string float_literal(double x) {
+  if (std::isinf(x))
+    return x < 0 ? "-FJ_INF" : "FJ_INF";
+  std::string s = fmt::format("{:.9g}", x);
+  if (s.find_first_of(".e") == std::string::npos)
+    s += ".0";
+  return s + "f";
+}
+
+/// LDS bytes of a staged tile of rows x cols 16-bit elements as the emitter
+/// lays it out (KernelEmitter::register_lds): rows padded by kLdsPad elements,
+/// or stored transposed with the columns padded; 16-byte aligned. check_fits
+/// sizes a config with the same function.
+inline int64_t staged_tile_bytes(int64_t rows, int64_t cols, bool transposed) {
+  const int64_t stride = (transposed ? rows : cols) + kLdsPad;
+  const int64_t elems = (transposed ? cols : rows) * stride;
+  return (elems * 2 + 15) / 16 * 16;
+}
+
+class KernelEmitter {
+public:
+  /// `mi` is null for rules without a matrix instruction (simt); `note` says
+  /// why these rules were chosen where that is not the family's default.
+  KernelEmitter(const ir::Program &p, const Target &t, const Rules &r, const MatrixInstr *mi,
+                std::string note)
+      : p_(p), target_(t), rules_(r), mi_(mi), note_(std::move(note)),
+        printed_(ir::value_names(p)) {}
+
+  Expected<Lowered> run();
+
+private:
+  // ---- value naming and shapes ----
+  // The C identifier of a value: its printed IR name (`%6` -> t6, `%m` -> m), so
+  // the comments in the HIP match `flashjit emit --print-ir`.
+  std::string name(ValueId v) const {
+    const std::string &n = printed_[v];
+    return std::isdigit(static_cast<unsigned char>(n[0])) ? "t" + n : n;
+  }
+  const Type &type(ValueId v) const { return p_.type_of(v); }
+  int tiles(int64_t extent) const { return int(extent / kKTile); }
+  // Accumulator fragments along a tile's columns.
+  int col_tiles(int64_t cols) const { return int(cols / rules_.n_tile()); }
+  // A run-time extent or stride in C: its parameter's name or the constant.
+  static std::string c_expr(const ir::Extent &e) {
+    return e.is_param() ? e.param : std::to_string(e.value);
+  }
+  // The rows of a tensor (seqlen_q or seqlen_k).
+  static std::string seq_const(const ir::TensorParam &t) { return c_expr(t.seq); }
+  // " * q_dim_stride" for a tensor whose head dim is not contiguous, else "".
+  static std::string dim_stride(const ir::TensorParam &t) {
+    return t.stride_dim == ir::Extent::constant(1) ? "" : " * " + c_expr(t.stride_dim);
+  }
+  // This workgroup's (batch, head) slice of tensor t, written out at each use:
+  // NVIDIA reads kernel arguments from constant memory, so recomputing costs a
+  // few integer ops where a hoisted 64-bit pointer would hold registers across
+  // the KV loop (sm_90 d=128 went from 168 to 175 registers, 3 -> 2 blocks per
+  // SM); LLVM hoists it into scalar registers on AMD by itself.
+  std::string head_base(const ir::TensorParam &t) const {
+    const bool kv = t.name == "K" || t.name == "V";
+    const std::string head =
+        kv ? fmt::format("{} / {}", name(p_.grid_arg(1)), c_expr(p_.group)) : name(p_.grid_arg(1));
+    return fmt::format("{} + long({}) * {} + long({}) * {}", t.name, name(p_.grid_arg(2)),
+                       c_expr(t.stride_batch), head, c_expr(t.stride_head));
+  }
+  // The first row of block `idx` (of `rows` rows) of a tensor's slice `base`.
+  static std::string block_base(const ir::TensorParam &t, const std::string &base,
+                                const std::string &idx, const std::string &rows) {
+    return fmt::format("{} + long({} * {}) * {}", base, idx, rows, c_expr(t.stride_seq));
+  }
+  // The offset of row `local` of a block from its first row: 32-bit unsigned,
+  // so the access takes a scalar base and a 32-bit lane offset; in range as the
+  // runtime checks (Lowered::max_row_stride).
+  static std::string row_offset(const ir::TensorParam &t, const std::string &local) {
+    if (t.stride_seq == ir::Extent::constant(1))
+      return fmt::format("unsigned({})", local);
+    return fmt::format("unsigned({}) * unsigned({})", local, c_expr(t.stride_seq));
+  }
+  // The C value of a mask window attribute: a parameter, a constant, or -1 (none).
+  std::string window_expr(const char *key) const {
+    auto it = mask_.attrs.find(key);
+    if (it == mask_.attrs.end())
+      return "-1";
+    if (const auto *r = std::get_if<ir::ParamRef>(&it->second))
+      return r->name;
+    return std::to_string(mask_.int_attr(key, -1));
+  }
+  // The trailing arguments of the fj_visible / fj_kv_range / fj_block_unmasked helpers.
+  std::string mask_args() const {
+    return fmt::format("{}, {}, {}, {}", seq_const(*p_.tensor("Q")), seq_const(*p_.tensor("K")),
+                       window_expr("window_left"), window_expr("window_right"));
+  }
+  static std::string dim_const(const ir::TensorParam &t) {
+    return t.name == "Q" || t.name == "K" ? "kDimQK" : "kDimV";
+  }
+
+  Status declare_params();
+  // Adds a named constant once (the loop body is emitted twice, see emit_for).
+  void add_constant(std::string decl, std::string comment) {
+    for (const auto &c : constants_)
+      if (c.first == decl)
+        return;
+    constants_.emplace_back(std::move(decl), std::move(comment));
+  }
+  Status find_mask(const std::vector<Op> &body);
+  void emit_constants();
+  Status emit_ops(const std::vector<Op> &body);
+  Status emit_op(const Op &op);
+  Status emit_load(const Op &op);
+  std::string register_lds(const Op &op);
+  void emit_stage_issue(const Op &op, const std::string &idx);
+  void finish_stage(const Op &op, const std::string &buf);
+  Status emit_store(const Op &op);
+  Status emit_for(const Op &op);
+  bool plan_pipeline(const Op &loop);
+  void emit_copy(ValueId dst_name_of, const std::string &dst, ValueId src);
+  // Loads `len` elements at src + d0 into frag[first...]: one vector load where the
+  // run is in bounds and aligned, else element by element with bounds checks.
+  void emit_run_load(const std::string &frag, int first, int len, bool whole,
+                     const std::string &dim, const std::string &dim_stride);
+  std::string declare(ValueId v);
+  // Emits `for` headers over a value's fragments; returns the element expression.
+  std::string open_elements(const Type &t, const std::string &var);
+  void close_elements(const Type &t);
+  void barrier_if_read(const std::string &buffer);
+  // One line per line of `text`.
+  void lines(std::string_view text) {
+    for (size_t begin = 0; begin <= text.size();) {
+      const size_t end = std::min(text.find('\n', begin), text.size());
+      w_.line("{}", text.substr(begin, end - begin));
+      begin = end + 1;
+    }
+  }
+  const Op *consumer_of(ValueId v, const std::vector<Op> &body) const;
+
+  const ir::Program &p_;
+  const Target &target_;
+  const Rules &rules_;
+  const MatrixInstr *mi_;
+  std::string note_;
+  std::vector<std::string> printed_;
+  HipWriter w_;
+  int64_t block_m_ = 0, block_n_ = 0, q_tiles_ = 0, waves_ = 0, pad_k_ = 16;
+  int m_tile_ = 16; // query rows of an accumulator fragment (Rules::m_tile)
+  int lds_bytes_ = 0;
+  int scale_constants_ = 0;
+  std::map<ValueId, std::string> lds_of_;          // #mma_b tiles live in LDS
+  std::map<std::string, std::string> lds_role_;    // buffer -> "rows" | "transposed"
+  std::map<std::string, std::string> lds_strides_; // buffer -> its stride constant
+  std::set<std::string> read_since_barrier_;
+  std::map<ValueId, const Op *> def_of_;
+  std::vector<std::pair<std::string, std::string>> constants_; // emitted before the kernel
+  std::vector<std::string> lds_decls_;                         // emitted at the top of the body
+  bool vec_ok_ = true;
+  bool vec4_ok_ = true; // 64-bit runs: head dims and strides that are multiples of 4 (e.g. 100)
+  bool q_in_lds_ = false;
+  // Software pipelining of the loop's LDS tiles (config stages >= 2): each tile is
+  // issued right after the previous one is complete, the first before the loop.
+  std::vector<const Op *> pipeline_order_;
+  std::set<const Op *> pipelined_loads_;
+  Op mask_{OpKind::Mask, {}, {}, {}, {}, {}}; // the mask attributes every mask and loop shares
+};
+
+} // namespace flashjit::lowering::emit

@@ -1,0 +1,265 @@
+// The emitter's memory: global loads of operand fragments, stores of the
+// accumulator and per-row vectors, K/V tiles staged through LDS by the whole
+// workgroup (asynchronously where the target has it), and their addressing
+// (lowering/emitter.h).
+#include "lowering/emitter.h"
+
+namespace flashjit::lowering::emit {
+
+Status KernelEmitter::emit_load(const Op &op) {
+  const ir::TensorParam &t = *p_.tensor(op.symbol_attr("tensor"));
+  const Type &ty = type(op.results[0]);
+  const std::string idx = name(op.operands[0]);
+  const std::string base = head_base(t);
+  if (ty.layout == TileLayout::mma_a && q_in_lds_) {
+    // Q staged once into LDS; the products read its fragments from there.
+    const std::string buf = register_lds(op);
+    if (buf.empty())
+      return Status::error("{} rules: an LDS-resident Q tile must feed mma_abt", rules_.name());
+    emit_stage_issue(op, idx);
+    finish_stage(op, buf);
+    return Status::ok();
+  }
+  if (ty.layout == TileLayout::mma_a) {
+    // Operand fragments straight from global memory, run by run: each run is
+    // `len` consecutive head-dim entries of one query row.
+    const int len = rules_.operand_run_len();
+    const std::vector<FragmentRun> runs = rules_.operand_runs();
+    w_.line("{};", declare(op.results[0]));
+    w_.line("const fj_bits *{}_base = {};", name(op.results[0]),
+            block_base(t, base, idx, "kBlockM"));
+    w_.line("#pragma unroll");
+    w_.open("for (int qt = 0; qt < kQTiles; ++qt) {{");
+    w_.line("#pragma unroll");
+    w_.open("for (int c = 0; c < {}; ++c) {{", tiles(ty.cols));
+    w_.line("{} frag = {{{}}};", rules_.operand_type(),
+            fmt::join(std::vector<int>(len * runs.size(), 0), ", "));
+    for (size_t r = 0; r < runs.size(); ++r) {
+      w_.open("{{");
+      w_.line("const int row = query_row(qt, {});", runs[r].row);
+      w_.line("const int d0 = c * 16 + {};", runs[r].col);
+      w_.line("const fj_bits *src = {}_base + {};", name(op.results[0]),
+              row_offset(t, fmt::format("local_row(qt, {})", runs[r].row)));
+      w_.open("if (row < {}) {{", seq_const(t));
+      emit_run_load("frag", int(r) * len, len, runs.size() == 1, dim_const(t), dim_stride(t));
+      w_.close();
+      w_.close();
+    }
+    w_.line("{}[qt][c] = frag;", name(op.results[0]));
+    w_.close();
+    w_.close();
+    return Status::ok();
+  }
+  if (ty.layout != TileLayout::mma_b)
+    return Status::error("{} rules cannot lower `load` into #{}", rules_.name(),
+                         tile_layout_name(ty.layout));
+  const std::string buf = register_lds(op);
+  if (!buf.empty() && pipelined_loads_.count(&op)) {
+    // Issued ahead (see emit_for): wait for this tile, then start the next one.
+    finish_stage(op, buf);
+    const std::vector<const Op *> &order = pipeline_order_;
+    const size_t i = std::find(order.begin(), order.end(), &op) - order.begin();
+    const Op &next = *order[(i + 1) % order.size()];
+    if (i + 1 < order.size()) {
+      emit_stage_issue(next, name(op.operands[0]));
+    } else {
+      w_.open("if ({} + 1 < kv_end) {{", name(op.operands[0]));
+      emit_stage_issue(next, name(op.operands[0]) + " + 1");
+      w_.close();
+    }
+    return Status::ok();
+  }
+  if (buf.empty())
+    return Status::error("{} rules: a #mma_b tile must feed mma_ab or mma_abt", rules_.name());
+  barrier_if_read(buf);
+  emit_stage_issue(op, idx);
+  finish_stage(op, buf);
+  return Status::ok();
+}
+
+// Waits for this lane's copies into `buf`, then for every wave's: the tile of
+// `op` is readable from there on.
+void KernelEmitter::finish_stage(const Op &op, const std::string &buf) {
+  w_.line("fj_stage_wait();");
+  w_.line("fj_barrier(); // the {} tile is complete before any wave reads it",
+          op.symbol_attr("tensor"));
+  read_since_barrier_.clear();
+  lds_of_[op.results[0]] = buf;
+}
+
+// A B operand is staged in LDS by the whole workgroup, 128 bits per copy. As B^T
+// (K, consumer mma_abt) it is stored row-major; as B (V, consumer mma_ab) row-major
+// or transposed, as the rules read it. Declares the buffer once; returns its name
+// ("" when the tile feeds no matrix product).
+std::string KernelEmitter::register_lds(const Op &op) {
+  const ir::TensorParam &t = *p_.tensor(op.symbol_attr("tensor"));
+  const Type &ty = type(op.results[0]);
+  const Op *use = consumer_of(op.results[0], p_.body);
+  if (!use || (use->kind != OpKind::MmaABt && use->kind != OpKind::MmaAB))
+    return "";
+  const bool transposed = use->kind == OpKind::MmaAB && rules_.v_transposed();
+  std::string lower = t.name;
+  std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
+  const std::string buf = "lds_" + lower + (transposed ? "t" : "");
+  const int64_t rows = ty.rows, cols = ty.cols;
+  const int64_t stride = transposed ? rows + kLdsPad : cols + kLdsPad;
+  const int64_t elems = transposed ? cols * stride : rows * stride;
+  const std::string stride_name = fmt::format("kLds{}Stride", t.name + (transposed ? "t" : ""));
+  if (!lds_role_.count(buf)) {
+    lds_role_[buf] = transposed ? "transposed" : "rows";
+    constants_.emplace_back(
+        fmt::format("constexpr int {} = {};", stride_name, stride),
+        fmt::format("LDS row stride of the {} tile (elements, padded by {} against bank conflicts)",
+                    t.name, kLdsPad));
+    lds_strides_[buf] = stride_name;
+    const std::string what = fmt::format("// {} tile {}x{}{}, rows padded by {}", t.name, rows,
+                                         cols, transposed ? " stored transposed" : "", kLdsPad);
+    if (rules_.dynamic_lds()) // at a 16-byte aligned offset of the launch's dynamic LDS
+      lds_decls_.push_back(fmt::format("FJ_DYNAMIC_LDS_ARRAY(fj_bits, {}, {}, {}); {}", buf, elems,
+                                       lds_bytes_, what));
+    else
+      lds_decls_.push_back(fmt::format("FJ_LDS_ARRAY(fj_bits, {}, {}); {}", buf, elems, what));
+    lds_bytes_ += int(staged_tile_bytes(rows, cols, transposed));
+  }
+  return buf;
+}
+
+// Starts copying block `idx` of a #mma_b tile into its LDS buffer: 8 elements per
+// copy, asynchronous where the target has it (fj_stage8), element by element at
+// ragged edges. fj_stage_wait() + a barrier make it visible.
+void KernelEmitter::emit_stage_issue(const Op &op, const std::string &idx) {
+  const ir::TensorParam &t = *p_.tensor(op.symbol_attr("tensor"));
+  const Type &ty = type(op.results[0]);
+  const std::string buf = register_lds(op);
+  const bool transposed = lds_role_.at(buf) == "transposed";
+  const std::string &stride_name = lds_strides_.at(buf);
+  const int64_t rows = ty.rows, cols = ty.cols;
+  w_.line("// IR: stage block {} of @{} into {}", idx, t.name, buf);
+  w_.open("{{");
+  const std::string rows_name = rows == block_n_   ? "kBlockN"
+                                : rows == block_m_ ? "kBlockM"
+                                                   : std::to_string(rows);
+  w_.line("const fj_bits *tile = {};", block_base(t, head_base(t), "(" + idx + ")", rows_name));
+  w_.line("// {} rows x {} chunks of 8 elements", rows, cols / 8);
+  w_.open("for (int i = fj_thread_id(); i < {} * {}; i += kThreads) {{", rows, cols / 8);
+  w_.line("const int r = i / {}, d0 = (i % {}) * 8;", cols / 8, cols / 8);
+  w_.line("const int row = ({}) * {} + r;", idx, rows_name);
+  w_.line("const fj_bits *src = tile + {};", row_offset(t, "r"));
+  if (!transposed) {
+    w_.open("if (kVecLoads && d0 + 8 <= {}) {{", dim_const(t));
+    w_.line("fj_stage8(&{}[r * {} + d0], src + d0, row < {}); // zeros past the last row", buf,
+            stride_name, seq_const(t));
+    w_.close("} else if (kVec4Loads && d0 + 4 <= " + dim_const(t) + ") {");
+    w_.indent(1);
+    w_.line("fj_stage4(&{}[r * {} + d0], src + d0, row < {});", buf, stride_name, seq_const(t));
+    w_.line("fj_stage4(&{}[r * {} + d0 + 4], src + d0 + 4, row < {} && d0 + 8 <= {});", buf,
+            stride_name, seq_const(t), dim_const(t));
+    w_.close("} else {");
+    w_.indent(1);
+  }
+  w_.line("fj_bits8 chunk = {{0, 0, 0, 0, 0, 0, 0, 0}};");
+  w_.open("if (row < {}) {{", seq_const(t));
+  if (transposed) {
+    w_.line("if (kVecLoads && d0 + 8 <= {})", dim_const(t));
+    w_.line("  chunk = fj_global_load8(src + d0);");
+    w_.line("else");
+    w_.indent(1);
+  }
+  w_.line("for (int e = 0; e < 8; ++e)");
+  w_.line("  if (d0 + e < {}) chunk[e] = fj_global_load1(src + long(d0 + e){});", dim_const(t),
+          dim_stride(t));
+  if (transposed)
+    w_.indent(-1);
+  w_.close();
+  if (transposed) {
+    w_.line("#pragma unroll");
+    w_.line("for (int e = 0; e < 8; ++e) fj_lds_store1(&{}[(d0 + e) * {} + r], chunk[e]);", buf,
+            stride_name);
+  } else {
+    w_.line("fj_lds_store8(&{}[r * {} + d0], chunk);", buf, stride_name);
+    w_.close();
+  }
+  w_.close();
+  w_.line("fj_stage_commit();");
+  w_.close();
+}
+
+Status KernelEmitter::emit_store(const Op &op) {
+  const ir::TensorParam &t = *p_.tensor(op.symbol_attr("tensor"));
+  const Type &ty = type(op.operands[0]);
+  const std::string v = name(op.operands[0]);
+  const std::string base = block_base(t, head_base(t), name(op.operands[1]), "kBlockM");
+  if (ty.is_vector()) {
+    // One value per query row, written by the one lane the rules name for it.
+    w_.line("float *{}_dst = {};", v, base);
+    w_.line("#pragma unroll");
+    w_.open("for (int qt = 0; qt < kQTiles; ++qt) {{");
+    w_.line("#pragma unroll");
+    w_.open("for (int s = 0; s < kRowSlots; ++s) {{");
+    w_.line("const int row = query_row(qt, {});", rules_.slot_row("s"));
+    w_.line("if ({} && row < {}) fj_global_store_f32({}_dst + {}, {}[qt][s]);", rules_.row_writer(),
+            seq_const(t), v, row_offset(t, fmt::format("local_row(qt, {})", rules_.slot_row("s"))),
+            v);
+    w_.close();
+    w_.close();
+    return Status::ok();
+  }
+  if (ty.layout != TileLayout::mma_acc || ty.dtype == DType::f32)
+    return Status::error("{} rules: `store` takes a converted #mma_acc tile", rules_.name());
+  // The accumulator fragment, run by run: `len` consecutive head-dim entries of one row.
+  const int len = rules_.acc_run_len();
+  const std::vector<FragmentRun> runs = rules_.acc_runs();
+  w_.line("fj_bits *{}_dst = {};", v, base);
+  w_.line("#pragma unroll");
+  w_.open("for (int qt = 0; qt < kQTiles; ++qt) {{");
+  w_.line("#pragma unroll");
+  w_.open("for (int c = 0; c < {}; ++c) {{", col_tiles(ty.cols));
+  for (size_t r = 0; r < runs.size(); ++r) {
+    w_.open("{{");
+    w_.line("const int row = query_row(qt, {});", runs[r].row);
+    w_.line("const int d0 = c * kNTile + {};", runs[r].col);
+    w_.line("fj_bits *dst = {}_dst + {};", v,
+            row_offset(t, fmt::format("local_row(qt, {})", runs[r].row)));
+    w_.open("if (row < {}) {{", seq_const(t));
+    const int first = int(r) * len;
+    w_.line("if (kVecLoads && d0 + {} <= {})", len, dim_const(t));
+    if (runs.size() == 1 && (len == 8 || len == 4))
+      w_.line("  fj_global_store{}(dst + d0, {}[qt][c]);", len, v);
+    else if (len == 4) // several runs of 4 (CDNA 32x32): a slice of the fragment
+      w_.line("  fj_global_store4(dst + d0, __builtin_shufflevector({0}[qt][c], {0}[qt][c], {1}, "
+              "{2}, {3}, {4}));",
+              v, first, first + 1, first + 2, first + 3);
+    else if (len == 2)
+      w_.line("  fj_global_store2(dst + d0, {0}[qt][c][{1}], {0}[qt][c][{2}]);", v, first,
+              first + 1);
+    else
+      w_.line("  for (int i = 0; i < {}; ++i) fj_global_store1(dst + d0 + i, {}[qt][c][{} + i]);",
+              len, v, first);
+    w_.line("else");
+    w_.line("  for (int i = 0; i < {}; ++i)", len);
+    w_.line("    if (d0 + i < {}) fj_global_store1(dst + long(d0 + i){}, {}[qt][c][{}]);",
+            dim_const(t), dim_stride(t), v, first ? fmt::format("{} + i", first) : "i");
+    w_.close();
+    w_.close();
+  }
+  w_.close();
+  w_.close();
+  return Status::ok();
+}
+
+void KernelEmitter::emit_run_load(const std::string &frag, int first, int len, bool whole,
+                                  const std::string &dim, const std::string &dim_stride) {
+  w_.line("if (kVecLoads && d0 + {} <= {})", len, dim);
+  if (whole)
+    w_.line("  {} = fj_global_load{}(src + d0);", frag, len);
+  else
+    w_.line("  {{ const fj_bits{0} v = fj_global_load{0}(src + d0); for (int i = 0; i < {0}; ++i) "
+            "{1}[{2} + i] = v[i]; }}",
+            len, frag, first);
+  w_.line("else");
+  w_.line("  for (int i = 0; i < {}; ++i)", len);
+  w_.line("    if (d0 + i < {}) {}[{}] = fj_global_load1(src + long(d0 + i){});", dim, frag,
+          first ? fmt::format("{} + i", first) : "i", dim_stride);
+}
+
+} // namespace flashjit::lowering::emit
