@@ -1,7 +1,9 @@
-# Fails when ir/ or lowering/ include a vendor header (HIP, CUDA, LLVM, Clang):
-# those folders must stay free of any GPU stack. Run as: cmake -DROOT=<src> -P this.
+# Fails when ir/, target/ or lowering/ include a vendor header (HIP, CUDA, LLVM,
+# Clang): those folders must stay free of any GPU stack; and when target/ (the
+# arch facts, at the bottom of the layering) includes any other flashjit folder.
+# Run as: cmake -DROOT=<src> -P this.
 set(bad "")
-foreach(dir ir lowering)
+foreach(dir ir target lowering)
   file(GLOB_RECURSE files ${ROOT}/${dir}/*.h ${ROOT}/${dir}/*.cpp ${ROOT}/${dir}/*.def)
   foreach(f ${files})
     file(STRINGS ${f} lines REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"](hip/|cuda|nvrtc|hiprtc|llvm/|llvm-c/|clang/|lld/|amd_comgr)")
@@ -10,8 +12,15 @@ foreach(dir ir lowering)
     endforeach()
   endforeach()
 endforeach()
+file(GLOB_RECURSE files ${ROOT}/target/*.h ${ROOT}/target/*.cpp)
+foreach(f ${files})
+  file(STRINGS ${f} lines REGEX "^[ \t]*#[ \t]*include[ \t]*\"(ir|lowering|templates|compiler|runtime|tools)/")
+  foreach(l ${lines})
+    list(APPEND bad "${f}: ${l} (target/ depends on nothing in flashjit)")
+  endforeach()
+endforeach()
 if(bad)
   list(JOIN bad "\n  " msg)
-  message(FATAL_ERROR "vendor headers included where the layering forbids them (ir/ and lowering/ must not know HIP/CUDA/LLVM):\n  ${msg}")
+  message(FATAL_ERROR "includes where the layering forbids them (ir/, target/ and lowering/ must not know HIP/CUDA/LLVM; target/ must not know the rest of flashjit):\n  ${msg}")
 endif()
-message(STATUS "layering ok: ir/ and lowering/ include no vendor headers")
+message(STATUS "layering ok: ir/, target/ and lowering/ include no vendor headers; target/ no other flashjit folder")

@@ -2,6 +2,8 @@
 // Document, all in-process.
 #include "compiler/code_object.h"
 
+#include "target/arch.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -265,22 +267,6 @@ Expected<std::unique_ptr<Mc>> make_mc(const CodeObject &code, const Opened &open
   return mc;
 }
 
-/// LLVM's VGPR allocation granule for this chip and wave size
-/// (AMDGPUBaseInfo.cpp, getVGPRAllocGranule): 8 on gfx90a and later CDNA
-/// (unified ArchVGPR + AccVGPR file); on chips with 50% more VGPRs (gfx1100,
-/// gfx1101, gfx1151, gfx1200, gfx1201) 24 for wave32 and 12 for wave64; on
-/// other gfx10.3+ 16 / 8; otherwise 8 / 4 (gfx9 is wave64: 4).
-int vgpr_alloc_granule(const llvm::MCSubtargetInfo &subtarget, int wave_size) {
-  bool wave32 = wave_size == 32;
-  if (subtarget.checkFeatures("+gfx90a-insts"))
-    return 8;
-  if (subtarget.checkFeatures("+allocate1_5xvgprs"))
-    return wave32 ? 24 : 12;
-  if (subtarget.checkFeatures("+gfx10-3-insts"))
-    return wave32 ? 16 : 8;
-  return wave32 ? 8 : 4;
-}
-
 struct Symbol {
   uint64_t address = 0, size = 0;
   std::string name;
@@ -420,8 +406,12 @@ Expected<std::vector<ResourceReport>> read_resources(const CodeObject &code, int
     return sections.status();
   std::vector<Symbol> symbols = function_symbols(*opened);
 
-  const llvm::MCSubtargetInfo &subtarget = *(*mc)->subtarget;
-  bool sgprs_limit = !subtarget.checkFeatures("+gfx10-insts");
+  // The VGPR granule and the SGPR rule are the processor's row of the arch facts.
+  const target::Arch *arch = target::find_arch(target::processor_of(opened->cpu));
+  if (arch == nullptr)
+    return bad(code, fmt::format("no arch facts for processor '{}': supported are {}", opened->cpu,
+                                 target::arch_list()));
+  const bool sgprs_limit = arch->facts().sgprs_limit_occupancy;
   std::vector<ResourceReport> reports = opened->kernels;
   for (ResourceReport &r : reports) {
     // The kernel's code is the function symbol named like its descriptor without ".kd".
@@ -438,7 +428,7 @@ Expected<std::vector<ResourceReport>> read_resources(const CodeObject &code, int
             ++r.matrix_instructions;
       break;
     }
-    r.vgpr_alloc_granule = vgpr_alloc_granule(subtarget, r.wavefront_size);
+    r.vgpr_alloc_granule = arch->vgpr_alloc_granule(r.wavefront_size);
     r.occupancy_waves_per_simd =
         occupancy(r, sgprs_limit, vgpr_file_per_simd, max_waves_per_simd, lds_bytes_per_cu_or_wgp);
   }

@@ -3,6 +3,8 @@
 // enum a C int, so one Handle type and int stand in for all of them.
 #include "compiler/comgr.h"
 
+#include "target/arch.h"
+
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -270,36 +272,6 @@ std::string action_log(const Comgr &c, Handle result) {
 
 // ---- resources (the same rules as code_object.cpp) ------------------------
 
-/// LLVM's VGPR allocation granule (AMDGPUBaseInfo.cpp, getVGPRAllocGranule),
-/// by processor instead of subtarget feature: the rows are the processors with
-/// +gfx90a-insts, +allocate1_5xvgprs and +gfx10-3-insts.
-struct GranuleRow {
-  std::vector<std::string_view> processors; // exact names, or a "gfx103" style prefix
-  int wave32, wave64;
-};
-const std::vector<GranuleRow> &granule_rows() {
-  static const std::vector<GranuleRow> rows = {
-      {{"gfx90a", "gfx940", "gfx941", "gfx942", "gfx950"}, 8, 8},
-      {{"gfx1100", "gfx1101", "gfx1151", "gfx1200", "gfx1201"}, 24, 12},
-      {{"gfx103", "gfx11", "gfx12"}, 16, 8},
-  };
-  return rows;
-}
-
-int vgpr_alloc_granule(std::string_view processor, int wave_size) {
-  for (const GranuleRow &row : granule_rows())
-    for (std::string_view p : row.processors)
-      if (processor == p || (p.size() < 7 && processor.starts_with(p)))
-        return wave_size == 32 ? row.wave32 : row.wave64;
-  return wave_size == 32 ? 8 : 4;
-}
-
-int gfx_major(std::string_view processor) {
-  if (processor.size() < 6 || !processor.starts_with("gfx"))
-    return -1;
-  return std::atoi(std::string(processor.substr(3, processor.size() - 5)).c_str());
-}
-
 /// Matrix instructions per function label of a disassembly. comgr labels a
 /// function "name:" in the first column (llvm-objdump: "0000000000001000 <name>:").
 std::vector<std::pair<std::string, int>> matrix_counts(std::string_view text) {
@@ -452,8 +424,14 @@ Expected<std::vector<ResourceReport>> comgr_read_resources(const CodeObject &cod
   if (!text)
     return text.status();
   const auto counts = matrix_counts(*text);
+  // The VGPR granule and the SGPR rule are the processor's row of the arch facts.
   const std::string processor(processor_of(loaded->isa));
-  const bool sgprs_limit = gfx_major(processor) < 10;
+  const target::Arch *arch = target::find_arch(processor);
+  if (arch == nullptr)
+    return Status::error("the {} code object is for processor '{}', which has no arch facts: "
+                         "supported are {}",
+                         code.arch, processor, target::arch_list());
+  const bool sgprs_limit = arch->facts().sgprs_limit_occupancy;
 
   std::vector<ResourceReport> reports;
   for (size_t i = 0; i < count; ++i) {
@@ -481,7 +459,7 @@ Expected<std::vector<ResourceReport>> comgr_read_resources(const CodeObject &cod
     for (const auto &[name, n] : counts)
       if (name == function)
         r.matrix_instructions += n;
-    r.vgpr_alloc_granule = vgpr_alloc_granule(processor, r.wavefront_size);
+    r.vgpr_alloc_granule = arch->vgpr_alloc_granule(r.wavefront_size);
     r.occupancy_waves_per_simd =
         occupancy(r, sgprs_limit, vgpr_file_per_simd, max_waves_per_simd, lds_bytes_per_cu_or_wgp);
     reports.push_back(std::move(r));

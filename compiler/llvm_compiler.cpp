@@ -33,6 +33,8 @@
 // with --threads=1 so the child never needs LLVM's thread pool.
 #include "compiler/llvm_compiler.h"
 
+#include "target/arch.h"
+
 #include <clang/Basic/Diagnostic.h>
 #include <clang/Basic/DiagnosticOptions.h>
 #include <clang/CodeGen/CodeGenAction.h>
@@ -88,34 +90,24 @@ constexpr int kExitFatal = 70;
 /// How much of the child's stderr a crash report quotes.
 constexpr size_t kStderrTailBytes = 4096;
 
-/// The chip generation: "gfx1201" -> 12, "gfx90a" -> 9, -1 if not "gfx<N><2 chars>".
-int gfx_major(std::string_view arch) {
-  if (arch.size() < 6 || arch.substr(0, 3) != "gfx")
-    return -1;
-  std::string_view digits = arch.substr(3, arch.size() - 5);
-  int major = 0;
-  for (char c : digits) {
-    if (c < '0' || c > '9')
-      return -1;
-    major = major * 10 + (c - '0');
-  }
-  return major;
-}
-
 std::string target_id(const CompileOptions &options) {
   return options.features.empty() ? options.arch : options.arch + ":" + options.features;
 }
 
 Status check_options(const CompileOptions &options) {
-  int major = gfx_major(options.arch);
-  if (major < 0)
+  if (target::vendor_of_name(options.arch) != target::Vendor::amd)
     return Status::error("compile: '{}' is not an AMDGPU processor name like gfx1201",
                          options.arch);
+  const target::Arch *arch = target::find_arch(options.arch);
+  if (arch == nullptr)
+    return Status::error("compile: unknown AMDGPU processor '{}': supported are {}", options.arch,
+                         target::arch_list());
   if (options.wave_size != 32 && options.wave_size != 64)
     return Status::error("compile for {}: wave size {} is neither 32 nor 64", options.arch,
                          options.wave_size);
-  if (options.wave_size == 32 && major < 10)
-    return Status::error("compile for {}: gfx{} runs wave64 only, not wave32", options.arch, major);
+  if (!arch->runs_wave(options.wave_size))
+    return Status::error("compile for {}: gfx{} runs wave{} only, not wave{}", options.arch,
+                         arch->generation, arch->wave_size(), options.wave_size);
   if (options.opt_level < 0 || options.opt_level > 3)
     return Status::error("compile for {}: optimization level {} is not 0 to 3", options.arch,
                          options.opt_level);
@@ -483,7 +475,8 @@ std::vector<std::string> LlvmCompiler::driver_args(const CompileOptions &options
       "-O" + std::to_string(options.opt_level),
   };
   // RDNA defaults to wave32; CDNA (gfx9) is wave64 without a flag.
-  if (options.wave_size == 64 && gfx_major(options.arch) >= 10)
+  const target::Arch *arch = target::find_arch(options.arch);
+  if (options.wave_size == 64 && arch != nullptr && arch->needs_wave_size_flag(64))
     args.push_back("-mwavefrontsize64");
   args.insert(args.end(), options.extra_flags.begin(), options.extra_flags.end());
   args.push_back(kSourceName);

@@ -3,6 +3,7 @@
 #include "compiler/rtc_compiler.h"
 
 #include "compiler/knobs.h"
+#include "target/arch.h"
 
 #include <dlfcn.h>
 #include <sys/stat.h>
@@ -194,19 +195,6 @@ bool is_nvidia_arch(std::string_view arch, std::string_view prefix) {
          std::all_of(rest.begin(), rest.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
-/// "gfx1201" -> 12, "gfx90a" -> 9; -1 for anything else.
-int gfx_major(std::string_view arch) {
-  if (arch.size() < 6 || !arch.starts_with("gfx"))
-    return -1;
-  int major = 0;
-  for (char c : arch.substr(3, arch.size() - 5)) {
-    if (c < '0' || c > '9')
-      return -1;
-    major = major * 10 + (c - '0');
-  }
-  return major;
-}
-
 struct RtcOutput {
   std::string code;
   std::string log;
@@ -351,9 +339,9 @@ Expected<std::vector<std::string>> RtcCompiler::compile_args(RtcKind kind, const
     if (!o.features.empty())
       return Status::error("compile for {}: NVIDIA targets take no features ('{}')", o.arch,
                            o.features);
-    if (o.wave_size != 32)
-      return Status::error("compile for {}: NVIDIA warps are 32 threads, not {}", o.arch,
-                           o.wave_size);
+    if (o.wave_size != target::kNvidiaWarpSize)
+      return Status::error("compile for {}: NVIDIA warps are {} threads, not {}", o.arch,
+                           target::kNvidiaWarpSize, o.wave_size);
     args.push_back("--gpu-architecture=" + (ptx ? "compute_" + o.arch.substr(3) : o.arch));
     args.push_back("-std=c++17");
     args.push_back("-default-device");
@@ -362,20 +350,24 @@ Expected<std::vector<std::string>> RtcCompiler::compile_args(RtcKind kind, const
   } else {
     if (ptx)
       return Status::error("PTX is NVIDIA's: hiprtc makes AMDGPU code objects");
-    const int major = gfx_major(o.arch);
-    if (major < 0)
+    if (target::vendor_of_name(o.arch) != target::Vendor::amd)
       return Status::error("hiprtc here compiles for AMD GPUs: '{}' is not a processor like "
                            "gfx1201 or gfx90a",
                            o.arch);
+    const target::Arch *arch = target::find_arch(o.arch);
+    if (arch == nullptr)
+      return Status::error("compile: unknown AMDGPU processor '{}': supported are {}", o.arch,
+                           target::arch_list());
     if (o.wave_size != 32 && o.wave_size != 64)
       return Status::error("compile for {}: wave size {} is neither 32 nor 64", o.arch,
                            o.wave_size);
-    if (o.wave_size == 32 && major < 10)
-      return Status::error("compile for {}: gfx{} runs wave64 only, not wave32", o.arch, major);
+    if (!arch->runs_wave(o.wave_size))
+      return Status::error("compile for {}: gfx{} runs wave{} only, not wave{}", o.arch,
+                           arch->generation, arch->wave_size(), o.wave_size);
     args.push_back("--offload-arch=" + (o.features.empty() ? o.arch : o.arch + ":" + o.features));
     args.push_back(fmt::format("-O{}", o.opt_level));
     args.push_back("-std=c++17");
-    if (o.wave_size == 64 && major >= 10)
+    if (o.wave_size == 64 && arch->needs_wave_size_flag(64))
       args.push_back("-mwavefrontsize64");
   }
   args.insert(args.end(), o.extra_flags.begin(), o.extra_flags.end());

@@ -3,6 +3,7 @@
 
 #include "compiler/knobs.h"
 #include "compiler/rtc_compiler.h"
+#include "target/arch.h"
 #ifdef FLASHJIT_HAVE_LLVM
 #include "compiler/llvm_compiler.h"
 #endif
@@ -49,8 +50,10 @@ Status probe_hiprtc(RtcCompiler &hiprtc, std::string_view target_id) {
     return it->second;
   CompileOptions o;
   split_target(target_id, o.arch, o.features);
-  // The wave size the processor runs natively; gfx9 has no wave32.
-  o.wave_size = o.arch.size() == 6 ? 64 : 32;
+  // The wave size the processor runs natively (unknown processors: hiprtc's
+  // compile_args says so).
+  if (const target::Arch *arch = target::find_arch(o.arch))
+    o.wave_size = arch->wave_size();
   o.timeout_seconds = 60;
   auto code =
       hiprtc.compile("extern \"C\" __global__ void flashjit_probe(int *p) { *p = 1; }\n", o);
@@ -62,10 +65,8 @@ Status probe_hiprtc(RtcCompiler &hiprtc, std::string_view target_id) {
 } // namespace
 
 Expected<Vendor> target_vendor(std::string_view target_id) {
-  if (target_id.starts_with("gfx"))
-    return Vendor::amd;
-  if (target_id.starts_with("sm_"))
-    return Vendor::nvidia;
+  if (std::optional<Vendor> v = target::vendor_of_name(target_id))
+    return *v;
   return Status::error("'{}' is neither an AMD target (gfx1201, gfx90a:xnack-, ...) nor an "
                        "NVIDIA one (sm_80, sm_90, sm_90a, ...)",
                        target_id);

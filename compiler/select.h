@@ -11,6 +11,7 @@
 #pragma once
 
 #include "compiler/compiler.h"
+#include "target/arch.h"
 
 #include <memory>
 #include <string_view>
@@ -18,9 +19,10 @@
 
 namespace flashjit::compiler {
 
-enum class Vendor { amd, nvidia };
+using target::Vendor;
 
-/// "gfx1201", "gfx90a:xnack-" -> amd; "sm_90", "sm_90a" -> nvidia; else an error.
+/// "gfx1201", "gfx90a:xnack-" -> amd; "sm_90", "sm_90a" -> nvidia; else an error
+/// (target::vendor_of_name, with a message).
 Expected<Vendor> target_vendor(std::string_view target_id);
 
 /// The names make_compiler() accepts, "auto" first.

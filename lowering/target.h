@@ -2,10 +2,12 @@
 // "gfx1201" or "gfx90a:sramecc+:xnack-". Everything the lowering needs to know
 // about the hardware is a field or a query here (habit 3: rows, not
 // `if (arch == ...)` ladders); the wave size in particular is always
-// `target.wave_size`, never a literal.
+// `target.wave_size`, never a literal. The numbers come from the arch-facts rows
+// of target/arch.h, which the compilers read too.
 #pragma once
 
 #include "ir/status.h"
+#include "target/arch.h"
 
 #include <optional>
 #include <string>
@@ -16,19 +18,9 @@ namespace flashjit::lowering {
 
 struct MatrixInstr;
 
-/// Matrix-instruction families. A family shares the matrix instructions, their
-/// lane layouts and the wave size; the names match the prefixes of the AMD
-/// Matrix Instruction Calculator data (tests/data/amd_matrix_layouts.json).
-enum class Family {
-  gfx11, ///< RDNA3 / RDNA3.5: gfx1100-1103, gfx1150-1151. WMMA, wave32.
-  gfx12, ///< RDNA4: gfx1200, gfx1201. WMMA (`_gfx12` builtins), wave32.
-  cdna2, ///< gfx90a (MI200). MFMA, wave64.
-  cdna3, ///< gfx942 (MI300). MFMA, wave64.
-  cdna4, ///< gfx950 (MI350). MFMA with the K32/K16 shapes, wave64.
-  sm80,  ///< NVIDIA Ampere and later (sm_80 .. sm_90): warp-wide mma.sync, 32 lanes.
-};
-
-std::string_view family_name(Family f);
+/// Matrix-instruction families (target/arch.h).
+using target::Family;
+using target::family_name;
 
 struct Target {
   /// Processor name, e.g. "gfx1201".
@@ -64,7 +56,7 @@ struct Target {
 
   std::string_view family_name() const { return lowering::family_name(family); }
   /// NVIDIA targets compile with nvrtc and launch through the CUDA driver.
-  bool is_nvidia() const { return family == Family::sm80; }
+  bool is_nvidia() const { return target::family_facts(family).vendor == target::Vendor::nvidia; }
   /// The target ID to hand to the compiler: arch, then ":features" if any.
   std::string target_id() const;
   /// Waves that fit on one SIMD when each uses `vgprs` VGPRs (LLVM's

@@ -64,7 +64,7 @@ extern "C" __global__ void wrong_wmma(const v16h *a, const v16h *b, v8f *c) {
 }
 )";
 
-// Hardware figures for occupancy (lowering/target.cpp has the same rows).
+// Hardware figures for occupancy (target/arch.cpp has the same rows).
 constexpr int kRdna4VgprFile = 1536, kRdna4MaxWaves = 16, kLds = 64 * 1024;
 constexpr int kCdna2VgprFile = 512, kCdna2MaxWaves = 8;
 

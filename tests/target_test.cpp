@@ -37,7 +37,7 @@ struct ArchFacts {
   int max_waves_per_simd;
 };
 
-// Sources: lowering/target.cpp (LLVM AMDGPUBaseInfo.cpp / AMDGPU.td, clang 22 checks).
+// Sources: target/arch.cpp (LLVM AMDGPUBaseInfo.cpp / AMDGPU.td, clang 22 checks).
 constexpr ArchFacts kFacts[] = {
     {"gfx1100", Family::gfx11, 32, 65536, 256, 1536, 24, 16},
     {"gfx1101", Family::gfx11, 32, 65536, 256, 1536, 24, 16},

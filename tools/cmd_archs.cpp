@@ -1,8 +1,8 @@
 // `flashjit archs`: what this flashjit can target and with what. Every row comes
-// from the tables the lowering itself uses (lowering/target.cpp for the
-// processors, lowering/matrix_table.cpp for the instructions, lowering/rules.cpp
-// for the rule sets), so the listing cannot drift from what `emit` does; then
-// the compilers and devices this machine has.
+// from the tables the lowering and the compilers use (target/arch.cpp for the
+// processors, through lowering/target.cpp; lowering/matrix_table.cpp for the
+// instructions, lowering/rules.cpp for the rule sets), so the listing cannot
+// drift from what `emit` does; then the compilers and devices this machine has.
 #include "compiler/code_object.h"
 #include "compiler/rtc_compiler.h"
 #include "lowering/lower.h"
