@@ -122,3 +122,23 @@ def test_bad_config_is_named():
         flashjit.flash_attn_func(q, k, v, arch="gfx942", config={"block_m": 64})
     with pytest.raises(flashjit.FlashJitError, match="mma_m = 32"):
         flashjit.flash_attn_func(q, k, v, arch="gfx1201", config={"mma_m": 32})
+
+
+def test_one_handle_serves_every_shape_of_a_signature():
+    """Prefill of several lengths, decode with a growing KV cache, another batch and
+    GQA group: one signature, so one handle (one compiled kernel) runs them all."""
+    from flashjit import api
+    before = set(api._ATTENTIONS)
+    rng = np.random.default_rng(11)
+    shapes = [(1, 5, 5, 4, 2), (2, 70, 70, 4, 4), (1, 1, 31, 4, 1), (1, 1, 32, 4, 1),
+              (3, 17, 9, 2, 1)]  # b, sq, sk, hq, hkv
+    for b, sq, sk, hq, hkv in shapes:
+        q, k, v = inputs(rng, b, sq, sk, hq, hkv, 48, 48, "f16")
+        out = flashjit.flash_attn_func(q, k, v, causal=True, arch=ARCH)
+        ref, _ = attention(q, k, v, causal=True)
+        assert not np.isnan(out).any()
+        assert np.abs(out.astype(np.float64) - ref).max() <= TOL["f16"]
+    added = set(api._ATTENTIONS) - before
+    assert len(added) == 1, added
+    explain = flashjit._lib.lib.fj_attention_explain(api._ATTENTIONS[added.pop()]).decode()
+    assert f"{len(shapes)} forward calls" in explain, explain
