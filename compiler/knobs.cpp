@@ -58,7 +58,8 @@ const std::vector<KnobInfo> &knob_table() {
        "request (cache outcome, key, compiler, time), the compiler `auto` picked and why, cache "
        "files rejected as corrupt. 2: also the compile options, the cache paths read and "
        "written, the compiler's warnings. 3: also the emitted HIP source of every kernel "
-       "compiled. 4: also the tile IR after every pass."},
+       "compiled. 4: also the tile IR of every kernel generated (as built: there are no IR passes "
+       "yet)."},
       {"FLASHJIT_DUMP_DIR", "DIR", "unset (no dumps)",
        "Write every emitted source (<kernel>-<key>.hip) and code object (<kernel>-<key>.co, "
        ".cubin for NVIDIA) into DIR."},
@@ -90,7 +91,7 @@ Expected<Knobs> parse_knobs(const Getenv &getenv_fn) {
     long level = std::strtol(v.c_str(), &end, 10);
     if (errno != 0 || end != v.c_str() + v.size() || level < 0 || level > kMaxDebug)
       problems.push_back(fmt::format("FLASHJIT_DEBUG={}: expected a level from 0 (silent) to {} "
-                                     "(IR after every pass and the emitted source)",
+                                     "(the tile IR and the emitted source)",
                                      v, kMaxDebug));
     else
       k.debug = static_cast<int>(level);

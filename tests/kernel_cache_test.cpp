@@ -746,8 +746,8 @@ TEST(Knobs, Values) {
 TEST(Knobs, BadValuesAreClearErrors) {
   auto a = parse_knobs(env({{"FLASHJIT_DEBUG", "abc"}}));
   ASSERT_FALSE(a);
-  EXPECT_EQ(a.status().message(), "FLASHJIT_DEBUG=abc: expected a level from 0 (silent) to 4 (IR "
-                                  "after every pass and the emitted source)");
+  EXPECT_EQ(a.status().message(), "FLASHJIT_DEBUG=abc: expected a level from 0 (silent) to 4 "
+                                  "(the tile IR and the emitted source)");
   EXPECT_FALSE(parse_knobs(env({{"FLASHJIT_DEBUG", "5"}})));
   EXPECT_FALSE(parse_knobs(env({{"FLASHJIT_DEBUG", "-1"}})));
   EXPECT_FALSE(parse_knobs(env({{"FLASHJIT_DEBUG", "2x"}})));
