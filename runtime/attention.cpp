@@ -30,6 +30,7 @@
 
 namespace flashjit {
 
+using detail::failed;
 using detail::Failure;
 
 namespace {
@@ -40,13 +41,6 @@ using pipeline::Generated;
 enum class Executor { gpu, emulator, interpreter };
 
 std::string short_key(const std::string &key) { return key.substr(0, 16); }
-
-/// Records the failing stage for the C API and passes the Status on.
-Status failed(Failure *out, Failure stage, Status status) {
-  if (out)
-    *out = stage;
-  return status;
-}
 
 // ---- host copies of strided tensors ----------------------------------------
 

@@ -17,6 +17,14 @@ enum class Failure {
   runtime,     ///< module load, launch, copies, the emulator or interpreter
 };
 
+/// Records the failing stage for the C API (where `out` is not null) and
+/// passes the Status on.
+inline Status failed(Failure *out, Failure stage, Status status) {
+  if (out)
+    *out = stage;
+  return status;
+}
+
 struct AttentionAccess {
   static Expected<Attention> create(const AttentionSpec &spec, const Device &device,
                                     const Options &options, Failure *failure);

@@ -11,14 +11,9 @@
 
 namespace flashjit::pipeline {
 
-namespace {
+using detail::failed;
 
-/// Records the failing stage for the C API and passes the Status on.
-Status failed(Failure *out, Failure stage, Status status) {
-  if (out)
-    *out = stage;
-  return status;
-}
+namespace {
 
 /// Everything in CompileOptions that changes the code object, and the rule set
 /// that wrote the source, as cache-key text.

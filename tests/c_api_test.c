@@ -141,6 +141,19 @@ static void test_basics(void) {
   CHECK(source != NULL && strstr(source, "gfx1201") != NULL);
   CHECK(source != NULL && strstr(source, "__builtin_amdgcn_wmma") != NULL);
   fj_free(source);
+
+  /* The signature ignores shapes: another length and batch, the same text. */
+  char sig[256], other[256];
+  CHECK(fj_spec_signature(&spec, sig, sizeof sig) == FJ_OK);
+  CHECK(strstr(sig, "bf16 d=64/64") != NULL);
+  fj_spec longer = spec;
+  CHECK(fj_spec_init_bhsd(&longer, 3, 4, 4, 129, 1000, 64, 64, FJ_DTYPE_BF16) == FJ_OK);
+  CHECK(fj_spec_signature(&longer, other, sizeof other) == FJ_OK);
+  CHECK(strcmp(sig, other) == 0);
+  longer.causal = 1;
+  CHECK(fj_spec_signature(&longer, other, sizeof other) == FJ_OK);
+  CHECK(strcmp(sig, other) != 0 && strstr(other, "causal") != NULL);
+  CHECK_ERROR(fj_spec_signature(&spec, sig, 4), FJ_ERROR_INVALID_ARGUMENT, "buffer");
 }
 
 static void test_errors(void) {

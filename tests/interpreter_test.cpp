@@ -47,6 +47,26 @@ const Case kCases[] = {
     {1, 2, 2, 256, 17, 40, 40, bf16, bhsd, true, kNoWindow, true}, // most rows fully masked
 };
 
+/// Runs `program` (built for some spec of the same signature) at `spec`'s shapes
+/// through bind_attention and compares with the float64 reference at the
+/// tolerance stated for the dtype (tolerance_for: bf16 abs 3e-2 / rel L2 2e-2,
+/// f16 abs 4e-3 / rel L2 3e-3; ir/reference.cpp says why).
+void expect_matches_reference(const ir::Program &program, const AttentionSpec &spec,
+                              uint64_t seed) {
+  SCOPED_TRACE(spec.summary());
+  ASSERT_TRUE(spec.validate()) << spec.validate().message();
+  HostTensors t = make_random_inputs(spec, seed);
+  // Outputs start as NaN: an element the program does not write cannot pass.
+  poison_outputs(spec, t);
+  Status run = ir::interpret(program, ir::bind_attention(spec), t);
+  ASSERT_TRUE(run) << run.message();
+  const ErrorStats err = compare(spec, t, reference_attention(spec, t));
+  const Tolerance tol = tolerance_for(spec.dtype);
+  EXPECT_TRUE(err.within(tol.abs, tol.rel))
+      << "max_abs " << err.max_abs << " rel_l2 " << err.rel_l2 << " nonfinite " << err.nonfinite
+      << " (tolerance abs " << tol.abs << " rel " << tol.rel << ")";
+}
+
 class InterpreterVsReference : public testing::TestWithParam<Case> {};
 
 TEST_P(InterpreterVsReference, MatchesFloat64) {
@@ -54,15 +74,7 @@ TEST_P(InterpreterVsReference, MatchesFloat64) {
   ASSERT_TRUE(spec.validate()) << spec.validate().message();
   auto p = ir::build_attention(spec, ir::Config{});
   ASSERT_TRUE(p) << p.status().message();
-  // Fresh random inputs; O and LSE start as NaN poison.
-  HostTensors t = make_random_inputs(spec, 1234 + GetParam().dqk);
-  Status run = ir::interpret(*p, ir::bind_attention(spec), t);
-  ASSERT_TRUE(run) << run.message();
-  const ErrorStats err = compare(spec, t, reference_attention(spec, t));
-  const Tolerance tol = tolerance_for(spec.dtype);
-  EXPECT_TRUE(err.within(tol.abs, tol.rel))
-      << "max_abs " << err.max_abs << " rel_l2 " << err.rel_l2 << " nonfinite " << err.nonfinite
-      << " (tolerance abs " << tol.abs << " rel " << tol.rel << ")";
+  expect_matches_reference(*p, spec, 1234 + GetParam().dqk);
 }
 
 INSTANTIATE_TEST_SUITE_P(Matrix, InterpreterVsReference, testing::ValuesIn(kCases),
@@ -84,26 +96,6 @@ TEST(Interpreter, RejectsShortBuffers) {
 }
 
 // ---- one shape-free program, many shapes ---------------------------------------
-
-/// Runs `program` (built for some spec of the same signature) at `spec`'s shapes
-/// through bind_attention and compares with the float64 reference at the
-/// tolerance stated for the dtype (tolerance_for: bf16 abs 3e-2 / rel L2 2e-2,
-/// f16 abs 4e-3 / rel L2 3e-3; ir/reference.cpp says why).
-void expect_matches_reference(const ir::Program &program, const AttentionSpec &spec,
-                              uint64_t seed) {
-  SCOPED_TRACE(spec.summary());
-  ASSERT_TRUE(spec.validate()) << spec.validate().message();
-  HostTensors t = make_random_inputs(spec, seed);
-  // Outputs start as NaN: an element the program does not write cannot pass.
-  poison_outputs(spec, t);
-  Status run = ir::interpret(program, ir::bind_attention(spec), t);
-  ASSERT_TRUE(run) << run.message();
-  const ErrorStats err = compare(spec, t, reference_attention(spec, t));
-  const Tolerance tol = tolerance_for(spec.dtype);
-  EXPECT_TRUE(err.within(tol.abs, tol.rel))
-      << "max_abs " << err.max_abs << " rel_l2 " << err.rel_l2 << " nonfinite " << err.nonfinite
-      << " (tolerance abs " << tol.abs << " rel " << tol.rel << ")";
-}
 
 /// Specs of one signature (f16, d = 40/40, sliding window, LSE, every stride a
 /// multiple of 16 bytes): batch, heads, kv_heads, seqlens, strides, window sizes
