@@ -4,6 +4,8 @@
 #   bench/h100_session.sh tests    build, ctest, the torch tests, dynamic shapes, compile times
 #   bench/h100_session.sh sdpa     the SDPA bench with this tree and with .old (the tree
 #                                  before run-time shapes, `git archive` of the last commit)
+#   bench/h100_session.sh split    split-KV correctness: the CUDA ctest cases, the torch tests
+#   bench/h100_session.sh decode   bench/bench_decode.py (DECODE_ARGS adds its arguments)
 # Logs go to $OUT (or ./h100-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -48,5 +50,23 @@ sdpa)
     FLASHJIT_CACHE_DIR=$(mktemp -d) FLASHJIT_LIBRARY=$lib PYTHONUNBUFFERED=1 \
       python3 $src/bench/bench_sdpa.py --out "$out/$tree" "${args[@]}" 2>&1 | tee "$out/sdpa_$tree.log"
   done
+  ;;
+split)
+  # Split-KV correctness on the GPU: the CUDA ctest cases and the torch suites.
+  build . /tmp/fj || { tail -50 "$out/build-fj.log"; exit 1; }
+  export FLASHJIT_LIBRARY=/tmp/fj/runtime/libflashjit.so
+  ctest --test-dir /tmp/fj -j8 -R "Cuda|Nvrtc|nvrtc" --output-on-failure >"$out/ctest_cuda.log" 2>&1
+  tail -8 "$out/ctest_cuda.log"
+  FLASHJIT_CACHE_DIR=$(mktemp -d) timeout 300 python3 -m pytest -q -x \
+    python/tests/test_torch_cuda.py python/tests/test_torch_matrix.py \
+    >"$out/torch_tests.log" 2>&1
+  tail -3 "$out/torch_tests.log"
+  ;;
+decode)
+  # The decode benchmark: flashjit (split-KV auto and off) against SDPA's backends.
+  build . /tmp/fj flashjit_shared || { tail -50 "$out/build-fj.log"; exit 1; }
+  FLASHJIT_CACHE_DIR=$(mktemp -d) FLASHJIT_LIBRARY=/tmp/fj/runtime/libflashjit.so \
+    PYTHONUNBUFFERED=1 python3 bench/bench_decode.py --out "$out" ${DECODE_ARGS:-} 2>&1 |
+    tail -80
   ;;
 esac

@@ -9,6 +9,12 @@
 // last rename wins and every reader opens a complete file (both results are
 // the same code anyway). A reader verifies what it opened in full before using
 // it, so a file damaged any other way is caught there.
+//
+// The size cap. After a store, trim() lists the directory, and while the entry
+// files add up to more than the limit it removes the one with the oldest
+// modification time (after reading its header, as clear() does). Processes
+// trimming at once may remove a file twice (the second unlink finds nothing)
+// or one more than needed; neither loses more than a recompile.
 #include "compiler/kernel_cache.h"
 
 #include "compiler/knobs.h"
@@ -29,6 +35,7 @@
 #include <list>
 #include <mutex>
 #include <set>
+#include <tuple>
 #include <unordered_map>
 #include <variant>
 
@@ -50,6 +57,9 @@ constexpr auto kStaleTemp = std::chrono::seconds(60);
 /// No code object comes near this: a larger entry file (a huge sparse file,
 /// say) is refused unread and the kernel recompiled.
 constexpr int64_t kMaxEntryBytes = int64_t(256) << 20;
+/// The failed stores remembered for stored() (a long-running process on a
+/// full disk must not grow without bound).
+constexpr size_t kMaxStoreFailures = 1024;
 
 bool is_key(std::string_view key) {
   return key.size() == kKeyChars && std::all_of(key.begin(), key.end(), [](char c) {
@@ -267,6 +277,51 @@ ReadResult read_file(const std::string &path, std::string &out, std::string &why
   return ReadResult::ok;
 }
 
+/// The start of a file named like an entry, read only as far as the header:
+/// never through a symbolic link, never blocking on a FIFO.
+struct Head {
+  enum class Result { ok, missing, refused } result = Result::missing;
+  std::string bytes; ///< up to kHeaderBytes
+  struct stat st{};  ///< of the opened file
+  std::string why;   ///< for Result::refused: why it cannot be an entry
+};
+
+Head read_head(const std::string &path) {
+  Head h;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) {
+    if (errno != ENOENT) { // else removed meanwhile
+      h.result = Head::Result::refused;
+      h.why = errno == ELOOP ? std::string("a symbolic link, not a cache entry")
+                             : "cannot open: " + errno_text();
+    }
+    return h;
+  }
+  h.result = Head::Result::refused;
+  ssize_t n = -1;
+  h.bytes.assign(kHeaderBytes, '\0');
+  if (::fstat(fd, &h.st) == 0 && S_ISREG(h.st.st_mode))
+    n = ::read(fd, h.bytes.data(), h.bytes.size());
+  const int read_errno = errno;
+  ::close(fd);
+  if (!S_ISREG(h.st.st_mode)) {
+    h.why = "not a regular file, so not a cache entry";
+  } else if (n < 0) {
+    h.why = std::string("cannot read: ") + std::strerror(read_errno);
+  } else {
+    h.bytes.resize(size_t(n));
+    h.result = Head::Result::ok;
+  }
+  return h;
+}
+
+/// Renews the modification time of an entry file: its "last used" for the
+/// disk limit. Best effort: a file removed meanwhile needs no renewal.
+void touch(const std::string &path) {
+  const timespec times[2] = {{0, UTIME_OMIT}, {0, UTIME_NOW}};
+  ::utimensat(AT_FDCWD, path.c_str(), times, AT_SYMLINK_NOFOLLOW);
+}
+
 /// Why the start of `file`, named for `key`, is not a header this cache wrote
 /// (any format version), or empty if it is. A temporary file may hold only the
 /// beginning of one (`partial`): its writer died mid-write.
@@ -391,18 +446,26 @@ struct KernelCache::Impl {
   bool always_compile = false;
 
   mutable std::mutex mutex; // everything below
+  int64_t disk_limit = kDefaultCacheMaxBytes;
+  /// A memory hit renews its entry file's modification time (the disk limit's
+  /// "last used") at most this often.
+  std::chrono::steady_clock::duration renew_every = std::chrono::seconds(60);
   /// An entry of the memory cache: its key (parts and hash) and code.
   struct Cached {
     KeyParts parts;
     std::string key;
     std::shared_ptr<const Entry> entry;
+    /// When its file's modification time was last renewed.
+    std::chrono::steady_clock::time_point touched = std::chrono::steady_clock::now();
     int64_t cost() const { return entry->cost() + key_cost(parts); }
   };
   using Lru = std::list<Cached>;
   Lru lru; // most recently used first
   std::unordered_map<MemoryKey, Lru::iterator, MemoryKeyHash> index;
   int64_t memory_bytes = 0;
-  int64_t memory_hits = 0, disk_hits = 0, compiles = 0, rejected_files = 0;
+  int64_t memory_hits = 0, disk_hits = 0, compiles = 0, rejected_files = 0, evicted_files = 0;
+  /// Why the entry of a key (hex) could not be stored, until a store succeeds.
+  std::unordered_map<std::string, std::string> store_failures;
   std::unordered_map<std::string, std::weak_ptr<std::mutex>> key_locks;
   std::set<std::string> reported;
   std::function<void(const std::string &)> reporter;
@@ -412,13 +475,22 @@ struct KernelCache::Impl {
     return dir + "/" + std::string(key) + std::string(kSuffix);
   }
 
-  /// Under `mutex`: the entry of `parts`, now the most recently used.
-  std::shared_ptr<const Entry> find(const KeyParts &parts) {
+  /// Under `mutex`: the entry of `parts`, now the most recently used. When
+  /// its file is due for a renewal (renew_every), `*renew` gets its path.
+  std::shared_ptr<const Entry> find(const KeyParts &parts, std::string *renew) {
     auto it = index.find(memory_key(parts));
     if (it == index.end())
       return nullptr;
     lru.splice(lru.begin(), lru, it->second);
-    return it->second->entry;
+    Cached &c = *it->second;
+    if (disk()) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now - c.touched >= renew_every) {
+        c.touched = now;
+        *renew = path(c.key);
+      }
+    }
+    return c.entry;
   }
 
   void erase(Lru::iterator it) {
@@ -454,6 +526,74 @@ struct KernelCache::Impl {
     return m;
   }
 
+  /// Removes the least recently used entry files until the rest fit
+  /// disk_limit; `kept` (the key just stored) stays. Outside `mutex`.
+  void trim(std::string_view kept) {
+    int64_t limit;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      limit = disk_limit;
+    }
+    if (limit <= 0)
+      return;
+    auto names = names_in(dir);
+    if (!names) {
+      report_once("trim", fmt::format("flashjit: cache: {}; the size cap "
+                                      "(FLASHJIT_CACHE_MAX_BYTES) cannot be kept",
+                                      names.status().message()));
+      return;
+    }
+    struct File {
+      std::string name;
+      int64_t bytes;
+      timespec used;
+    };
+    std::vector<File> files;
+    int64_t total = 0;
+    for (std::string &name : *names) {
+      struct stat st{};
+      if (entry_key(name).empty() || ::lstat((dir + "/" + name).c_str(), &st) != 0 ||
+          !S_ISREG(st.st_mode))
+        continue;
+      total += st.st_size;
+      files.push_back({std::move(name), st.st_size, st.st_mtim});
+    }
+    if (total <= limit)
+      return;
+    auto older = [](const File &a, const File &b) {
+      return std::tie(a.used.tv_sec, a.used.tv_nsec, a.name) <
+             std::tie(b.used.tv_sec, b.used.tv_nsec, b.name);
+    };
+    std::sort(files.begin(), files.end(), older);
+    for (const File &f : files) {
+      if (total <= limit)
+        break;
+      const std::string_view key = entry_key(f.name);
+      if (key == kept)
+        continue;
+      const std::string file = dir + "/" + f.name;
+      // Only an entry is removed, and only if no hit renewed it meanwhile.
+      Head head = read_head(file);
+      if (head.result != Head::Result::ok || !foreign_header(head.bytes, key, false).empty() ||
+          head.st.st_mtim.tv_sec != f.used.tv_sec || head.st.st_mtim.tv_nsec != f.used.tv_nsec)
+        continue;
+      if (::unlink(file.c_str()) != 0) {
+        if (errno != ENOENT)
+          report_once("evict " + file, fmt::format("flashjit: cache: cannot remove {} to keep the "
+                                                   "cache within {} bytes: {}",
+                                                   file, limit, errno_text()));
+        continue;
+      }
+      total -= f.bytes;
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        ++evicted_files;
+      }
+      debug_log(2, "cache: evicted {} ({} bytes, least recently used) to stay within {} bytes",
+                file, f.bytes, limit);
+    }
+  }
+
   /// Reports `line` unless a line with the same `tag` was reported before.
   void report_once(const std::string &tag, const std::string &line) {
     std::function<void(const std::string &)> sink;
@@ -487,6 +627,7 @@ KernelCache &KernelCache::global() {
     // Never destroyed: other static objects may compile while the process exits.
     auto *c = new KernelCache(knobs().cache_dir);
     c->set_always_compile(knobs().always_compile);
+    c->set_disk_limit(knobs().cache_max_bytes);
     return c;
   }();
   return *cache;
@@ -505,6 +646,55 @@ void KernelCache::set_reporter(std::function<void(const std::string &)> reporter
 const std::string &KernelCache::directory() const { return impl_->dir; }
 
 const Status &KernelCache::disk_status() const { return impl_->dir_status; }
+
+void KernelCache::set_disk_limit(int64_t max_bytes, std::chrono::seconds renew_every) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->disk_limit = std::max<int64_t>(max_bytes, 0);
+  impl_->renew_every = renew_every;
+}
+
+int64_t KernelCache::disk_limit() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->disk_limit;
+}
+
+Status KernelCache::stored(std::string_view key) const {
+  const Impl &m = *impl_;
+  if (!is_key(key))
+    return Status::error("'{}' is not a cache key (64 lowercase hex digits)", key);
+  if (m.dir.empty())
+    return Status::error("the cache keeps kernels in memory only (it has no directory): set "
+                         "FLASHJIT_CACHE_DIR");
+  if (!m.dir_status)
+    return m.dir_status;
+  const std::string path = m.path(key);
+  std::string bytes, why;
+  const ReadResult read = read_file(path, bytes, why);
+  if (read != ReadResult::ok) { // why this process could not store it, if it tried
+    std::lock_guard<std::mutex> lock(m.mutex);
+    if (auto it = m.store_failures.find(std::string(key)); it != m.store_failures.end())
+      return Status::error("the kernel was compiled but not stored in {}: {}", m.dir, it->second);
+  }
+  switch (read) {
+  case ReadResult::missing:
+    return Status::error("{} holds no entry for key {}: it was never stored there, or was removed "
+                         "since (by `flashjit cache clear`, or to keep the cache within "
+                         "FLASHJIT_CACHE_MAX_BYTES); compile the kernel again",
+                         m.dir, key.substr(0, 16));
+  case ReadResult::failed:
+    return Status::error("the entry {} cannot be read back ({}): remove it, and the kernel will "
+                         "be compiled again",
+                         path, why);
+  case ReadResult::ok:
+    break;
+  }
+  auto decoded = decode(bytes, key);
+  if (auto *problem = std::get_if<std::string>(&decoded))
+    return Status::error("the entry {} is corrupt ({}): remove it, and the kernel will be compiled "
+                         "again",
+                         path, *problem);
+  return Status::ok();
+}
 
 Expected<std::string> KernelCache::path_for(std::string_view key) const {
   if (!is_key(key))
@@ -535,13 +725,20 @@ KernelCache::get_or_compile(const KeyParts &parts,
     return e.code;
   };
   bool always;
+  std::string renew; // an entry file whose "last used" is due for renewal
+  auto memory_hit = [&](const Entry &e) {
+    if (!renew.empty())
+      touch(renew);
+    return done(CacheOutcome::memory_hit, e);
+  };
   {
-    std::lock_guard<std::mutex> lock(m.mutex);
+    std::unique_lock<std::mutex> lock(m.mutex);
     always = m.always_compile;
     if (!always)
-      if (std::shared_ptr<const Entry> e = m.find(parts)) {
+      if (std::shared_ptr<const Entry> e = m.find(parts, &renew)) {
         ++m.memory_hits;
-        return done(CacheOutcome::memory_hit, *e);
+        lock.unlock();
+        return memory_hit(*e);
       }
   }
   key = parts.hash();
@@ -551,10 +748,11 @@ KernelCache::get_or_compile(const KeyParts &parts,
   std::shared_ptr<std::mutex> key_mutex = m.key_lock(key);
   std::lock_guard<std::mutex> key_guard(*key_mutex);
   if (!always) {
-    std::lock_guard<std::mutex> lock(m.mutex);
-    if (std::shared_ptr<const Entry> e = m.find(parts)) {
+    std::unique_lock<std::mutex> lock(m.mutex);
+    if (std::shared_ptr<const Entry> e = m.find(parts, &renew)) {
       ++m.memory_hits;
-      return done(CacheOutcome::memory_hit, *e);
+      lock.unlock();
+      return memory_hit(*e);
     }
   }
 
@@ -569,9 +767,12 @@ KernelCache::get_or_compile(const KeyParts &parts,
       auto decoded = decode(bytes, key);
       if (auto *e = std::get_if<Entry>(&decoded)) {
         auto entry = std::make_shared<const Entry>(std::move(*e));
-        std::lock_guard<std::mutex> lock(m.mutex);
-        ++m.disk_hits;
-        m.store(parts, key, entry);
+        {
+          std::lock_guard<std::mutex> lock(m.mutex);
+          ++m.disk_hits;
+          m.store(parts, key, entry);
+        }
+        touch(path); // used now: the last to go when the disk limit bites
         debug_log(2, "cache: read {}", path);
         return done(CacheOutcome::disk_hit, *entry);
       }
@@ -598,17 +799,37 @@ KernelCache::get_or_compile(const KeyParts &parts,
   }
   if (m.disk()) {
     const std::string file = encode(key, *entry);
+    const int64_t limit = disk_limit();
+    Status s;
     if (int64_t(file.size()) > kMaxEntryBytes)
-      m.report_once("size " + path,
-                    fmt::format("flashjit: cache: the kernel of key {} takes {} bytes, more than "
-                                "the {} a cache entry may; it is kept in memory only",
-                                key.substr(0, 16), file.size(), kMaxEntryBytes));
-    else if (Status s = write_atomic(m.dir, key, path, file); !s)
+      s = Status::error("the kernel of key {} takes {} bytes, more than the {} a cache entry may",
+                        key.substr(0, 16), file.size(), kMaxEntryBytes);
+    else if (limit > 0 && int64_t(file.size()) > limit)
+      s = Status::error("the kernel of key {} takes {} bytes, more than the cache's whole limit of "
+                        "{} (FLASHJIT_CACHE_MAX_BYTES): raise the limit, or set it to 0 for none",
+                        key.substr(0, 16), file.size(), limit);
+    else if (s = write_atomic(m.dir, key, path, file); !s)
+      s = Status::error("{}; free space in {} or fix its permissions, or point "
+                        "FLASHJIT_CACHE_DIR (or --dir) at another directory",
+                        s.message(), m.dir);
+    {
+      std::lock_guard<std::mutex> lock(m.mutex);
+      if (s) {
+        m.store_failures.erase(key);
+      } else {
+        if (m.store_failures.size() >= kMaxStoreFailures) // stored() then says less
+          m.store_failures.clear();
+        m.store_failures[key] = s.message();
+      }
+    }
+    if (!s) {
       m.report_once("write " + path, fmt::format("flashjit: cache: {}; the kernel is kept in "
                                                  "memory only",
                                                  s.message()));
-    else
+    } else {
       debug_log(2, "cache: wrote {}", path);
+      m.trim(key);
+    }
   }
   return done(CacheOutcome::compiled, *entry);
 }
@@ -623,6 +844,8 @@ CacheStats KernelCache::stats() const {
     s.disk_hits = impl_->disk_hits;
     s.compiles = impl_->compiles;
     s.rejected_files = impl_->rejected_files;
+    s.evicted_files = impl_->evicted_files;
+    s.disk_limit = impl_->disk_limit;
   }
   if (!impl_->disk())
     return s;
@@ -703,32 +926,17 @@ Expected<ClearResult> KernelCache::clear() {
       result.problems.push_back(fmt::format("{}: {}; left in place", path, why));
     };
     // Only the header is read: enough to tell an entry from anything else.
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    if (fd < 0) {
-      if (errno != ENOENT) // else removed meanwhile
-        leave(errno == ELOOP ? std::string("a symbolic link, not a cache entry")
-                             : "cannot open: " + errno_text());
+    Head head = read_head(path);
+    if (head.result == Head::Result::missing)
+      continue;
+    if (head.result == Head::Result::refused) {
+      leave(head.why);
       continue;
     }
-    struct stat st{};
-    std::string head(kHeaderBytes, '\0');
-    ssize_t n = -1;
-    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode))
-      n = ::read(fd, head.data(), head.size());
-    ::close(fd);
-    if (!S_ISREG(st.st_mode)) {
-      leave("not a regular file, so not a cache entry");
-      continue;
-    }
-    if (n < 0) {
-      leave("cannot read: " + errno_text());
-      continue;
-    }
-    head.resize(size_t(n));
     // A fresh temporary file may be another process's write in progress.
-    if (temp && now - std::chrono::system_clock::from_time_t(st.st_mtime) < kStaleTemp)
+    if (temp && now - std::chrono::system_clock::from_time_t(head.st.st_mtime) < kStaleTemp)
       continue;
-    if (std::string why = foreign_header(head, key, temp); !why.empty()) {
+    if (std::string why = foreign_header(head.bytes, key, temp); !why.empty()) {
       leave(fmt::format("not a flashjit cache entry ({})", why));
       continue;
     }

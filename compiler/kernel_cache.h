@@ -19,6 +19,15 @@
 // Between processes nothing is locked: concurrent compiles of one key each
 // rename their own complete file into place and the last one wins.
 //
+// The directory is capped (set_disk_limit; the process-wide cache takes
+// FLASHJIT_CACHE_MAX_BYTES, 2 GiB by default): after each store, while the
+// entry files add up to more than the cap, the least recently used one goes.
+// "Used" is the file's modification time: a store sets it, and every hit
+// renews it (a disk hit always, a memory hit at most once a minute), so an
+// entry any process keeps using stays. Only regular files named and headed as
+// entries are counted and removed, never the one just stored; a kernel larger
+// than the whole cap is not stored at all (kept in memory, reported once).
+//
 // The checksum proves integrity, not authorship: anyone who can write to the
 // directory can plant another kernel under a key. So an existing directory
 // must belong to the user (or root) and be writable by no one else, as ssh
@@ -31,6 +40,7 @@
 
 #include "compiler/compiler.h"
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -69,7 +79,9 @@ std::string_view outcome_name(CacheOutcome o);
 struct CacheStats {
   int64_t memory_entries = 0, memory_bytes = 0;
   int64_t disk_entries = 0, disk_bytes = 0;
+  int64_t disk_limit = 0; ///< the cap on disk_bytes; 0: none
   int64_t memory_hits = 0, disk_hits = 0, compiles = 0, rejected_files = 0;
+  int64_t evicted_files = 0; ///< removed by this cache to stay within disk_limit
 };
 
 struct CacheEntryInfo {
@@ -96,10 +108,12 @@ class KernelCache {
 public:
   /// `dir` empty: memory only. The directory is created user-only (0700); an
   /// existing one that check_private_dir refuses leaves the cache memory-only.
+  /// The disk limit starts at kDefaultCacheMaxBytes (knobs.h).
   explicit KernelCache(std::string dir, int64_t memory_budget_bytes = 256 << 20);
   ~KernelCache();
   /// The process-wide cache at FLASHJIT_CACHE_DIR, else $XDG_CACHE_HOME/flashjit,
-  /// else ~/.cache/flashjit; FLASHJIT_ALWAYS_COMPILE=1 bypasses lookups.
+  /// else ~/.cache/flashjit, capped at FLASHJIT_CACHE_MAX_BYTES;
+  /// FLASHJIT_ALWAYS_COMPILE=1 bypasses lookups.
   static KernelCache &global();
 
   /// Returns the code object for `key`, compiling it with `compile` on a miss.
@@ -125,9 +139,24 @@ public:
   /// not report kernels as stored when they were not (`flashjit warmup`).
   const Status &disk_status() const;
 
+  /// Whether the directory holds a whole, verified entry for `key` (64 hex
+  /// digits), so that another process will find it: ok, or an error that says
+  /// why not and what to do (the store failed: "No space left on device", the
+  /// directory is unusable, the cache is memory-only, the kernel is larger
+  /// than the disk limit). For callers that report kernels as stored
+  /// (`flashjit warmup`), since get_or_compile succeeds when only the store
+  /// fails (the kernel is still in memory).
+  Status stored(std::string_view key) const;
+
   /// The file of `key` (64 lowercase hex digits); an error for anything else,
   /// and for a memory-only cache.
   Expected<std::string> path_for(std::string_view key) const;
+  /// The most bytes the entry files may take together; 0: no cap. Enforced
+  /// after each store (the least recently used entries are removed). A memory
+  /// hit renews its entry file's "last used" at most every `renew_every`.
+  void set_disk_limit(int64_t max_bytes,
+                      std::chrono::seconds renew_every = std::chrono::seconds(60));
+  int64_t disk_limit() const;
   /// Whether lookups are skipped (FLASHJIT_ALWAYS_COMPILE for global()).
   void set_always_compile(bool on);
   /// Where the one-line reports of rejected files go; stderr by default.

@@ -10,8 +10,10 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <set>
 
@@ -39,6 +41,29 @@ std::optional<bool> parse_bool(std::string_view text) {
   if (v == "0" || v == "false" || v == "no" || v == "off")
     return false;
   return std::nullopt;
+}
+
+/// "123", "512K", "2G" (suffixes K, M, G, T, either case, are powers of 1024)
+/// as bytes; nullopt for anything else, negative numbers and overflow.
+std::optional<int64_t> parse_bytes(std::string_view text) {
+  int shift = 0;
+  if (!text.empty()) {
+    constexpr std::string_view suffixes = "kmgt";
+    if (size_t at = suffixes.find(char(std::tolower(static_cast<unsigned char>(text.back()))));
+        at != std::string_view::npos) {
+      shift = 10 * int(at + 1);
+      text.remove_suffix(1);
+    }
+  }
+  if (text.empty() ||
+      !std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return std::nullopt;
+  int64_t n = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc() || end != text.data() + text.size() ||
+      n > (std::numeric_limits<int64_t>::max() >> shift))
+    return std::nullopt;
+  return n << shift;
 }
 
 bool is_identifier(std::string_view s) {
@@ -69,6 +94,11 @@ const std::vector<KnobInfo> &knob_table() {
        "recompiles."},
       {"FLASHJIT_CACHE_DIR", "DIR", "$XDG_CACHE_HOME/flashjit, else ~/.cache/flashjit",
        "Where compiled kernels are kept across processes (created 0700)."},
+      {"FLASHJIT_CACHE_MAX_BYTES", "N[K|M|G|T]", "2G (2 GiB)",
+       "The most bytes the disk cache may hold; the suffixes are powers of 1024, 0 means no cap. "
+       "After each kernel is stored, the least recently used entries (by modification time, which "
+       "every hit renews) are removed until the rest fit; a kernel larger than the cap is kept in "
+       "memory only."},
       {"FLASHJIT_ALWAYS_COMPILE", "0|1", "0",
        "1: never take a kernel from the cache (memory or disk); compile every time and store the "
        "result."},
@@ -102,6 +132,15 @@ Expected<Knobs> parse_knobs(const Getenv &getenv_fn) {
     else
       problems.push_back(fmt::format(
           "FLASHJIT_ALWAYS_COMPILE={}: expected 0 or 1 (or true/false, yes/no, on/off)", v));
+  }
+  if (std::string v = value("FLASHJIT_CACHE_MAX_BYTES"); !v.empty()) {
+    if (auto bytes = parse_bytes(v))
+      k.cache_max_bytes = *bytes;
+    else
+      problems.push_back(fmt::format("FLASHJIT_CACHE_MAX_BYTES={}: expected a size in bytes, "
+                                     "optionally with a K, M, G or T suffix (powers of 1024), "
+                                     "e.g. 2G; 0 for no cap",
+                                     v));
   }
   k.dump_dir = value("FLASHJIT_DUMP_DIR");
   k.override_dir = value("FLASHJIT_OVERRIDE_DIR");
@@ -236,6 +275,64 @@ Expected<std::optional<SourceOverride>> source_override(std::string_view kernel_
                "(sha256 {})\n",
                o.path, kernel_name, o.hash.substr(0, 16));
   return std::optional<SourceOverride>(std::move(o));
+}
+
+namespace {
+
+/// `text` without comment-only and blank lines, each line without trailing blanks.
+std::string code_lines(std::string_view text) {
+  std::string out;
+  while (!text.empty()) {
+    const size_t end = std::min(text.find('\n'), text.size());
+    std::string_view line = text.substr(0, end);
+    text.remove_prefix(std::min(end + 1, text.size()));
+    while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back())))
+      line.remove_suffix(1);
+    const size_t first = line.find_first_not_of(" \t");
+    if (first == std::string_view::npos || line.substr(first).starts_with("//"))
+      continue;
+    out.append(line);
+    out += '\n';
+  }
+  return out;
+}
+
+} // namespace
+
+Expected<std::string> override_kernel_text(const SourceOverride &o,
+                                           std::string_view generated_source,
+                                           std::string_view generated_kernel_text) {
+  if (generated_kernel_text.empty() || !generated_source.ends_with(generated_kernel_text))
+    return Status::error("FLASHJIT_OVERRIDE_DIR: the generated source of {} does not end with its "
+                         "kernel text, so the emulator cannot run an override of it (a flashjit "
+                         "bug: please report it)",
+                         o.path);
+  const std::string_view head =
+      generated_source.substr(0, generated_source.size() - generated_kernel_text.size());
+  const std::string_view first_line =
+      generated_kernel_text.substr(0, generated_kernel_text.find('\n'));
+  // The first line of the override equal to `first_line`.
+  size_t at = 0;
+  const std::string_view source = o.source;
+  while (at < source.size()) {
+    const size_t end = std::min(source.find('\n', at), source.size());
+    if (source.substr(at, end - at) == first_line)
+      break;
+    at = end + 1;
+  }
+  if (at >= source.size())
+    return Status::error("FLASHJIT_OVERRIDE_DIR: {} has no line '{}', where the kernel text "
+                         "begins; the CPU emulator runs only the kernel text (under its own "
+                         "prelude) and finds it by that line: start from the source "
+                         "FLASHJIT_DUMP_DIR writes and keep that line",
+                         o.path, first_line);
+  if (code_lines(source.substr(0, at)) != code_lines(head))
+    return Status::error("FLASHJIT_OVERRIDE_DIR: {} changes the code before the line '{}' (the "
+                         "target prelude or the matrix-instruction wrapper), which the CPU "
+                         "emulator replaces with its own prelude, so the emulator cannot run that "
+                         "edit: make it below that line, or run the override on a GPU",
+                         o.path, first_line);
+  return std::string(source.substr(at));
 }
 
 } // namespace flashjit::compiler

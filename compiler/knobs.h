@@ -21,6 +21,9 @@
 //                             on stderr, and its hash goes into the cache key
 //   FLASHJIT_CACHE_DIR=DIR    the disk cache (default $XDG_CACHE_HOME/flashjit,
 //                             else ~/.cache/flashjit)
+//   FLASHJIT_CACHE_MAX_BYTES=N the disk cache's size cap (default 2G = 2 GiB; K, M,
+//                             G, T suffixes are powers of 1024; 0 = no cap): past
+//                             it, the least recently used entries are removed
 //   FLASHJIT_ALWAYS_COMPILE=1 never take a kernel from the cache (still stores it)
 //
 // The three directories must be private, as ssh asks of ~/.ssh: an existing one
@@ -32,6 +35,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <optional>
@@ -40,6 +44,10 @@
 #include <vector>
 
 namespace flashjit::compiler {
+
+/// FLASHJIT_CACHE_MAX_BYTES when unset: 2 GiB (a kernel's entry takes 20 KiB to
+/// a few hundred KiB).
+constexpr int64_t kDefaultCacheMaxBytes = int64_t(2) << 30;
 
 /// One row of the registry.
 struct KnobInfo {
@@ -60,6 +68,8 @@ struct Knobs {
   /// FLASHJIT_CACHE_DIR, else $XDG_CACHE_HOME/flashjit (if absolute), else
   /// $HOME/.cache/flashjit; empty only when none of those is known.
   std::string cache_dir;
+  /// The disk cache's size cap in bytes (FLASHJIT_CACHE_MAX_BYTES); 0: no cap.
+  int64_t cache_max_bytes = kDefaultCacheMaxBytes;
   bool always_compile = false;
 };
 
@@ -125,5 +135,16 @@ struct SourceOverride {
 /// larger than any kernel source; a kernel name that is not an identifier.
 Expected<std::optional<SourceOverride>> source_override(std::string_view kernel_name,
                                                         const Knobs &k = knobs());
+
+/// The part of an override the CPU emulator runs. The emulator runs a kernel's
+/// text (lowering::Lowered::kernel_text, the end of the generated source) under
+/// its own prelude instead of the target's; this is the override's text from
+/// the line that begins the generated kernel text on. The part before that
+/// line (the target prelude and the matrix-instruction wrapper) must match the
+/// generated one, comments and blank lines aside: the emulator could not run
+/// an edit there, so it is an error that says so, as is a missing line.
+Expected<std::string> override_kernel_text(const SourceOverride &o,
+                                           std::string_view generated_source,
+                                           std::string_view generated_kernel_text);
 
 } // namespace flashjit::compiler

@@ -33,7 +33,11 @@ Status validate(const Config &c) {
   FJ_RETURN_IF_ERROR(positive("block_m", c.block_m));
   FJ_RETURN_IF_ERROR(positive("block_n", c.block_n));
   FJ_RETURN_IF_ERROR(positive("waves", c.waves));
-  FJ_RETURN_IF_ERROR(positive("stages", c.stages));
+  // The rules know two loops: plain (1) and K/V tiles issued one step ahead (2).
+  if (c.stages != 1 && c.stages != 2)
+    return Status::error("config stages = {} is not a pipeline the kernels have: expected 1 "
+                         "(no pipelining) or 2 (each K/V tile's copy issued one step ahead)",
+                         c.stages);
   FJ_RETURN_IF_ERROR(positive("pad_k", c.pad_k));
   if (c.mma_m != 0 && c.mma_m != 16 && c.mma_m != 32)
     return Status::error("config mma_m = {} is not a matrix-instruction tile: expected 16, 32, or "
@@ -75,6 +79,12 @@ BlockRange kv_block_range(int64_t qb, int64_t block_m, int64_t block_n, int64_t 
   if (hi < lo)
     return {0, 0};
   return {lo / block_n, hi / block_n + 1};
+}
+
+BlockRange split_range(BlockRange r, int64_t split, int64_t splits) {
+  const int64_t chunk = (r.end - r.begin + splits - 1) / splits;
+  const int64_t begin = std::min(r.begin + split * chunk, r.end);
+  return {begin, std::min(begin + chunk, r.end)};
 }
 
 namespace {
@@ -141,7 +151,29 @@ Bindings bind_attention(const AttentionSpec &spec) {
   return b;
 }
 
-Expected<Program> build_attention(const AttentionSpec &spec, const Config &config) {
+SplitWorkspace split_workspace(const AttentionSpec &spec, int64_t splits) {
+  const int64_t rows = spec.batch * spec.heads * spec.seqlen_q;
+  return {splits * rows * spec.head_dim_v, splits * rows};
+}
+
+Bindings bind_split_kv(const AttentionSpec &spec, int64_t splits) {
+  Bindings b = bind_attention(spec);
+  b.set_int("num_splits", splits);
+  const int64_t dv = spec.head_dim_v;
+  b.set_int("o_batch_stride", spec.heads * spec.seqlen_q * dv);
+  b.set_int("o_head_stride", spec.seqlen_q * dv);
+  b.set_int("o_seq_stride", dv);
+  b.set_int("o_dim_stride", 1);
+  b.set_int("o_split_stride", spec.batch * spec.heads * spec.seqlen_q * dv);
+  b.set_int("lse_batch_stride", spec.heads * spec.seqlen_q);
+  b.set_int("lse_head_stride", spec.seqlen_q);
+  b.set_int("lse_split_stride", spec.batch * spec.heads * spec.seqlen_q);
+  return b;
+}
+
+namespace {
+
+Expected<Program> build(const AttentionSpec &spec, const Config &config, bool split_kv) {
   FJ_RETURN_IF_ERROR(spec.validate());
   FJ_RETURN_IF_ERROR(validate(config));
 
@@ -152,9 +184,12 @@ Expected<Program> build_attention(const AttentionSpec &spec, const Config &confi
   const int64_t dv = padded(spec.head_dim_v, config.pad_k);
 
   Program p;
-  p.name =
-      fmt::format("fa_fwd_{}_d{}_{}{}{}{}", dtype_name(dt), spec.head_dim_qk, spec.head_dim_v,
-                  sig.causal ? "_causal" : "", sig.local ? "_local" : "", sig.lse ? "_lse" : "");
+  const bool lse = sig.lse || split_kv; // a split's LSE weighs it in the combine
+  p.name = fmt::format("fa_fwd_{}_d{}_{}{}{}{}", dtype_name(dt), spec.head_dim_qk, spec.head_dim_v,
+                       sig.causal ? "_causal" : "", sig.local ? "_local" : "",
+                       split_kv  ? "_splitkv"
+                       : sig.lse ? "_lse"
+                                 : "");
   auto scalar = [&](std::string name, ScalarType t) {
     p.scalars.push_back({name, t});
     return Extent::of(std::move(name));
@@ -170,6 +205,7 @@ Expected<Program> build_attention(const AttentionSpec &spec, const Config &confi
     scalar("window_right", ScalarType::i32);
   }
   scalar("scale_log2", ScalarType::f32);
+  const Extent num_splits = split_kv ? scalar("num_splits", ScalarType::i32) : Extent{};
   for (int i = 0; i < 4; ++i) {
     const TensorScalars names = tensor_scalars(kTensorPrefixes[i], sig.unit_dim[i]);
     const bool kv = i == 1 || i == 2;
@@ -187,12 +223,29 @@ Expected<Program> build_attention(const AttentionSpec &spec, const Config &confi
     t.stride_seq = scalar(names.seq, ScalarType::i32);
     t.stride_dim = names.dim.empty() ? Extent::constant(1) : scalar(names.dim, ScalarType::i32);
     t.row_align = sig.row_align;
+    if (split_kv && i == 3) { // the f32 partial outputs in the workspace
+      t.dtype = DType::f32;
+      t.stride_split = scalar("o_split_stride", ScalarType::i64);
+      t.row_align = 4;
+    }
     p.tensors.push_back(std::move(t));
   }
-  if (sig.lse)
-    p.tensors.push_back(TensorParam{
-        "LSE", DType::f32, batches, heads, seqlen_q, 0, scalar("lse_batch_stride", ScalarType::i64),
-        scalar("lse_head_stride", ScalarType::i64), Extent::constant(1), Extent::constant(0), 4});
+  if (lse) {
+    TensorParam t{"LSE",
+                  DType::f32,
+                  batches,
+                  heads,
+                  seqlen_q,
+                  0,
+                  scalar("lse_batch_stride", ScalarType::i64),
+                  scalar("lse_head_stride", ScalarType::i64),
+                  Extent::constant(1),
+                  Extent::constant(0)};
+    t.row_align = 4;
+    if (split_kv)
+      t.stride_split = scalar("lse_split_stride", ScalarType::i64);
+    p.tensors.push_back(std::move(t));
+  }
   p.group = group;
   p.config = {{"block_m", bm},
               {"block_n", bn},
@@ -205,6 +258,8 @@ Expected<Program> build_attention(const AttentionSpec &spec, const Config &confi
   const ValueId q_block = p.add_value(Type::index(), "q_block");
   p.grid = {GridAxis{q_block, seqlen_q, bm}, GridAxis{p.add_value(Type::index(), "head"), heads, 1},
             GridAxis{p.add_value(Type::index(), "batch"), batches, 1}};
+  if (split_kv)
+    p.grid.push_back(GridAxis{p.add_value(Type::index(), "split"), num_splits, 1});
 
   const Type row = Type::vec(bm, DType::f32);
   const Type s_type = Type::tile(bm, bn, DType::f32, TileLayout::mma_acc);
@@ -227,6 +282,8 @@ Expected<Program> build_attention(const AttentionSpec &spec, const Config &confi
   Op loop{OpKind::For, {}, {q_block, m0, l0, acc0}, mask_attrs, {}, {}};
   loop.attrs["block_m"] = bm;
   loop.attrs["block_n"] = bn;
+  if (split_kv)
+    loop.attrs["splits"] = ParamRef{"num_splits"};
   const ValueId m = p.add_value(row, "m"), l = p.add_value(row, "l"),
                 acc = p.add_value(acc_type, "acc");
   loop.results = {m, l, acc};
@@ -265,14 +322,28 @@ Expected<Program> build_attention(const AttentionSpec &spec, const Config &confi
   p.body.push_back(std::move(loop));
 
   const ValueId o = b.emit(OpKind::DivRow, {acc, l}, acc_type);
-  const ValueId o_lo = b.emit(OpKind::Convert, {o}, Type::tile(bm, dv, dt, TileLayout::mma_acc));
-  b.emit_void(OpKind::Store, {o_lo, q_block}, {{"tensor", Symbol{"O"}}});
-  if (spec.lse) {
+  if (split_kv) {
+    b.emit_void(OpKind::Store, {o, q_block}, {{"tensor", Symbol{"O"}}});
+  } else {
+    const ValueId o_lo = b.emit(OpKind::Convert, {o}, Type::tile(bm, dv, dt, TileLayout::mma_acc));
+    b.emit_void(OpKind::Store, {o_lo, q_block}, {{"tensor", Symbol{"O"}}});
+  }
+  if (lse) {
     const ValueId lse2 = b.emit(OpKind::Add, {m, b.emit(OpKind::Log2, {l}, row)}, row);
     const ValueId lse = b.emit(OpKind::Scale, {lse2}, row, {{"factor", std::numbers::ln2}});
     b.emit_void(OpKind::Store, {lse, q_block}, {{"tensor", Symbol{"LSE"}}});
   }
   return p;
+}
+
+} // namespace
+
+Expected<Program> build_attention(const AttentionSpec &spec, const Config &config) {
+  return build(spec, config, false);
+}
+
+Expected<Program> build_split_kv(const AttentionSpec &spec, const Config &config) {
+  return build(spec, config, true);
 }
 
 } // namespace flashjit::ir

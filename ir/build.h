@@ -36,6 +36,27 @@ Expected<Program> build_attention(const AttentionSpec &spec, const Config &confi
 /// shapes of `spec`. Window sizes past every key are clamped (same mask).
 Bindings bind_attention(const AttentionSpec &spec);
 
+/// The first kernel of split-KV attention (flash-decoding): the same program
+/// with a 4th grid axis %split over %num_splits, each workgroup visiting one
+/// split of its KV blocks (split_range), and writing its partial result in f32
+/// to a workspace: @O [num_splits, batch, heads, seqlen_q, head_dim_v] holds
+/// acc / l and @LSE [num_splits, batch, heads, seqlen_q] holds ln(sum exp) of
+/// the split's keys (-inf for a split with no visible key). A combine kernel
+/// (lowering::lower_split_combine) merges the splits by their LSE.
+Expected<Program> build_split_kv(const AttentionSpec &spec, const Config &config);
+
+/// Workspace elements (f32) split-KV needs for `spec` over `splits` splits:
+/// partial outputs, then partial LSEs.
+struct SplitWorkspace {
+  int64_t o_elements = 0, lse_elements = 0;
+  int64_t bytes() const { return (o_elements + lse_elements) * 4; }
+};
+SplitWorkspace split_workspace(const AttentionSpec &spec, int64_t splits);
+
+/// bind_attention() for build_split_kv's program with `splits` splits: the
+/// workspace's strides instead of O's and the LSE's.
+Bindings bind_split_kv(const AttentionSpec &spec, int64_t splits);
+
 /// The KV blocks [begin, end) that hold at least one key visible to some query of
 /// q block `qb` (causal and window removed blocks are skipped, never masked).
 struct BlockRange {
@@ -43,6 +64,9 @@ struct BlockRange {
 };
 BlockRange kv_block_range(int64_t qb, int64_t block_m, int64_t block_n, int64_t seqlen_q,
                           int64_t seqlen_k, bool causal, Window window);
+/// Split `split` of `splits` of a block range (split-KV): the range cut into
+/// `splits` runs of ceil(n / splits) blocks; the last ones may be empty.
+BlockRange split_range(BlockRange r, int64_t split, int64_t splits);
 /// Whether query row i may see key j (bounds, bottom-right causal, window).
 bool visible(int64_t i, int64_t j, int64_t seqlen_q, int64_t seqlen_k, bool causal, Window window);
 

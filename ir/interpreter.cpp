@@ -29,6 +29,7 @@ struct TileValue {
 struct BoundTensor {
   int64_t batch, heads, seq, dim;
   Strides strides;
+  int64_t split_stride; // between the KV splits' partial results (0 elsewhere)
   float *data;
 };
 
@@ -58,13 +59,17 @@ double real_value(const Op &op, const std::string &key, const Bindings &args) {
 
 class Workgroup {
 public:
-  Workgroup(const Program &p, const Buffers &buffers, int64_t qb, int64_t head, int64_t batch)
+  Workgroup(const Program &p, const Buffers &buffers, int64_t qb, int64_t head, int64_t batch,
+            int64_t split)
       : p_(p), buffers_(buffers), values_(p.values.size()) {
     values_[p.grid_arg(0)].index = qb;
     values_[p.grid_arg(1)].index = head;
     values_[p.grid_arg(2)].index = batch;
+    if (p.grid.size() > 3)
+      values_[p.grid_arg(3)].index = split;
     head_ = head;
     batch_ = batch;
+    split_ = split;
   }
 
   void run(const std::vector<Op> &body) {
@@ -104,8 +109,8 @@ private:
   int64_t offset(const TensorParam &t, int64_t row, int64_t col) const {
     const BoundTensor &b = bound(t);
     const int64_t head = t.name == "K" || t.name == "V" ? head_ / buffers_.group : head_;
-    return batch_ * b.strides.batch + head * b.strides.head + row * b.strides.seq +
-           col * b.strides.dim;
+    return split_ * b.split_stride + batch_ * b.strides.batch + head * b.strides.head +
+           row * b.strides.seq + col * b.strides.dim;
   }
   const BoundTensor &bound(const TensorParam &t) const { return buffers_.by_name.at(t.name); }
   const BoundTensor &bound(const char *name) const { return buffers_.by_name.at(name); }
@@ -234,9 +239,11 @@ private:
       values_[op.results[0]] = in(op, 0);
       break;
     case OpKind::For: {
-      const BlockRange range =
+      BlockRange range =
           kv_block_range(in(op, 0).index, op.int_attr("block_m"), op.int_attr("block_n"),
                          bound("Q").seq, bound("K").seq, op.int_attr("causal") != 0, window(op));
+      if (op.attrs.count("splits"))
+        range = split_range(range, split_, int_value(op, "splits", *buffers_.args, 1));
       for (size_t i = 1; i < op.operands.size(); ++i)
         values_[op.region_args[i]] = in(op, int(i));
       for (int64_t kb = range.begin; kb < range.end; ++kb) {
@@ -265,11 +272,11 @@ private:
   const Program &p_;
   const Buffers &buffers_;
   std::vector<TileValue> values_;
-  int64_t head_ = 0, batch_ = 0;
+  int64_t head_ = 0, batch_ = 0, split_ = 0;
 };
 
 /// The tensor's extents and strides under `args`, checked against its buffer.
-Expected<BoundTensor> bind_tensor(const TensorParam &t, const Bindings &args,
+Expected<BoundTensor> bind_tensor(const TensorParam &t, const Bindings &args, int64_t splits,
                                   std::vector<float> &buf) {
   BoundTensor b{};
   const std::tuple<const char *, const Extent *, int64_t *> fields[] = {
@@ -279,7 +286,8 @@ Expected<BoundTensor> bind_tensor(const TensorParam &t, const Bindings &args,
       {"batch stride", &t.stride_batch, &b.strides.batch},
       {"heads stride", &t.stride_head, &b.strides.head},
       {"seq stride", &t.stride_seq, &b.strides.seq},
-      {"dim stride", &t.stride_dim, &b.strides.dim}};
+      {"dim stride", &t.stride_dim, &b.strides.dim},
+      {"split stride", &t.stride_split, &b.split_stride}};
   for (const auto &[what, extent, out] : fields) {
     auto v = args.resolve(*extent);
     if (!v)
@@ -292,7 +300,8 @@ Expected<BoundTensor> bind_tensor(const TensorParam &t, const Bindings &args,
   }
   b.dim = t.dim;
   const int64_t need =
-      AttentionSpec::extent(b.strides, b.batch, b.heads, b.seq, std::max<int64_t>(t.dim, 1));
+      AttentionSpec::extent(b.strides, b.batch, b.heads, b.seq, std::max<int64_t>(t.dim, 1)) +
+      (b.split_stride ? (splits - 1) * b.split_stride : 0);
   if (need < 0 || int64_t(buf.size()) < need)
     return Status::error("buffer for tensor {} holds {} elements but its shape and strides need {}",
                          t.name, buf.size(), need);
@@ -313,13 +322,22 @@ Status interpret(const Program &p, const Bindings &args, HostTensors &t) {
   if (*group < 1)
     return Status::error("group = {}, expected at least 1", *group);
   buffers.group = *group;
+  int64_t splits = 1;
+  if (p.grid.size() > 3) {
+    auto n = args.resolve(p.grid[3].extent);
+    if (!n)
+      return n.status();
+    if (*n < 1)
+      return Status::error("the KV split axis has {} splits, expected at least 1", *n);
+    splits = *n;
+  }
   std::map<std::string, std::vector<float> *> named = {
       {"Q", &t.q}, {"K", &t.k}, {"V", &t.v}, {"O", &t.o}, {"LSE", &t.lse}};
   for (const TensorParam &param : p.tensors) {
     auto it = named.find(param.name);
     if (it == named.end())
       return Status::error("the interpreter has no buffer for tensor @{}", param.name);
-    auto bound = bind_tensor(param, args, *it->second);
+    auto bound = bind_tensor(param, args, splits, *it->second);
     if (!bound)
       return bound.status();
     buffers.by_name[param.name] = *bound;
@@ -328,18 +346,18 @@ Status interpret(const Program &p, const Bindings &args, HostTensors &t) {
   auto grid = grid_size(p.grid, args);
   if (!grid)
     return grid.status();
-  const auto [q_blocks, heads, batches] = *grid;
-  const int64_t groups = q_blocks * heads * batches;
+  const int64_t q_blocks = (*grid)[0] / splits, heads = (*grid)[1], batches = (*grid)[2];
+  const int64_t groups = q_blocks * splits * heads * batches;
   const int64_t workers =
       std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, std::max<int64_t>(groups, 1));
   std::vector<std::thread> pool;
   for (int64_t w = 0; w < workers; ++w)
     pool.emplace_back([&, w] {
       for (int64_t g = w; g < groups; g += workers) {
-        const int64_t qb = g % q_blocks;
-        const int64_t head = (g / q_blocks) % heads;
-        const int64_t batch = g / (q_blocks * heads);
-        Workgroup(p, buffers, qb, head, batch).run(p.body);
+        const int64_t x = g % (q_blocks * splits); // x = q block * splits + split
+        const int64_t head = (g / (q_blocks * splits)) % heads;
+        const int64_t batch = g / (q_blocks * splits * heads);
+        Workgroup(p, buffers, x / splits, head, batch, x % splits).run(p.body);
       }
     });
   for (auto &th : pool)

@@ -175,12 +175,16 @@ Status check_bindings(const Program &p, const Bindings &b) {
 
 Expected<std::array<int64_t, 3>> grid_size(const std::vector<GridAxis> &grid, const Bindings &b) {
   std::array<int64_t, 3> size{1, 1, 1};
-  for (size_t i = 0; i < grid.size() && i < 3; ++i) {
+  for (size_t i = 0; i < grid.size() && i < 4; ++i) {
     auto extent = b.resolve(grid[i].extent);
     if (!extent)
       return extent.status();
     const int64_t d = std::max<int64_t>(grid[i].divisor, 1);
-    size[i] = *extent <= 0 ? 0 : (*extent - 1) / d + 1;
+    const int64_t n = *extent <= 0 ? 0 : (*extent - 1) / d + 1;
+    if (i < 3)
+      size[i] = n;
+    else
+      size[0] *= n; // the KV split runs inside x
   }
   return size;
 }

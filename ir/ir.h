@@ -139,6 +139,9 @@ struct TensorParam {
   Extent batch, heads, seq;
   int64_t dim = 0;
   Extent stride_batch, stride_head, stride_seq, stride_dim;
+  /// The stride between splits of the KV range (split-KV partial outputs,
+  /// indexed by the grid's 4th axis); constant 0 for every other tensor.
+  Extent stride_split = Extent::constant(0);
   /// Every row start (base pointer and strides) is a multiple of this many bytes:
   /// 16 allows 128-bit accesses, 8 allows 64-bit ones. Part of the signature.
   int64_t row_align = 2;
@@ -158,7 +161,9 @@ struct Program {
   std::vector<ScalarParam> scalars;
   std::vector<TensorParam> tensors;
   // Grid: workgroup (x, y, z) = (q block, head, batch); each axis's arg is the
-  // index value the body sees for it.
+  // index value the body sees for it. An optional 4th axis is the split of the
+  // KV range (split-KV): it runs inside x, x = q block * splits + split, and a
+  // `for` with a `splits` attribute visits only that split's KV blocks.
   std::vector<GridAxis> grid;
   Extent group = Extent::constant(1); // q heads per kv head: K/V use head / group
   Attrs config;                       // the tuning config the program was built with (block_m, ...)
@@ -200,7 +205,8 @@ private:
 /// Checks that `b` binds every scalar of `p` with a value of its type (an i32
 /// in range, a finite f32).
 Status check_bindings(const Program &p, const Bindings &b);
-/// The workgroups a grid launches in (x, y, z) under `b`.
+/// The workgroups a grid launches in (x, y, z) under `b`; a 4th axis (the KV
+/// split) multiplies x.
 Expected<std::array<int64_t, 3>> grid_size(const std::vector<GridAxis> &grid, const Bindings &b);
 
 /// The text form; parse(print(p)) prints identically.

@@ -500,18 +500,26 @@ private:
   }
 
   /// `[name = extent, ...]` with exactly the given names in order.
+  /// `[name = extent, ...]` in the order of `fields`, then `, optional = extent`
+  /// if `optional` is given and present.
   Status parse_fields(std::initializer_list<std::pair<std::string_view, Extent *>> fields,
-                      std::string_view what) {
+                      std::string_view what,
+                      std::pair<std::string_view, Extent *> optional = {"", nullptr}) {
     FJ_RETURN_IF_ERROR(expect('[', fmt::format("to open the {}", what)));
     bool first = true;
+    auto field = [&](std::string_view name, Extent *out) -> Status {
+      FJ_RETURN_IF_ERROR(expect_word(name, fmt::format("in the {}", what)));
+      FJ_RETURN_IF_ERROR(expect('=', fmt::format("after '{}'", name)));
+      return parse_extent(*out, fmt::format("a value for '{}'", name));
+    };
     for (auto [name, out] : fields) {
       if (!first)
         FJ_RETURN_IF_ERROR(expect(',', fmt::format("between {} fields", what)));
       first = false;
-      FJ_RETURN_IF_ERROR(expect_word(name, fmt::format("in the {}", what)));
-      FJ_RETURN_IF_ERROR(expect('=', fmt::format("after '{}'", name)));
-      FJ_RETURN_IF_ERROR(parse_extent(*out, fmt::format("a value for '{}'", name)));
+      FJ_RETURN_IF_ERROR(field(name, out));
     }
+    if (optional.second && consume(','))
+      FJ_RETURN_IF_ERROR(field(optional.first, optional.second));
     return expect(']', fmt::format("to close the {}", what));
   }
 
@@ -581,7 +589,7 @@ private:
                                      {"heads", &t.stride_head},
                                      {"seq", &t.stride_seq},
                                      {"dim", &t.stride_dim}},
-                                    "strides"));
+                                    "strides", {"split", &t.stride_split}));
     FJ_RETURN_IF_ERROR(expect_word("align", "after the tensor strides"));
     FJ_RETURN_IF_ERROR(expect('=', "after 'align'"));
     FJ_RETURN_IF_ERROR(parse_int(t.row_align, "the row alignment in bytes (2, 8 or 16)"));
@@ -598,8 +606,9 @@ private:
     FJ_RETURN_IF_ERROR(expect('(', "after 'grid'"));
     int n = 0;
     do {
-      if (n == 3)
-        return error_at(grid_pos, "grid takes 3 arguments (q block, head, batch), got more");
+      if (n == 4)
+        return error_at(grid_pos, "grid takes 3 arguments (q block, head, batch) and optionally a "
+                                  "4th (the KV split), got more");
       NameAt name;
       FJ_RETURN_IF_ERROR(parse_def(name, "a grid argument ('%name')"));
       FJ_RETURN_IF_ERROR(expect(':', "after the grid argument"));
@@ -619,9 +628,10 @@ private:
       make_visible(name, axis.arg);
       ++n;
     } while (consume(','));
-    if (n != 3)
-      return error_at(grid_pos,
-                      fmt::format("grid takes 3 arguments (q block, head, batch), got {}", n));
+    if (n < 3)
+      return error_at(grid_pos, fmt::format("grid takes 3 arguments (q block, head, batch) and "
+                                            "optionally a 4th (the KV split), got {}",
+                                            n));
     FJ_RETURN_IF_ERROR(expect(')', "to close the grid arguments"));
     FJ_RETURN_IF_ERROR(expect_word("group", "after the grid arguments"));
     FJ_RETURN_IF_ERROR(expect('=', "after 'group'"));

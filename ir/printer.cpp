@@ -94,10 +94,12 @@ public:
     for (const TensorParam &t : p_.tensors)
       line(2,
            "tensor @{} : {} [batch = {}, heads = {}, seq = {}, dim = {}] "
-           "strides [batch = {}, heads = {}, seq = {}, dim = {}] align = {}",
+           "strides [batch = {}, heads = {}, seq = {}, dim = {}{}] align = {}",
            t.name, dtype_name(t.dtype), to_string(t.batch), to_string(t.heads), to_string(t.seq),
            t.dim, to_string(t.stride_batch), to_string(t.stride_head), to_string(t.stride_seq),
-           to_string(t.stride_dim), t.row_align);
+           to_string(t.stride_dim),
+           t.stride_split == Extent::constant(0) ? "" : ", split = " + to_string(t.stride_split),
+           t.row_align);
     std::string grid;
     for (const GridAxis &axis : p_.grid)
       grid += fmt::format("{}{} : {}", grid.empty() ? "" : ", ", value(axis.arg),

@@ -182,6 +182,9 @@ Status AttentionSpec::validate() const {
   for (const auto &[field, value] : counts)
     if (value < 1)
       return Status::error("{} ({}) must be at least 1", field, value);
+  if (num_splits < 0 || num_splits > kMaxSplits)
+    return Status::error("num_splits ({}) must be 0 (chosen per call), 1 (no split-KV) or up to {}",
+                         num_splits, kMaxSplits);
   for (const auto &[field, value] : counts) {
     const bool seq = field.starts_with("seqlen");
     const int64_t limit = seq ? kMaxSeqlen : std::numeric_limits<int32_t>::max();
@@ -226,10 +229,9 @@ Status AttentionSpec::validate() const {
     return Status::error("window left ({}) must be -1 (unbounded) or >= 0", window.left);
   if (window.right < -1)
     return Status::error("window right ({}) must be -1 (unbounded) or >= 0", window.right);
-  if (causal && window.right > 0)
-    return Status::error("window right ({}) contradicts causal: causal already hides every key "
-                         "right of the diagonal; use window right -1 or 0, or drop causal",
-                         window.right);
+  // Causal with a right window is accepted as FlashAttention accepts it: causal
+  // already hides every key right of the diagonal, so the right window changes
+  // nothing (FlashAttention sets it to 0).
 
   const std::pair<std::string_view, const Strides *> rows[] = {
       {"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}};
@@ -328,6 +330,8 @@ std::string AttentionSpec::summary() const {
     s += fmt::format(" scale={}", scale);
   if (lse)
     s += " lse";
+  if (num_splits)
+    s += fmt::format(" splits={}", num_splits);
   s += ' ';
   s += layout_name(layout);
   // Strides that do not come from the named layout are part of what the spec says.

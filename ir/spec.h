@@ -48,6 +48,9 @@ struct KernelSignature {
   std::string summary() const;
 };
 
+/// The most KV splits one call may ask for (AttentionSpec::num_splits).
+constexpr int64_t kMaxSplits = 128;
+
 /// The longest sequence a kernel indexes (its row indices are 32-bit).
 constexpr int64_t kMaxSeqlen = int64_t(1) << 29;
 
@@ -59,11 +62,17 @@ struct AttentionSpec {
   int64_t seqlen_k = 1;
   int64_t head_dim_qk = 64;
   int64_t head_dim_v = 64;
-  DType dtype = DType::bf16;    // of Q, K, V and O; accumulation is f32
-  double scale = 0;             // softmax scale; 0 means 1/sqrt(head_dim_qk)
-  bool causal = false;          // bottom-right aligned when seqlen_q != seqlen_k
-  Window window;                // sliding window around the (bottom-right) diagonal
-  bool lse = false;             // also write LSE, f32 [batch, heads, seqlen_q]
+  DType dtype = DType::bf16; // of Q, K, V and O; accumulation is f32
+  double scale = 0;          // softmax scale; 0 means 1/sqrt(head_dim_qk)
+  bool causal = false;       // bottom-right aligned when seqlen_q != seqlen_k
+  Window window;             // sliding window around the (bottom-right) diagonal
+  bool lse = false;          // also write LSE, f32 [batch, heads, seqlen_q]
+  /// Split-KV (flash-decoding): the keys of each query block are split over this
+  /// many workgroups whose partial results a second kernel merges. 0: chosen
+  /// per call from the device's compute units (1 when batch x heads x query
+  /// blocks fill it); 1: off; at most kMaxSplits. A run-time choice, not part
+  /// of the signature.
+  int64_t num_splits = 0;
   Strides q, k, v, o;           // element strides of each tensor
   Layout layout = Layout::bshd; // the named layout the strides came from (for .npy files)
 

@@ -426,7 +426,8 @@ private:
                                                                  {"batch stride", &t.stride_batch},
                                                                  {"heads stride", &t.stride_head},
                                                                  {"seq stride", &t.stride_seq},
-                                                                 {"dim stride", &t.stride_dim}};
+                                                                 {"dim stride", &t.stride_dim},
+                                                                 {"split stride", &t.stride_split}};
       for (const auto &[what, e] : extents)
         FJ_RETURN_IF_ERROR(
             check_extent(*e, fmt::format("tensor @{}'s {}", t.name, what),
@@ -438,11 +439,17 @@ private:
     for (const char *required : {"Q", "K", "V", "O"})
       if (!p_.tensor(required))
         return Status::error("missing tensor @{} (a kernel needs @Q, @K, @V and @O)", required);
-    if (p_.grid.size() != 3)
-      return Status::error("the grid has {} arguments, expected 3 (q block, head, batch)",
+    if (p_.grid.size() != 3 && p_.grid.size() != 4)
+      return Status::error("the grid has {} arguments, expected 3 (q block, head, batch) or 4 "
+                           "(and the KV split)",
                            p_.grid.size());
-    const char *roles[] = {"q block", "head", "batch"};
-    for (size_t i = 0; i < 3; ++i) {
+    for (const TensorParam &t : p_.tensors)
+      if (t.stride_split != Extent::constant(0) && p_.grid.size() != 4)
+        return Status::error("tensor @{} has a split stride but the grid has no KV split axis "
+                             "(a 4th grid argument)",
+                             t.name);
+    const char *roles[] = {"q block", "head", "batch", "kv split"};
+    for (size_t i = 0; i < p_.grid.size(); ++i) {
       ValueId v = p_.grid[i].arg;
       if (!valid(v))
         return Status::error("grid argument {} ({}) refers to value {}, which does not exist", i,
@@ -544,6 +551,12 @@ private:
       FJ_RETURN_IF_ERROR(c.int_attr(key));
     for (const char *key : {"window_left", "window_right"})
       FJ_RETURN_IF_ERROR(c.value_attr(key, true, false));
+    if (op.attrs.count("splits")) {
+      FJ_RETURN_IF_ERROR(c.value_attr("splits", true, true));
+      if (p_.grid.size() != 4)
+        return c.fail("splits the KV range, but the grid has no KV split axis (a 4th grid "
+                      "argument) to say which split a workgroup runs");
+    }
     for (size_t r = 0; r < op.results.size(); ++r)
       FJ_RETURN_IF_ERROR(
           c.type_is(result(r), c.type(operand(r + 1)),

@@ -110,8 +110,12 @@ private:
     const bool kv = t.name == "K" || t.name == "V";
     const std::string head =
         kv ? fmt::format("{} / {}", name(p_.grid_arg(1)), c_expr(p_.group)) : name(p_.grid_arg(1));
-    return fmt::format("{} + long({}) * {} + long({}) * {}", t.name, name(p_.grid_arg(2)),
-                       c_expr(t.stride_batch), head, c_expr(t.stride_head));
+    const std::string split =
+        t.stride_split == ir::Extent::constant(0)
+            ? ""
+            : fmt::format(" + long({}) * {}", name(p_.grid_arg(3)), c_expr(t.stride_split));
+    return fmt::format("{} + long({}) * {} + long({}) * {}{}", t.name, name(p_.grid_arg(2)),
+                       c_expr(t.stride_batch), head, c_expr(t.stride_head), split);
   }
   // The first row of block `idx` (of `rows` rows) of a tensor's slice `base`.
   static std::string block_base(const ir::TensorParam &t, const std::string &base,

@@ -90,7 +90,7 @@ Status KernelEmitter::find_mask(const std::vector<Op> &body) {
 // 16 bytes for 128-bit runs, 8 for 64-bit ones, else element by element.
 Status KernelEmitter::declare_params() {
   for (const ir::TensorParam &t : p_.tensors) {
-    if (t.name == "LSE")
+    if (t.dtype == DType::f32) // the LSE and split-KV's partial outputs: f32 stores
       continue;
     const bool unit = t.stride_dim == ir::Extent::constant(1);
     if (!unit || t.row_align < 16 || t.dim % 8)
@@ -172,7 +172,14 @@ Expected<Lowered> KernelEmitter::run() {
   w_.line("const int lane = fj_thread_id() % kWave;");
   w_.line("const int wave = fj_thread_id() / kWave;");
   rules_.emit_lane_vars(w_);
-  w_.line("const int {} = fj_group_id_x();", name(p_.grid_arg(0)));
+  if (p_.grid.size() > 3) {
+    // The KV split runs inside x: x = q block * splits + split.
+    const std::string splits = c_expr(p_.grid[3].extent);
+    w_.line("const int {} = fj_group_id_x() / {};", name(p_.grid_arg(0)), splits);
+    w_.line("const int {} = fj_group_id_x() % {};", name(p_.grid_arg(3)), splits);
+  } else {
+    w_.line("const int {} = fj_group_id_x();", name(p_.grid_arg(0)));
+  }
   w_.line("const int {} = fj_group_id_y();", name(p_.grid_arg(1)));
   w_.line("const int {} = fj_group_id_z();", name(p_.grid_arg(2)));
   w_.line("// The query at row r (0..{0}) of this wave's {1}-query tile qt: its row in the",

@@ -74,6 +74,16 @@ Status check_fits(const AttentionSpec &spec, const ir::Config &config, const Tar
 Expected<Lowered> lower(const ir::Program &program, const Target &target,
                         RulesChoice choice = RulesChoice::automatic);
 
+/// The second kernel of split-KV attention (the first is ir::build_split_kv's
+/// program): merges the num_splits partial results of every query row by their
+/// LSE into O (and the LSE when the spec asks for it). Its parameters are
+/// O_partial and LSE_partial (the f32 workspace), O, LSE, then scalars bound by
+/// bind_split_combine. It depends only on the spec's signature.
+/// `name`: the kernel's name (default: fa_combine_<dtype>_d<head_dim_v>...).
+Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &target,
+                                      std::string_view name = {});
+ir::Bindings bind_split_combine(const AttentionSpec &spec, int64_t splits);
+
 /// Whether kernel `k` can run the shapes of `shape` (its row strides within
 /// Lowered::max_row_stride); an error names the stride and the limit.
 Status check_launch(const Lowered &k, const AttentionSpec &shape);

@@ -59,6 +59,16 @@ Status KernelEmitter::emit_for(const Op &op) {
   }
   w_.line("int kv_begin, kv_end;");
   w_.line("fj_kv_range({}, {}, &kv_begin, &kv_end);", name(op.operands[0]), mask_args());
+  if (op.attrs.count("splits")) {
+    const ir::Attr &splits = op.attrs.at("splits");
+    w_.line("// IR: splits = {}: this workgroup visits split %{} of those blocks only",
+            std::holds_alternative<ir::ParamRef>(splits) ? "%" + std::get<ir::ParamRef>(splits).name
+                                                         : std::to_string(op.int_attr("splits")),
+            name(p_.grid_arg(3)));
+    w_.line("fj_split_range({}, {}, &kv_begin, &kv_end);", name(p_.grid_arg(3)),
+            std::holds_alternative<ir::ParamRef>(splits) ? std::get<ir::ParamRef>(splits).name
+                                                         : std::to_string(op.int_attr("splits")));
+  }
   if (plan_pipeline(op)) {
     w_.line("// Software pipeline: the first tile is in flight before the loop starts.");
     w_.open("if (kv_begin < kv_end) {{");

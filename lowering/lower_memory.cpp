@@ -204,12 +204,17 @@ Status KernelEmitter::emit_store(const Op &op) {
     w_.close();
     return Status::ok();
   }
-  if (ty.layout != TileLayout::mma_acc || ty.dtype == DType::f32)
-    return Status::error("{} rules: `store` takes a converted #mma_acc tile", rules_.name());
+  if (ty.layout != TileLayout::mma_acc)
+    return Status::error("{} rules: `store` takes a #mma_acc tile", rules_.name());
   // The accumulator fragment, run by run: `len` consecutive head-dim entries of one row.
   const int len = rules_.acc_run_len();
   const std::vector<FragmentRun> runs = rules_.acc_runs();
-  w_.line("fj_bits *{}_dst = {};", v, base);
+  const bool f32 = ty.dtype == DType::f32;
+  if (f32 != (t.dtype == DType::f32))
+    return Status::error("{} rules: `store` of a {} tile into {} tensor @{}{}", rules_.name(),
+                         dtype_name(ty.dtype), dtype_name(t.dtype), t.name,
+                         f32 ? ": convert it first" : "");
+  w_.line("{} *{}_dst = {};", f32 ? "float" : "fj_bits", v, base);
   w_.line("#pragma unroll");
   w_.open("for (int qt = 0; qt < kQTiles; ++qt) {{");
   w_.line("#pragma unroll");
@@ -218,10 +223,19 @@ Status KernelEmitter::emit_store(const Op &op) {
     w_.open("{{");
     w_.line("const int row = query_row(qt, {});", runs[r].row);
     w_.line("const int d0 = c * kNTile + {};", runs[r].col);
-    w_.line("fj_bits *dst = {}_dst + {};", v,
+    w_.line("{} *dst = {}_dst + {};", f32 ? "float" : "fj_bits", v,
             row_offset(t, fmt::format("local_row(qt, {})", runs[r].row)));
     w_.open("if (row < {}) {{", seq_const(t));
     const int first = int(r) * len;
+    const std::string element = first ? fmt::format("{} + i", first) : "i";
+    if (f32) { // split-KV's f32 partial results in the workspace, element by element
+      w_.line("for (int i = 0; i < {}; ++i)", len);
+      w_.line("  if (d0 + i < {}) fj_global_store_f32(dst + long(d0 + i){}, {}[qt][c][{}]);",
+              dim_const(t), dim_stride(t), v, element);
+      w_.close();
+      w_.close();
+      continue;
+    }
     w_.line("if (kVecLoads && d0 + {} <= {})", len, dim_const(t));
     if (runs.size() == 1 && (len == 8 || len == 4))
       w_.line("  fj_global_store{}(dst + d0, {}[qt][c]);", len, v);
@@ -238,7 +252,7 @@ Status KernelEmitter::emit_store(const Op &op) {
     w_.line("else");
     w_.line("  for (int i = 0; i < {}; ++i)", len);
     w_.line("    if (d0 + i < {}) fj_global_store1(dst + long(d0 + i){}, {}[qt][c][{}]);",
-            dim_const(t), dim_stride(t), v, first ? fmt::format("{} + i", first) : "i");
+            dim_const(t), dim_stride(t), v, element);
     w_.close();
     w_.close();
   }

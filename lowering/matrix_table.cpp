@@ -243,6 +243,13 @@ constexpr MatrixInstr kTable[] = {
      &kSm80, kNoArgs, sources},
     {"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "", sm80, bf16, f32, "__nv_bfloat16",
      "float", &kSm80, kNoArgs, sources},
+
+    // NVIDIA sm_90: the same warp-wide mma.sync (the sm80 rules lower Hopper for
+    // now); the warpgroup wgmma rows come with the sm90 rule set (issue 16).
+    {"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "", sm90, f16, f32, "half", "float",
+     &kSm80, kNoArgs, sources},
+    {"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "", sm90, bf16, f32, "__nv_bfloat16",
+     "float", &kSm80, kNoArgs, sources},
 };
 
 } // namespace

@@ -1,12 +1,11 @@
 // Which rules lower a program (the family's matrix rules for the dtype and
-// query tile, else simt), the default config of a signature, check_fits and
-// the entry points lower() and generate().
+// query tile, else simt), the default config of a signature, check_fits (on
+// the resource model of lowering/resources.h) and the entry points lower() and
+// generate().
 #include "lowering/emitter.h"
+#include "lowering/resources.h"
 
 namespace flashjit::lowering {
-
-using emit::kKTile;
-using emit::staged_tile_bytes;
 
 namespace {
 
@@ -157,43 +156,37 @@ Expected<RulesChoice> parse_rules_choice(std::string_view name) {
   return Status::error("unknown rules '{}': choose auto, matrix or simt", name);
 }
 
-Status check_fits(const AttentionSpec &spec, const ir::Config &c, const Target &t,
-                  RulesChoice choice) {
+Expected<ResourceEstimate> estimate_resources(const AttentionSpec &spec, const ir::Config &c,
+                                              const Target &t, RulesChoice choice) {
   auto chosen = choose_rules(t, spec.dtype, choice, want_for(spec, c));
   if (!chosen)
     return chosen.status();
-  const Rules &r = *chosen->rules;
-  const int64_t dqk = ir::padded(spec.head_dim_qk, c.pad_k),
-                dv = ir::padded(spec.head_dim_v, c.pad_k);
-  // K row-major, V transposed or row-major as the rules stage it, Q where it lives there.
-  const int64_t lds = staged_tile_bytes(c.block_n, dqk, false) +
-                      staged_tile_bytes(c.block_n, dv, r.v_transposed()) +
-                      (c.q_in_lds ? staged_tile_bytes(c.block_m, dqk, false) : 0);
-  if (lds > t.lds_bytes)
+  return estimate_resources(spec, c, *chosen->rules);
+}
+
+Status check_fits(const AttentionSpec &spec, const ir::Config &c, const Target &t,
+                  RulesChoice choice) {
+  auto e = estimate_resources(spec, c, t, choice);
+  if (!e)
+    return e.status();
+  if (e->lds_bytes() > t.lds_bytes)
     return Status::error(
         "the K and V tiles need {} bytes of LDS (block_n {} x head dims {}/{}) but {} "
         "has {} per workgroup: use a smaller --block-n",
-        lds, c.block_n, dqk, dv, t.arch, t.lds_bytes);
+        e->lds_bytes(), c.block_n, e->dim_qk, e->dim_v, t.arch, t.lds_bytes);
   if (c.waves * t.wave_size > t.max_workgroup_size)
     return Status::error("{} waves x {} lanes exceed {}'s workgroup limit of {}", c.waves,
                          t.wave_size, t.arch, t.max_workgroup_size);
-  // Registers per lane that live across the KV loop, per query tile: the
-  // O accumulator (E of every n_tile head-dim entries), the Q fragments (16-bit
-  // operand elements of every 16 head-dim entries, two per VGPR) and S (E of
-  // every n_tile keys). gfx12: dv/2 + dqk/4 + block_n/2.
-  const int64_t acc = r.acc_elems(), n_tile = r.n_tile();
-  const int64_t operand = r.operand_run_len() * int64_t(r.operand_runs().size());
-  const int64_t q_tiles = std::max<int64_t>(1, c.block_m / (r.m_tile() * c.waves));
-  // Q kept in LDS (q_in_lds) costs no registers across the loop.
-  const int64_t q_regs = c.q_in_lds ? 0 : dqk * operand / (2 * kKTile);
-  const int64_t vgprs = q_tiles * (dv * acc / n_tile + q_regs + c.block_n * acc / n_tile);
-  const int64_t budget = t.max_vgprs - 24; // addresses, indices, statistics
-  if (vgprs > budget)
+  // The registers that live across the KV loop: the O accumulator, the Q
+  // fragments (none when Q stays in LDS) and S, per query tile.
+  const int64_t budget = register_budget(t);
+  if (e->loop_regs() > budget)
     return Status::error(
         "head dims {}/{} need about {} VGPRs per lane for the accumulator, Q and S "
         "tiles (block_m {}, block_n {}, {} rules), over {}'s budget of {}: use a smaller "
         "--block-n or head dim",
-        spec.head_dim_qk, spec.head_dim_v, vgprs, c.block_m, c.block_n, r.name(), t.arch, budget);
+        spec.head_dim_qk, spec.head_dim_v, e->loop_regs(), c.block_m, c.block_n, e->rules, t.arch,
+        budget);
   return Status::ok();
 }
 

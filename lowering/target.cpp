@@ -124,6 +124,7 @@ Expected<Target> parse_target(std::string_view target_id) {
   t.family = row->family;
   t.wave_size = fam.wave_size;
   t.lds_bytes = row->lds_bytes;
+  t.lds_bytes_per_cu = row->lds_bytes_per_cu;
   t.max_vgprs = fam.max_vgprs;
   t.vgpr_file_per_simd = row->vgpr_file_per_simd;
   t.vgpr_alloc_granule = row->vgpr_alloc_granule(fam.wave_size);

@@ -39,6 +39,9 @@ struct Target {
   int wave_size = 0;
   /// LDS a workgroup can address, in bytes.
   int lds_bytes = 0;
+  /// LDS of one CU (RDNA: workgroup processor; NVIDIA: SM), shared by the
+  /// workgroups resident on it, in bytes (for occupancy).
+  int lds_bytes_per_cu = 0;
   /// VGPRs one lane of one wave can address (RDNA: 256; CDNA: 512, the unified
   /// ArchVGPR + AccVGPR file of gfx90a and later).
   int max_vgprs = 0;

@@ -23,6 +23,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <mutex>
 
 #ifndef FLASHJIT_VERSION
 #error "FLASHJIT_VERSION must be defined by the build (runtime/CMakeLists.txt)"
@@ -132,8 +133,34 @@ struct Attention::Impl {
   std::vector<uint8_t> no_code;
   std::atomic<int64_t> launches{0};
 
+  /// Split-KV attention (flash-decoding): its two kernels, built on the first
+  /// call that splits its keys (once per signature, like the attention kernel).
+  struct SplitKv {
+    Generated partial, combine;
+    std::optional<Compiled> partial_code, combine_code;
+    std::unique_ptr<runtime::GpuKernel> partial_kernel, combine_kernel;
+  };
+  mutable std::mutex split_mutex;
+  std::unique_ptr<SplitKv> split;
+  std::string split_failure; // why split-KV could not be built, if it was tried and failed
+  std::atomic<int64_t> split_launches{0};
+
   /// Generation, compile and module load; the first failure with its stage.
   Status build(Failure *failure);
+  /// The number of KV splits of a call, 0 for the attention kernel alone.
+  /// num_splits n > 1 asks for n, 1 for none. Chosen (0): when batch x heads x
+  /// query blocks (of kDecodeRows rows for decode, at most that many queries)
+  /// cannot fill the device's compute units, enough splits to fill them about
+  /// four times over, with at least 4 KV blocks per split, at most kMaxSplits;
+  /// decode that fills the device runs one split when the attention kernel's
+  /// blocks are 128 rows or more (the one-wave split kernel wastes fewer products).
+  /// Measured on the H100: bench/results/README.md.
+  int64_t choose_splits(const AttentionSpec &shape) const;
+  static constexpr int64_t kDecodeRows = 16;
+  /// The split-KV kernels, built (thread-safely) on first use.
+  Expected<const SplitKv *> split_kv(Failure *failure);
+  Status run_split_gpu(const SplitKv &k, const AttentionSpec &shape, int64_t splits, const void *q,
+                       const void *k_, const void *v, void *out, float *lse, void *stream);
   Status prepare_fallback(const Status &why);
   Status check_arguments(const AttentionSpec &shape, const void *q, const void *k, const void *v,
                          const void *out, const float *lse) const;
@@ -168,6 +195,11 @@ Status Attention::Impl::build(Failure *failure) {
     compiled = c.take();
   }
   if (emulator) {
+    // FLASHJIT_OVERRIDE_DIR: the emulator runs the override's kernel text.
+    auto emulated = pipeline::emulated_kernel(gen);
+    if (!emulated)
+      return failed(failure, Failure::compile, emulated.status());
+    generated->lowered = emulated.take();
     executor = Executor::emulator;
     return Status::ok();
   }
@@ -178,6 +210,122 @@ Status Attention::Impl::build(Failure *failure) {
                       fmt::format("loading {} on {}", gen.lowered.kernel_name, device.id())));
   kernel = k.take();
   executor = Executor::gpu;
+  return Status::ok();
+}
+
+int64_t Attention::Impl::choose_splits(const AttentionSpec &shape) const {
+  if (executor == Executor::interpreter || shape.num_splits == 1)
+    return 0;
+  if (shape.num_splits > 1)
+    return shape.num_splits;
+  const ir::Config &c = generated->config;
+  const bool decode = shape.seqlen_q <= kDecodeRows;
+  const int64_t rows = decode ? kDecodeRows : c.block_m;
+  const int64_t work = shape.batch * shape.heads * ((shape.seqlen_q + rows - 1) / rows);
+  const int64_t units = std::max(device.compute_units, 1);
+  // A call that fills the device splits nothing. Decode still takes the split
+  // kernels (one split) when the attention kernel's block is 128 or more rows:
+  // on the H100 benchmark that was 2.6x faster at D = 64 (128-row blocks) and up
+  // to 1.2x slower at D = 128 (64-row blocks: 4 waves against 1).
+  if (work >= units)
+    return decode && c.block_m >= 128 ? 1 : 0;
+  const int64_t kv_blocks = (shape.seqlen_k + c.block_n - 1) / c.block_n;
+  const int64_t wanted = (4 * units + work - 1) / work;
+  const int64_t splits = std::max<int64_t>(1, std::min({wanted, kv_blocks / 4, kMaxSplits}));
+  return decode || splits > 1 ? splits : 0;
+}
+
+Expected<const Attention::Impl::SplitKv *> Attention::Impl::split_kv(Failure *failure) {
+  std::lock_guard<std::mutex> lock(split_mutex);
+  if (split)
+    return split.get();
+  auto built = [&]() -> Expected<std::unique_ptr<SplitKv>> {
+    auto made = std::make_unique<SplitKv>();
+    for (auto [kind, g] : {std::pair{pipeline::KernelKind::split_partial, &made->partial},
+                           std::pair{pipeline::KernelKind::split_combine, &made->combine}}) {
+      auto gen = pipeline::generate(spec, device.arch, options, failure, kind);
+      if (!gen)
+        return gen.status();
+      *g = gen.take();
+    }
+    if (options.compiler != "none") {
+      for (auto [g, c] : {std::pair{&made->partial, &made->partial_code},
+                          std::pair{&made->combine, &made->combine_code}}) {
+        auto compiled = pipeline::compile(*g, options, compiler::KernelCache::global(), failure);
+        if (!compiled)
+          return compiled.status();
+        *c = compiled.take();
+      }
+    }
+    if (executor == Executor::emulator) // FLASHJIT_OVERRIDE_DIR, as for the attention kernel
+      for (Generated *g : {&made->partial, &made->combine}) {
+        auto emulated = pipeline::emulated_kernel(*g);
+        if (!emulated)
+          return failed(failure, Failure::compile, emulated.status());
+        g->lowered = emulated.take();
+      }
+    if (executor == Executor::gpu)
+      for (auto [c, g, k] :
+           {std::tuple{&made->partial_code, &made->partial, &made->partial_kernel},
+            std::tuple{&made->combine_code, &made->combine, &made->combine_kernel}}) {
+        auto loaded = driver->load_kernel(device.index, (*c)->code.bytes, g->lowered.kernel_name);
+        if (!loaded)
+          return failed(failure, Failure::runtime, loaded.status());
+        *k = loaded.take();
+      }
+    return made;
+  }();
+  if (!built) {
+    split_failure = built.status().message();
+    return built.status().with_context("split-KV kernels");
+  }
+  split = built.take();
+  split_failure.clear();
+  return split.get();
+}
+
+Status Attention::Impl::run_split_gpu(const SplitKv &sk, const AttentionSpec &shape, int64_t splits,
+                                      const void *q, const void *k, const void *v, void *out,
+                                      float *lse, void *stream) {
+  const ir::SplitWorkspace ws = ir::split_workspace(shape, splits);
+  auto workspace = driver->allocate_async(device.index, size_t(ws.bytes()), stream);
+  if (!workspace)
+    return workspace.status().with_context(
+        fmt::format("split-KV workspace of {} bytes on {}", ws.bytes(), device.id()));
+  float *o_partial = static_cast<float *>(*workspace);
+  float *lse_partial = o_partial + ws.o_elements;
+  auto launch = [&](const lowering::Lowered &l, runtime::GpuKernel &kernel,
+                    const ir::Bindings &shapes, std::span<const runtime::NamedPointer> pointers) {
+    auto grid = ir::grid_size(l.grid, shapes);
+    if (!grid)
+      return grid.status();
+    runtime::LaunchGeometry geometry;
+    std::copy(grid->begin(), grid->end(), geometry.grid);
+    geometry.block[0] = l.block_threads;
+    geometry.dynamic_lds_bytes = l.lds_dynamic ? l.lds_bytes : 0;
+    auto args = runtime::KernelArgs::make(l.params, shapes, pointers);
+    if (!args)
+      return args.status();
+    return kernel.launch(geometry, args->addresses(), stream)
+        .with_context(fmt::format("launching {} on {}", l.kernel_name, device.id()));
+  };
+  const runtime::NamedPointer first[] = {
+      {"Q", q}, {"K", k}, {"V", v}, {"O", o_partial}, {"LSE", lse_partial}};
+  const runtime::NamedPointer second[] = {
+      {"O_partial", o_partial}, {"LSE_partial", lse_partial}, {"O", out}, {"LSE", lse}};
+  Status s =
+      launch(sk.partial.lowered, *sk.partial_kernel, ir::bind_split_kv(shape, splits), first);
+  if (s)
+    s = launch(sk.combine.lowered, *sk.combine_kernel, lowering::bind_split_combine(shape, splits),
+               second);
+  // Released in stream order: after the combine has read it.
+  Status released = driver->release_async(device.index, *workspace, stream);
+  FJ_RETURN_IF_ERROR(s);
+  FJ_RETURN_IF_ERROR(released);
+  if (options.synchronize)
+    FJ_RETURN_IF_ERROR(driver->synchronize(device.index, stream)
+                           .with_context(fmt::format("running split-KV {} on {}",
+                                                     sk.partial.lowered.kernel_name, device.id())));
   return Status::ok();
 }
 
@@ -371,6 +519,24 @@ std::string Attention::explain() const {
   line("launches", fmt::format("{} forward calls, all through this one kernel (shapes are its "
                                "arguments)",
                                m.launches.load()));
+  {
+    std::lock_guard<std::mutex> lock(m.split_mutex);
+    if (m.split)
+      line("split-kv",
+           fmt::format("{} of those calls ran the split-KV kernels: {} then {} (built on the "
+                       "first such call{})",
+                       m.split_launches.load(), m.split->partial.lowered.kernel_name,
+                       m.split->combine.lowered.kernel_name,
+                       m.split->partial_code ? ", cache " + m.split->partial_code->cache_outcome
+                                             : ""));
+    else if (!m.split_failure.empty())
+      line("split-kv", "unavailable, calls run unsplit: " + m.split_failure);
+    else
+      line("split-kv", fmt::format("not used yet (chosen per call for decode, at most {} query "
+                                   "rows, and when batch x heads x query blocks cannot fill the "
+                                   "{} compute units)",
+                                   Impl::kDecodeRows, m.device.compute_units));
+  }
   switch (m.executor) {
   case Executor::gpu:
     line("executor",
@@ -455,13 +621,38 @@ Status detail::AttentionAccess::forward(Attention &a, const AttentionSpec &shape
     if (Status s = lowering::check_launch(m.generated->lowered, shape); !s)
       return failed(failure, Failure::argument, s.with_context("forward"));
   m.launches.fetch_add(1, std::memory_order_relaxed);
+  // Split-KV when asked for, or chosen (decode; a call that cannot fill the
+  // device); chosen kernels that cannot be built leave the call to the attention
+  // kernel (explain() says why).
+  const int64_t splits = m.choose_splits(shape);
+  const Attention::Impl::SplitKv *split = nullptr;
+  if (splits > 0) {
+    auto sk = m.split_kv(failure);
+    if (sk)
+      split = *sk;
+    else if (shape.num_splits > 1)
+      return failed(failure, Failure::unsupported,
+                    sk.status().with_context(fmt::format("forward with num_splits = {}", splits)));
+  }
+  if (split)
+    m.split_launches.fetch_add(1, std::memory_order_relaxed);
   Status s;
   switch (m.executor) {
   case Executor::gpu:
-    s = m.run_gpu(shape, q, k, v, out, lse, stream);
+    s = split ? m.run_split_gpu(*split, shape, splits, q, k, v, out, lse, stream)
+              : m.run_gpu(shape, q, k, v, out, lse, stream);
     break;
   case Executor::emulator:
-    s = m.run_emulator(shape, q, k, v, out, lse);
+    if (split) {
+      runtime::EmulatorOptions eo;
+      eo.threads = m.options.cpu_threads;
+      s = run_on_host(shape, q, k, v, out, lse, [&](HostTensors &t) {
+        return runtime::emulate_split_kv(split->partial.lowered, split->combine.lowered,
+                                         split->partial.target, shape, splits, t, eo);
+      });
+    } else {
+      s = m.run_emulator(shape, q, k, v, out, lse);
+    }
     break;
   case Executor::interpreter:
     s = m.run_interpreter(shape, q, k, v, out, lse, stream);
@@ -491,8 +682,7 @@ Expected<std::string> detail::AttentionAccess::compile_report(const AttentionSpe
   if (!c)
     return c.status();
   const lowering::Target &t = g->target;
-  // RDNA's LDS belongs to a workgroup processor (two CUs): twice a workgroup's share.
-  const int lds_per_unit = t.wave_size == 32 ? 2 * t.lds_bytes : t.lds_bytes;
+  const int lds_per_unit = int(t.lds_bytes_per_cu); // a WGP's on RDNA
   auto reports =
       compiler::read_resources(c->code, t.vgpr_file_per_simd, t.max_waves_per_simd, lds_per_unit);
   if (!reports)

@@ -142,6 +142,7 @@ void from_spec(const flashjit::AttentionSpec &s, fj_spec *out) {
   out->scale = s.scale;
   out->causal = s.causal;
   out->lse = s.lse;
+  out->num_splits = s.num_splits;
   out->window_left = s.window.left;
   out->window_right = s.window.right;
   out->q = from_strides(s.q);
@@ -170,6 +171,7 @@ fj_error to_spec(const fj_spec *in, flashjit::AttentionSpec *out) {
   out->scale = in->scale;
   out->causal = in->causal != 0;
   out->lse = in->lse != 0;
+  out->num_splits = in->num_splits;
   out->window = {in->window_left, in->window_right};
   out->q = to_strides(in->q);
   out->k = to_strides(in->k);

@@ -92,6 +92,8 @@ public:
     info.index = index;
     info.name = name;
     info.arch = fmt::format("sm_{}{}", major, minor);
+    FJ_RETURN_IF_ERROR(FJ_CUDA_CHECK(api_, cuDeviceGetAttribute, &info.compute_units,
+                                     CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, *device));
     return info;
   }
 
@@ -123,6 +125,22 @@ public:
   }
   Status release(int device, void *pointer) override {
     return in_context(device, [&] { return FJ_CUDA_CHECK(api_, cuMemFree, address(pointer)); });
+  }
+  Expected<void *> allocate_async(int device, size_t bytes, void *stream) override {
+    auto pool = memory_pool(device);
+    if (!pool)
+      return pool.status();
+    CUdeviceptr pointer = 0;
+    FJ_RETURN_IF_ERROR(in_context(device, [&] {
+      return FJ_CUDA_CHECK(api_, cuMemAllocFromPoolAsync, &pointer, bytes, *pool,
+                           static_cast<CUstream>(stream));
+    }));
+    return reinterpret_cast<void *>(pointer);
+  }
+  Status release_async(int device, void *pointer, void *stream) override {
+    return in_context(device, [&] {
+      return FJ_CUDA_CHECK(api_, cuMemFreeAsync, address(pointer), static_cast<CUstream>(stream));
+    });
   }
   Status copy_to_device(int device, void *dst, const void *src, size_t bytes) override {
     return in_context(device,
@@ -160,6 +178,29 @@ public:
   }
 
 private:
+  /// flashjit's own stream-ordered pool on the device, created on first use. It
+  /// keeps what it has allocated (release threshold: unlimited), so a workspace
+  /// after a synchronize is a reuse, not a new allocation; the device's default
+  /// pool, which other libraries may use, is left as it is.
+  Expected<CUmemoryPool> memory_pool(int index) {
+    std::lock_guard<std::mutex> lock(pool_mutex_); // in_context takes mutex_
+    if (auto it = pools_.find(index); it != pools_.end())
+      return it->second;
+    CUmemoryPool pool = nullptr;
+    FJ_RETURN_IF_ERROR(in_context(index, [&] {
+      CUmemPoolProps props{};
+      props.alloc_type = 1;
+      props.location_type = 1;
+      props.location_id = index;
+      FJ_RETURN_IF_ERROR(FJ_CUDA_CHECK(api_, cuMemPoolCreate, &pool, &props));
+      uint64_t keep = UINT64_MAX;
+      return FJ_CUDA_CHECK(api_, cuMemPoolSetAttribute, pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                           &keep);
+    }));
+    pools_.emplace(index, pool);
+    return pool;
+  }
+
   Expected<CUdevice> get_device(int index) {
     auto count = device_count();
     if (!count)
@@ -190,6 +231,8 @@ private:
   const Api &api_;
   std::mutex mutex_;
   std::map<int, CUcontext> contexts_;
+  std::mutex pool_mutex_;
+  std::map<int, CUmemoryPool> pools_;
 };
 
 CudaKernel::~CudaKernel() {

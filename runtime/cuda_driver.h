@@ -34,8 +34,27 @@ using CUmodule = struct CUmod_st *;
 using CUfunction = struct CUfunc_st *;
 using CUstream = struct CUstream_st *;
 
+using CUmemoryPool = struct CUmemPoolHandle_st *;
+
+// cuda.h, CUmemPoolProps (v1): allocType, handleTypes, location {type, id},
+// win32SecurityAttributes, maxSize, usage, reserved: 88 bytes on x86-64.
+struct CUmemPoolProps {
+  int alloc_type;    // CU_MEM_ALLOCATION_TYPE_PINNED = 1
+  int handle_types;  // CU_MEM_HANDLE_TYPE_NONE = 0
+  int location_type; // CU_MEM_LOCATION_TYPE_DEVICE = 1
+  int location_id;   // the device ordinal
+  void *win32_security_attributes;
+  size_t max_size; // 0: the device's memory
+  unsigned short usage;
+  unsigned char reserved[54];
+};
+static_assert(sizeof(CUmemPoolProps) == 88);
+// cuda.h, enum CUmemPool_attribute.
+constexpr int CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4;
+
 // cuda.h, enum CUdevice_attribute.
 using CUdevice_attribute = int;
+constexpr CUdevice_attribute CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16;
 constexpr CUdevice_attribute CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
 constexpr CUdevice_attribute CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
 
@@ -71,6 +90,12 @@ constexpr int kDefaultDynamicSharedBytes = 48 * 1024;
      void **params, void **extra))                                                                 \
   X(cuMemAlloc, "cuMemAlloc_v2", (CUdeviceptr * pointer, size_t bytes))                            \
   X(cuMemFree, "cuMemFree_v2", (CUdeviceptr pointer))                                              \
+  X(cuMemPoolCreate, "cuMemPoolCreate", (CUmemoryPool * pool, const CUmemPoolProps *props))        \
+  X(cuMemPoolSetAttribute, "cuMemPoolSetAttribute",                                                \
+    (CUmemoryPool pool, int attribute, void *value))                                               \
+  X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync",                                            \
+    (CUdeviceptr * pointer, size_t bytes, CUmemoryPool pool, CUstream stream))                     \
+  X(cuMemFreeAsync, "cuMemFreeAsync", (CUdeviceptr pointer, CUstream stream))                      \
   X(cuMemcpyHtoD, "cuMemcpyHtoD_v2", (CUdeviceptr dst, const void *src, size_t bytes))             \
   X(cuMemcpyDtoH, "cuMemcpyDtoH_v2", (void *dst, CUdeviceptr src, size_t bytes))                   \
   X(cuStreamSynchronize, "cuStreamSynchronize", (CUstream stream))                                 \

@@ -100,7 +100,8 @@ Expected<std::vector<DeviceInfo>> list_devices() {
   FJ_RETURN_IF_ERROR(append_gpus(DeviceKind::hip, devices));
   FJ_RETURN_IF_ERROR(append_gpus(DeviceKind::cuda, devices));
   if (runtime::emulator_available())
-    devices.push_back(DeviceInfo{DeviceKind::emulator, 0, std::string(kEmulatorName), ""});
+    devices.push_back(
+        DeviceInfo{DeviceKind::emulator, 0, std::string(kEmulatorName), "", kEmulatorComputeUnits});
   return devices;
 }
 
@@ -124,7 +125,8 @@ Expected<DeviceInfo> find_device(std::string_view id) {
                            id, rest);
     if (!runtime::emulator_available())
       return emulator_missing();
-    return DeviceInfo{DeviceKind::emulator, 0, std::string(kEmulatorName), std::string(rest)};
+    return DeviceInfo{DeviceKind::emulator, 0, std::string(kEmulatorName), std::string(rest),
+                      kEmulatorComputeUnits};
   }
   return Status::error("unknown device '{}': {}", id, kDeviceForms);
 }

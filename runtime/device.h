@@ -18,6 +18,10 @@
 namespace flashjit {
 
 enum class DeviceKind { hip, cuda, emulator };
+
+/// The compute units the emulator stands for when forward() chooses the number
+/// of KV splits: a mid-size GPU, so decode on the emulator splits as it would there.
+constexpr int kEmulatorComputeUnits = 32;
 std::string_view device_kind_name(DeviceKind k);
 
 struct DeviceInfo {
@@ -30,6 +34,9 @@ struct DeviceInfo {
   /// (e.g. "sm_90"), the named arch for the emulator. Empty in list_devices()'s
   /// emulator entry, which stands for every AMD arch.
   std::string arch;
+  /// Compute units (AMD CUs, NVIDIA SMs): split-KV fills this many. The
+  /// emulator has none and reports kEmulatorComputeUnits.
+  int compute_units = 0;
   /// The name that selects it: "hip:0", "cuda:1", "emulator:gfx1201".
   std::string id() const;
 };

@@ -115,6 +115,11 @@ struct AlignedBytes {
   explicit AlignedBytes(size_t n)
       : data(n ? static_cast<uint8_t *>(::operator new(n, std::align_val_t(64))) : nullptr) {}
   AlignedBytes(const AlignedBytes &) = delete;
+  AlignedBytes &operator=(const AlignedBytes &) = delete;
+  AlignedBytes &operator=(AlignedBytes &&other) noexcept {
+    std::swap(data, other.data);
+    return *this;
+  }
   ~AlignedBytes() {
     if (data)
       ::operator delete(data, std::align_val_t(64));
@@ -131,7 +136,7 @@ struct Launch {
   int block_threads = 0, wave = 0;
   int64_t grid[3] = {1, 1, 1};
   size_t lane_stack_bytes = 0;
-  Buffer buffers[5];           // Q, K, V, O, LSE
+  std::vector<Buffer> buffers; // Q, K, V, O, LSE, workspaces: as the launch names them
   void *const *args = nullptr; // the kernel's arguments (KernelArgs::addresses())
   std::vector<float> decode;   // A/B element bits -> value, per the row's ab_dtype
   // The lane maps, flattened: index of (lane, elem) into row-major A (m x k),
@@ -793,8 +798,9 @@ std::string launcher_text(const lowering::Lowered &k) {
 
 } // namespace
 
-Status emulate(const lowering::Lowered &k, const lowering::Target &target,
-               const AttentionSpec &spec, HostTensors &tensors, const EmulatorOptions &options) {
+Status emulate_kernel(const lowering::Lowered &k, const lowering::Target &target,
+                      const ir::Bindings &shapes, std::span<const EmulatorBuffer> buffers,
+                      const EmulatorOptions &options) {
   // Lowered::mma is null for kernels without a matrix instruction (simt rules).
   if (k.mma && !k.mma->layout)
     return Status::error("emulator: kernel {}'s matrix instruction {} has no lane layout",
@@ -806,8 +812,6 @@ Status emulate(const lowering::Lowered &k, const lowering::Target &target,
     return Status::error("emulator: kernel {} launches {} work-items per workgroup; {} allows 1 "
                          "to {}",
                          k.kernel_name, k.block_threads, target.arch, target.max_workgroup_size);
-  FJ_RETURN_IF_ERROR(lowering::check_launch(k, spec));
-  const ir::Bindings shapes = ir::bind_attention(spec);
   auto grid = ir::grid_size(k.grid, shapes);
   if (!grid)
     return grid.status();
@@ -815,23 +819,6 @@ Status emulate(const lowering::Lowered &k, const lowering::Target &target,
     if ((*grid)[i] <= 0)
       return Status::error("emulator: kernel {} has an empty grid ({} x {} x {})", k.kernel_name,
                            (*grid)[0], (*grid)[1], (*grid)[2]);
-  if (spec.dtype != DType::bf16 && spec.dtype != DType::f16)
-    return Status::error("emulator: the kernels take bf16 or f16 tensors, not {}",
-                         dtype_name(spec.dtype));
-  if (k.mma && k.mma->ab_dtype != spec.dtype)
-    return Status::error("emulator: kernel {} multiplies {} but the spec's tensors are {}",
-                         k.kernel_name, dtype_name(k.mma->ab_dtype), dtype_name(spec.dtype));
-  const std::pair<const char *, std::pair<size_t, int64_t>> sizes[] = {
-      {"Q", {tensors.q.size(), spec.q_elements()}},
-      {"K", {tensors.k.size(), spec.k_elements()}},
-      {"V", {tensors.v.size(), spec.v_elements()}},
-      {"O", {tensors.o.size(), spec.o_elements()}},
-      {"LSE", {tensors.lse.size(), spec.lse ? spec.lse_elements() : int64_t(tensors.lse.size())}},
-  };
-  for (const auto &[name, n] : sizes)
-    if (int64_t(n.first) != n.second)
-      return Status::error("emulator: host tensor {} holds {} elements; the spec needs {}", name,
-                           n.first, n.second);
 
   Launch launch;
   launch.kernel = k.kernel_name;
@@ -859,24 +846,12 @@ Status emulate(const lowering::Lowered &k, const lowering::Target &target,
                          "{} work-items per workgroup",
                          k.kernel_name, (*compiled)->workgroup_size, k.block_threads);
 
-  // Device buffers: 16-bit elements (f32 for LSE), poison wherever the host has NaN.
-  const DType t = spec.dtype;
-  AlignedBytes q(tensors.q.size() * 2), kk(tensors.k.size() * 2), v(tensors.v.size() * 2),
-      o(tensors.o.size() * 2), lse(spec.lse ? tensors.lse.size() * 4 : 0);
-  FJ_RETURN_IF_ERROR(to_device("Q", tensors.q, t, q.data));
-  FJ_RETURN_IF_ERROR(to_device("K", tensors.k, t, kk.data));
-  FJ_RETURN_IF_ERROR(to_device("V", tensors.v, t, v.data));
-  std::fill_n(reinterpret_cast<uint16_t *>(o.data), tensors.o.size(), uint16_t(0x7fff));
-  std::fill_n(reinterpret_cast<float *>(lse.data), spec.lse ? tensors.lse.size() : 0,
-              std::numeric_limits<float>::quiet_NaN());
-  launch.buffers[0] = {"Q", q.data, tensors.q.size() * 2, 2, false};
-  launch.buffers[1] = {"K", kk.data, tensors.k.size() * 2, 2, false};
-  launch.buffers[2] = {"V", v.data, tensors.v.size() * 2, 2, false};
-  launch.buffers[3] = {"O", o.data, tensors.o.size() * 2, 2, true};
-  launch.buffers[4] = {"LSE", lse.data, spec.lse ? tensors.lse.size() * 4 : 0, 4, true};
   std::vector<NamedPointer> pointers;
-  for (const Buffer &b : launch.buffers)
-    pointers.push_back({b.name, b.base});
+  for (const EmulatorBuffer &b : buffers) {
+    launch.buffers.push_back(
+        {b.name, static_cast<uint8_t *>(b.data), b.bytes, b.elem_bytes, b.writable});
+    pointers.push_back({b.name, b.data});
+  }
   auto args = KernelArgs::make(k.params, shapes, pointers);
   if (!args)
     return args.status().with_context(fmt::format("emulator: kernel {}", k.kernel_name));
@@ -919,11 +894,111 @@ Status emulate(const lowering::Lowered &k, const lowering::Target &target,
     th.join();
   if (!errors.empty())
     return errors.begin()->second;
+  return Status::ok();
+}
 
+namespace {
+
+/// The attention tensors as device buffers: 16-bit Q, K, V and O (poisoned),
+/// f32 LSE (poisoned) when the spec has one.
+struct DeviceTensors {
+  AlignedBytes q, k, v, o, lse;
+  std::vector<EmulatorBuffer> buffers;
+};
+
+Status check_attention(const lowering::Lowered &k, const AttentionSpec &spec,
+                       const HostTensors &tensors) {
+  FJ_RETURN_IF_ERROR(lowering::check_launch(k, spec));
+  if (spec.dtype != DType::bf16 && spec.dtype != DType::f16)
+    return Status::error("emulator: the kernels take bf16 or f16 tensors, not {}",
+                         dtype_name(spec.dtype));
+  if (k.mma && k.mma->ab_dtype != spec.dtype)
+    return Status::error("emulator: kernel {} multiplies {} but the spec's tensors are {}",
+                         k.kernel_name, dtype_name(k.mma->ab_dtype), dtype_name(spec.dtype));
+  const std::pair<const char *, std::pair<size_t, int64_t>> sizes[] = {
+      {"Q", {tensors.q.size(), spec.q_elements()}},
+      {"K", {tensors.k.size(), spec.k_elements()}},
+      {"V", {tensors.v.size(), spec.v_elements()}},
+      {"O", {tensors.o.size(), spec.o_elements()}},
+      {"LSE", {tensors.lse.size(), spec.lse ? spec.lse_elements() : int64_t(tensors.lse.size())}},
+  };
+  for (const auto &[name, n] : sizes)
+    if (int64_t(n.first) != n.second)
+      return Status::error("emulator: host tensor {} holds {} elements; the spec needs {}", name,
+                           n.first, n.second);
+  return Status::ok();
+}
+
+Status to_device_tensors(const AttentionSpec &spec, const HostTensors &tensors, DeviceTensors &d) {
+  // Device buffers: 16-bit elements (f32 for LSE), poison wherever the host has NaN.
+  const DType t = spec.dtype;
+  d.q = AlignedBytes(tensors.q.size() * 2);
+  d.k = AlignedBytes(tensors.k.size() * 2);
+  d.v = AlignedBytes(tensors.v.size() * 2);
+  d.o = AlignedBytes(tensors.o.size() * 2);
+  d.lse = AlignedBytes(spec.lse ? tensors.lse.size() * 4 : 0);
+  FJ_RETURN_IF_ERROR(to_device("Q", tensors.q, t, d.q.data));
+  FJ_RETURN_IF_ERROR(to_device("K", tensors.k, t, d.k.data));
+  FJ_RETURN_IF_ERROR(to_device("V", tensors.v, t, d.v.data));
+  std::fill_n(reinterpret_cast<uint16_t *>(d.o.data), tensors.o.size(), uint16_t(0x7fff));
+  std::fill_n(reinterpret_cast<float *>(d.lse.data), spec.lse ? tensors.lse.size() : 0,
+              std::numeric_limits<float>::quiet_NaN());
+  d.buffers = {{"Q", d.q.data, tensors.q.size() * 2, 2, false},
+               {"K", d.k.data, tensors.k.size() * 2, 2, false},
+               {"V", d.v.data, tensors.v.size() * 2, 2, false},
+               {"O", d.o.data, tensors.o.size() * 2, 2, true},
+               {"LSE", d.lse.data, spec.lse ? tensors.lse.size() * 4 : 0, 4, true}};
+  return Status::ok();
+}
+
+void from_device_tensors(const AttentionSpec &spec, const DeviceTensors &d, HostTensors &tensors) {
   for (size_t i = 0; i < tensors.o.size(); ++i)
-    tensors.o[i] = from_bits(t, reinterpret_cast<const uint16_t *>(o.data)[i]);
+    tensors.o[i] = from_bits(spec.dtype, reinterpret_cast<const uint16_t *>(d.o.data)[i]);
   if (spec.lse)
-    std::copy_n(reinterpret_cast<const float *>(lse.data), tensors.lse.size(), tensors.lse.begin());
+    std::copy_n(reinterpret_cast<const float *>(d.lse.data), tensors.lse.size(),
+                tensors.lse.begin());
+}
+
+} // namespace
+
+Status emulate(const lowering::Lowered &k, const lowering::Target &target,
+               const AttentionSpec &spec, HostTensors &tensors, const EmulatorOptions &options) {
+  FJ_RETURN_IF_ERROR(check_attention(k, spec, tensors));
+  DeviceTensors d;
+  FJ_RETURN_IF_ERROR(to_device_tensors(spec, tensors, d));
+  FJ_RETURN_IF_ERROR(emulate_kernel(k, target, ir::bind_attention(spec), d.buffers, options));
+  from_device_tensors(spec, d, tensors);
+  return Status::ok();
+}
+
+Status emulate_split_kv(const lowering::Lowered &partial, const lowering::Lowered &combine,
+                        const lowering::Target &target, const AttentionSpec &spec, int64_t splits,
+                        HostTensors &tensors, const EmulatorOptions &options) {
+  FJ_RETURN_IF_ERROR(check_attention(partial, spec, tensors));
+  DeviceTensors d;
+  FJ_RETURN_IF_ERROR(to_device_tensors(spec, tensors, d));
+  // The workspace, poisoned: every element the combine reads must have been written.
+  const ir::SplitWorkspace ws = ir::split_workspace(spec, splits);
+  AlignedBytes o_partial(size_t(ws.o_elements) * 4), lse_partial(size_t(ws.lse_elements) * 4);
+  std::fill_n(reinterpret_cast<float *>(o_partial.data), ws.o_elements,
+              std::numeric_limits<float>::quiet_NaN());
+  std::fill_n(reinterpret_cast<float *>(lse_partial.data), ws.lse_elements,
+              std::numeric_limits<float>::quiet_NaN());
+  const EmulatorBuffer first[] = {d.buffers[0],
+                                  d.buffers[1],
+                                  d.buffers[2],
+                                  {"O", o_partial.data, size_t(ws.o_elements) * 4, 4, true},
+                                  {"LSE", lse_partial.data, size_t(ws.lse_elements) * 4, 4, true}};
+  FJ_RETURN_IF_ERROR(
+      emulate_kernel(partial, target, ir::bind_split_kv(spec, splits), first, options));
+  const EmulatorBuffer second[] = {
+      {"O_partial", o_partial.data, size_t(ws.o_elements) * 4, 4, false},
+      {"LSE_partial", lse_partial.data, size_t(ws.lse_elements) * 4, 4, false},
+      d.buffers[3],
+      d.buffers[4]};
+  FJ_RETURN_IF_ERROR(
+      emulate_kernel(combine, target, lowering::bind_split_combine(spec, splits), second, options));
+  from_device_tensors(spec, d, tensors);
   return Status::ok();
 }
 

@@ -31,6 +31,8 @@
 #include "lowering/lower.h"
 #include "lowering/target.h"
 
+#include <span>
+
 namespace flashjit::runtime {
 
 struct EmulatorOptions {
@@ -49,6 +51,27 @@ struct EmulatorOptions {
 Status emulate(const lowering::Lowered &k, const lowering::Target &target,
                const AttentionSpec &spec, HostTensors &tensors,
                const EmulatorOptions &options = {});
+
+/// Split-KV attention (ir::build_split_kv, lowering::lower_split_combine) over
+/// `splits` splits: the partial kernel into a poisoned f32 workspace, then the
+/// combine kernel into O and LSE; otherwise as emulate().
+Status emulate_split_kv(const lowering::Lowered &partial, const lowering::Lowered &combine,
+                        const lowering::Target &target, const AttentionSpec &spec, int64_t splits,
+                        HostTensors &tensors, const EmulatorOptions &options = {});
+
+/// A device buffer of one emulated launch, bound to the kernel parameter of its name.
+struct EmulatorBuffer {
+  std::string_view name;
+  void *data;
+  size_t bytes;
+  int elem_bytes; // 2 (bf16/f16) or 4 (f32): accesses must match
+  bool writable;
+};
+
+/// Runs kernel `k` once with its scalars bound by `shapes` over `buffers`.
+Status emulate_kernel(const lowering::Lowered &k, const lowering::Target &target,
+                      const ir::Bindings &shapes, std::span<const EmulatorBuffer> buffers,
+                      const EmulatorOptions &options = {});
 
 /// Whether this build can emulate (it has the in-process Clang and LLVM JIT).
 bool emulator_available();

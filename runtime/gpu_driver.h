@@ -48,6 +48,12 @@ public:
   load_kernel(int device, std::span<const uint8_t> code_object, const std::string &name) = 0;
   virtual Expected<void *> allocate(int device, size_t bytes) = 0;
   virtual Status release(int device, void *pointer) = 0;
+  /// Stream-ordered allocation (CUDA: from flashjit's own pool, which keeps its
+  /// memory across synchronizations; HIP: hipMallocAsync): usable by work queued
+  /// on `stream` after this call, and released for reuse by work queued after
+  /// release_async. Safe with several streams; cheap once the pool is warm.
+  virtual Expected<void *> allocate_async(int device, size_t bytes, void *stream) = 0;
+  virtual Status release_async(int device, void *pointer, void *stream) = 0;
   /// Synchronous copies between host memory and device memory.
   virtual Status copy_to_device(int device, void *dst, const void *src, size_t bytes) = 0;
   virtual Status copy_to_host(int device, void *dst, const void *src, size_t bytes) = 0;

@@ -119,6 +119,8 @@ public:
     }
     if (info.arch.empty())
       return Status::error("hip:{} ({}) reports no gcnArchName", device, info.name);
+    FJ_RETURN_IF_ERROR(FJ_HIP_CHECK(api_, hipDeviceGetAttribute, &info.compute_units,
+                                    kHipAttributeMultiprocessorCount, device));
     return info;
   }
 
@@ -147,6 +149,18 @@ public:
   }
   Status release(int device, void *pointer) override {
     return on_device(api_, device, [&] { return FJ_HIP_CHECK(api_, hipFree, pointer); });
+  }
+  Expected<void *> allocate_async(int device, size_t bytes, void *stream) override {
+    void *pointer = nullptr;
+    FJ_RETURN_IF_ERROR(on_device(api_, device, [&] {
+      return FJ_HIP_CHECK(api_, hipMallocAsync, &pointer, bytes, static_cast<hipStream_t>(stream));
+    }));
+    return pointer;
+  }
+  Status release_async(int device, void *pointer, void *stream) override {
+    return on_device(api_, device, [&] {
+      return FJ_HIP_CHECK(api_, hipFreeAsync, pointer, static_cast<hipStream_t>(stream));
+    });
   }
   Status copy_to_device(int device, void *dst, const void *src, size_t bytes) override {
     return on_device(api_, device,

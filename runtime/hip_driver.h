@@ -39,6 +39,9 @@ struct alignas(8) hipDeviceProp_tR0600 {
 static_assert(sizeof(hipDeviceProp_tR0600) == 1472);
 static_assert(offsetof(hipDeviceProp_tR0600, gcnArchName) == 1160);
 
+/// hipDeviceAttributeMultiprocessorCount in ROCm 6's hipDeviceAttribute_t.
+constexpr int kHipAttributeMultiprocessorCount = 63;
+
 // X(function, parameters): every HIP function flashjit calls; each returns hipError_t.
 #define FJ_HIP_FUNCTIONS(X)                                                                        \
   X(hipInit, (unsigned flags))                                                                     \
@@ -56,6 +59,9 @@ static_assert(offsetof(hipDeviceProp_tR0600, gcnArchName) == 1160);
   X(hipModuleUnload, (hipModule_t module))                                                         \
   X(hipMalloc, (void **pointer, size_t bytes))                                                     \
   X(hipFree, (void *pointer))                                                                      \
+  X(hipMallocAsync, (void **pointer, size_t bytes, hipStream_t stream))                            \
+  X(hipFreeAsync, (void *pointer, hipStream_t stream))                                             \
+  X(hipDeviceGetAttribute, (int *value, int attribute, int device))                                \
   X(hipMemcpyHtoD, (hipDeviceptr_t dst, const void *src, size_t bytes))                            \
   X(hipMemcpyDtoH, (void *dst, hipDeviceptr_t src, size_t bytes))                                  \
   X(hipStreamSynchronize, (hipStream_t stream))

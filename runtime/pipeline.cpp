@@ -34,7 +34,7 @@ compiler::CompileOptions compile_options(const lowering::Target &target, const O
 }
 
 Expected<Generated> generate(const AttentionSpec &spec, std::string_view arch,
-                             const Options &options, Failure *failure) {
+                             const Options &options, Failure *failure, KernelKind kind) {
   if (Status s = spec.validate(); !s)
     return failed(failure, Failure::spec, s.with_context("invalid attention spec"));
   auto choice = lowering::parse_rules_choice(options.rules);
@@ -50,9 +50,32 @@ Expected<Generated> generate(const AttentionSpec &spec, std::string_view arch,
       options.config.value_or(lowering::default_config(spec, g.target, *choice, options.mma_m));
   if (Status s = ir::validate(g.config); !s)
     return failed(failure, Failure::argument, s);
+  if (kind == KernelKind::split_combine) {
+    // Named like the attention kernels: what it computes, then a hash of its text.
+    auto lowered = lowering::lower_split_combine(spec, g.target);
+    if (!lowered)
+      return failed(failure, Failure::unsupported, lowered.status());
+    const std::string variant =
+        compiler::sha256_hex(fmt::format("{}\n{}", lowered->kernel_text, g.target.target_id()));
+    lowered = lowering::lower_split_combine(spec, g.target,
+                                            lowered->kernel_name + "_" + variant.substr(0, 8));
+    if (!lowered)
+      return failed(failure, Failure::unsupported, lowered.status());
+    g.lowered = lowered.take();
+    g.ir_text = "combine kernel (no tile IR)\n" + g.lowered.kernel_text;
+    g.program.name = g.lowered.kernel_name;
+    return g;
+  }
+  if (kind == KernelKind::split_partial && !options.config) {
+    // Decode has few query rows: one wave with one query tile, so the products
+    // are no larger than the rows; the splits and the grid supply the parallelism.
+    g.config.block_m = g.config.mma_m ? g.config.mma_m : 16;
+    g.config.waves = 1;
+  }
   if (Status s = lowering::check_fits(spec, g.config, g.target, *choice); !s)
     return failed(failure, Failure::unsupported, s);
-  auto program = ir::build_attention(spec, g.config);
+  auto program = kind == KernelKind::split_partial ? ir::build_split_kv(spec, g.config)
+                                                   : ir::build_attention(spec, g.config);
   if (!program)
     return failed(failure, Failure::unsupported, program.status());
   g.program = program.take();
@@ -135,6 +158,20 @@ Expected<Compiled> compile(const Generated &g, const Options &options, compiler:
   }
   c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return c;
+}
+
+Expected<lowering::Lowered> emulated_kernel(const Generated &g, const compiler::Knobs &knobs) {
+  auto override = compiler::source_override(g.lowered.kernel_name, knobs);
+  if (!override)
+    return override.status();
+  if (!*override)
+    return g.lowered;
+  auto text = compiler::override_kernel_text(**override, g.lowered.source, g.lowered.kernel_text);
+  if (!text)
+    return text.status();
+  lowering::Lowered k = g.lowered;
+  k.kernel_text = text.take();
+  return k;
 }
 
 } // namespace flashjit::pipeline

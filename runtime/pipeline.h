@@ -12,6 +12,7 @@
 
 #include "compiler/code_object.h"
 #include "compiler/kernel_cache.h"
+#include "compiler/knobs.h"
 #include "ir/build.h"
 #include "ir/ir.h"
 #include "lowering/lower.h"
@@ -36,11 +37,23 @@ struct Generated {
   lowering::Lowered lowered;
 };
 
+/// The kernels of a signature: the attention kernel, and the two kernels of
+/// split-KV attention (flash-decoding) that forward() uses when batch x heads x
+/// query blocks cannot fill the device.
+enum class KernelKind {
+  attention,     // ir::build_attention
+  split_partial, // ir::build_split_kv: each split's partial result, f32, to a workspace
+  split_combine, // lowering::lower_split_combine: merges the splits by LSE
+};
+
 /// Validates the spec and options, chooses the config (Options::config, else the
 /// rules' default for the signature) and builds, prints and lowers the program.
 /// FLASHJIT_DEBUG=4 logs the IR. `failure` (may be null) gets the failing stage.
+/// The split partial kernel takes one wave with one query tile (its rows are
+/// few: decode); the combine kernel has no tile IR (Generated::ir_text holds its text).
 Expected<Generated> generate(const AttentionSpec &spec, std::string_view arch,
-                             const Options &options, Failure *failure = nullptr);
+                             const Options &options, Failure *failure = nullptr,
+                             KernelKind kind = KernelKind::attention);
 
 /// A compiled kernel and where it came from.
 struct Compiled {
@@ -62,5 +75,13 @@ Expected<Compiled> compile(const Generated &g, const Options &options,
 
 /// The compile options of a target under `options` (the key's compile_options).
 compiler::CompileOptions compile_options(const lowering::Target &target, const Options &options);
+
+/// The kernel the CPU emulator runs for `g`: g.lowered, or, when
+/// FLASHJIT_OVERRIDE_DIR holds <kernel name>.hip, g.lowered with that file's
+/// kernel text (compiler::override_kernel_text: an override that edits the
+/// target prelude or the matrix wrapper, which the emulator replaces with its
+/// own, is refused, as is anything compiler::source_override refuses).
+Expected<lowering::Lowered> emulated_kernel(const Generated &g,
+                                            const compiler::Knobs &knobs = compiler::knobs());
 
 } // namespace flashjit::pipeline

@@ -27,51 +27,63 @@ namespace {
 //            kernel-resource-usage remark gives the occupancies that
 //            target_test.cpp checks; "gfx1201:xnack-" and "gfx1100:sramecc+" are
 //            rejected as invalid target IDs, the gfx9 ones accept both features.
+// [ISA]      The RDNA3 and RDNA4 ISA guides: 128 KiB of LDS per workgroup processor
+//            (two CUs); the CDNA3 ISA guide: 64 KiB per CU (gfx90a alike); CDNA4
+//            (gfx950): 160 KiB per CU, all of it addressable by one workgroup [td].
+// [CUDA]     The CUDA C++ Programming Guide, "Technical Specifications per Compute
+//            Capability": 64K 32-bit registers per SM, 255 per thread; shared
+//            memory per SM 164 KiB (8.0), 100 KiB (8.6, 8.9), 228 KiB (9.0), per
+//            block 163, 99, 227 KiB; resident warps per SM 64 (8.0, 9.0), 48 (8.6, 8.9).
+// [PTX]      The PTX ISA: wgmma.mma_async requires sm_90a; cp.async.bulk.tensor
+//            sm_90 or later.
 
 constexpr FamilyFacts kFamilies[] = {
     // family, name, vendor, wave size, addressable VGPRs [BaseInfo], most waves per
-    // SIMD [BaseInfo], SGPRs limit occupancy [Occ]
-    {Family::gfx11, "gfx11", Vendor::amd, 32, 256, 16, false},
-    {Family::gfx12, "gfx12", Vendor::amd, 32, 256, 16, false},
-    {Family::cdna2, "cdna2", Vendor::amd, 64, 512, 8, true},
-    {Family::cdna3, "cdna3", Vendor::amd, 64, 512, 8, true},
-    {Family::cdna4, "cdna4", Vendor::amd, 64, 512, 8, true},
+    // SIMD [BaseInfo], SGPRs limit occupancy [Occ], wgmma, TMA
+    {Family::gfx11, "gfx11", Vendor::amd, 32, 256, 16, false, false, false},
+    {Family::gfx12, "gfx12", Vendor::amd, 32, 256, 16, false, false, false},
+    {Family::cdna2, "cdna2", Vendor::amd, 64, 512, 8, true, false, false},
+    {Family::cdna3, "cdna3", Vendor::amd, 64, 512, 8, true, false, false},
+    {Family::cdna4, "cdna4", Vendor::amd, 64, 512, 8, true, false, false},
     // NVIDIA: a warp is the "wave"; 255 registers per thread, 16 warps per SM
-    // sub-partition (64 per SM) on sm_80..sm_90 (CUDA programming guide, table of
-    // compute capabilities).
-    {Family::sm80, "sm80", Vendor::nvidia, kNvidiaWarpSize, 255, 16, false},
+    // sub-partition (64 per SM) on sm_80 and sm_90 [CUDA] (sm_86/sm_89 hold 48 per
+    // SM, which this family-wide figure does not say: nothing computes an NVIDIA
+    // occupancy from it yet). Hopper adds wgmma (PTX target sm_90a) and the TMA
+    // (cp.async.bulk.tensor) [PTX].
+    {Family::sm80, "sm80", Vendor::nvidia, kNvidiaWarpSize, 255, 16, false, false, false},
+    {Family::sm90, "sm90", Vendor::nvidia, kNvidiaWarpSize, 255, 16, false, true, true},
 };
 
 constexpr int k64KiB = 64 * 1024;
+constexpr int k128KiB = 128 * 1024;
 constexpr int k160KiB = 160 * 1024;
-// NVIDIA: the dynamic shared memory one block may opt into (CUDA programming
-// guide, technical specifications per compute capability).
+// NVIDIA [CUDA]: the dynamic shared memory one block may opt into, and the shared
+// memory of one SM (the CUDA runtime keeps 1 KiB of it per block).
 constexpr int k163KiB = 163 * 1024, k99KiB = 99 * 1024, k227KiB = 227 * 1024;
+constexpr int k164KiB = 164 * 1024, k100KiB = 100 * 1024, k228KiB = 228 * 1024;
 
 constexpr Arch kArchs[] = {
     // name, family, generation, VGPRs per SIMD lane [BaseInfo], allocation granule
-    // wave32 / wave64 [BaseInfo] (0: no such waves [td]), LDS [td], xnack, sramecc
-    // [Usage] [clang22]
-    {"gfx1100", Family::gfx11, 11, 1536, 24, 12, k64KiB, false, false},
-    {"gfx1101", Family::gfx11, 11, 1536, 24, 12, k64KiB, false, false},
-    {"gfx1102", Family::gfx11, 11, 1024, 16, 8, k64KiB, false, false},
-    {"gfx1103", Family::gfx11, 11, 1024, 16, 8, k64KiB, false, false},
-    {"gfx1150", Family::gfx11, 11, 1024, 16, 8, k64KiB, false, false},
-    {"gfx1151", Family::gfx11, 11, 1536, 24, 12, k64KiB, false, false},
-    {"gfx1200", Family::gfx12, 12, 1536, 24, 12, k64KiB, false, false},
-    {"gfx1201", Family::gfx12, 12, 1536, 24, 12, k64KiB, false, false},
-    {"gfx90a", Family::cdna2, 9, 512, 0, 8, k64KiB, true, true},
-    {"gfx942", Family::cdna3, 9, 512, 0, 8, k64KiB, true, true},
-    {"gfx950", Family::cdna4, 9, 512, 0, 8, k160KiB, true, true},
+    // wave32 / wave64 [BaseInfo] (0: no such waves [td]), LDS per workgroup [td] and
+    // per CU [ISA], xnack, sramecc [Usage] [clang22]
+    {"gfx1100", Family::gfx11, 11, 1536, 24, 12, k64KiB, k128KiB, false, false},
+    {"gfx1101", Family::gfx11, 11, 1536, 24, 12, k64KiB, k128KiB, false, false},
+    {"gfx1102", Family::gfx11, 11, 1024, 16, 8, k64KiB, k128KiB, false, false},
+    {"gfx1103", Family::gfx11, 11, 1024, 16, 8, k64KiB, k128KiB, false, false},
+    {"gfx1150", Family::gfx11, 11, 1024, 16, 8, k64KiB, k128KiB, false, false},
+    {"gfx1151", Family::gfx11, 11, 1536, 24, 12, k64KiB, k128KiB, false, false},
+    {"gfx1200", Family::gfx12, 12, 1536, 24, 12, k64KiB, k128KiB, false, false},
+    {"gfx1201", Family::gfx12, 12, 1536, 24, 12, k64KiB, k128KiB, false, false},
+    {"gfx90a", Family::cdna2, 9, 512, 0, 8, k64KiB, k64KiB, true, true},
+    {"gfx942", Family::cdna3, 9, 512, 0, 8, k64KiB, k64KiB, true, true},
+    {"gfx950", Family::cdna4, 9, 512, 0, 8, k160KiB, k160KiB, true, true},
     // NVIDIA: 64K 32-bit registers per SM = 512 per lane of each of the 4 sub-partitions,
     // allocated per warp in units of 256 (8 per lane); LDS is shared memory, all of
-    // it dynamic (static stops at 48 KiB), up to the block's opt-in limit.
-    // sm_90 is a row of the sm80 family: a family of its own (for an sm90 rule
-    // set) would change rule-set and kernel names, so it waits for that rule set.
-    {"sm_80", Family::sm80, 8, 512, 8, 0, k163KiB, false, false},
-    {"sm_86", Family::sm80, 8, 512, 8, 0, k99KiB, false, false},
-    {"sm_89", Family::sm80, 8, 512, 8, 0, k99KiB, false, false},
-    {"sm_90", Family::sm80, 9, 512, 8, 0, k227KiB, false, false},
+    // it dynamic (static stops at 48 KiB), up to the block's opt-in limit [CUDA].
+    {"sm_80", Family::sm80, 8, 512, 8, 0, k163KiB, k164KiB, false, false},
+    {"sm_86", Family::sm80, 8, 512, 8, 0, k99KiB, k100KiB, false, false},
+    {"sm_89", Family::sm80, 8, 512, 8, 0, k99KiB, k100KiB, false, false},
+    {"sm_90", Family::sm90, 9, 512, 8, 0, k227KiB, k228KiB, false, false},
 };
 
 struct VendorRow {

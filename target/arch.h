@@ -4,9 +4,7 @@
 // about a processor is derived from its name anywhere else (habit 3; DESIGN.md,
 // "Arch facts live in one place"). This folder depends on nothing in flashjit.
 //
-// Not here yet: the matrix-instruction rows (lowering/matrix_table.cpp), and an
-// sm_90 family of its own (sm_90 is a row of the sm80 family today; a family row
-// of its own changes the rule-set and kernel names, issue 12 item 5 leaves it).
+// Not here yet: the matrix-instruction rows (lowering/matrix_table.cpp).
 #pragma once
 
 #include <optional>
@@ -27,7 +25,12 @@ enum class Family {
   cdna2, ///< gfx90a (MI200). MFMA, wave64.
   cdna3, ///< gfx942 (MI300). MFMA, wave64.
   cdna4, ///< gfx950 (MI350). MFMA with the K32/K16 shapes, wave64.
-  sm80,  ///< NVIDIA Ampere and later (sm_80 .. sm_90): warp-wide mma.sync, 32 lanes.
+  sm80,  ///< NVIDIA Ampere and Ada (sm_80, sm_86, sm_89): warp-wide mma.sync, 32 lanes.
+  /// NVIDIA Hopper (sm_90): sm80's warp-wide mma.sync (the matrix table repeats
+  /// sm80's rows for it, and the sm80 rules lower it for now), plus the
+  /// warpgroup wgmma and the TMA (FamilyFacts::has_wgmma, has_tma) that an sm90
+  /// rule set (issue 16) will use.
+  sm90,
 };
 
 /// What every processor of a family shares.
@@ -44,6 +47,15 @@ struct FamilyFacts {
   /// Whether SGPR use limits occupancy (gfx9 and older; gfx10+ gives every
   /// wave its own SGPRs).
   bool sgprs_limit_occupancy;
+  /// Warpgroup matrix products: wgmma.mma_async, issued by four warps together
+  /// with B (and optionally A) read from shared memory through a matrix
+  /// descriptor. PTX has it for the arch-specific target sm_90a only. No rule
+  /// set emits it yet.
+  bool has_wgmma;
+  /// The Tensor Memory Accelerator: bulk asynchronous tile copies between
+  /// global and shared memory (cp.async.bulk.tensor, completing on an mbarrier).
+  /// No rule set emits it yet.
+  bool has_tma;
 };
 
 /// One processor.
@@ -60,8 +72,13 @@ struct Arch {
   /// where the processor cannot run waves of that size.
   int vgpr_alloc_granule_wave32;
   int vgpr_alloc_granule_wave64;
-  /// LDS (NVIDIA: shared memory) a workgroup can address, in bytes.
+  /// LDS (NVIDIA: shared memory) a workgroup can address, in bytes (NVIDIA:
+  /// the opt-in limit of one block).
   int lds_bytes;
+  /// LDS of one compute unit, shared by the workgroups resident on it, in
+  /// bytes: a CDNA CU, an RDNA workgroup processor (two CUs, one LDS; HIP
+  /// compiles RDNA in WGP mode), an NVIDIA SM. Occupancy divides it.
+  int lds_bytes_per_cu;
   /// Target-ID features the processor has.
   bool has_xnack;
   bool has_sramecc;

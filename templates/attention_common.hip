@@ -37,6 +37,15 @@ FJ_DEVICE void fj_kv_range(int qb, int seqlen_q, int seqlen_k, int window_left, 
   *end = hi < lo ? 0 : hi / kBlockN + 1;
 }
 
+// Split `split` of `splits` of the block range [*begin, *end): runs of
+// ceil(n / splits) blocks, the last ones possibly empty. Mirrors ir::split_range().
+FJ_DEVICE void fj_split_range(int split, int splits, int *begin, int *end) {
+  const int chunk = (*end - *begin + splits - 1) / splits;
+  const int first = *begin + split * chunk < *end ? *begin + split * chunk : *end;
+  *begin = first;
+  *end = first + chunk < *end ? first + chunk : *end;
+}
+
 // True when every (query, key) of the block pair is visible, so the mask can be
 // skipped (a wave-uniform test).
 FJ_DEVICE bool fj_block_unmasked(int qb, int kb, int seqlen_q, int seqlen_k, int window_left,

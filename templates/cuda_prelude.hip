@@ -74,6 +74,7 @@ FJ_DEVICE void fj_global_store8(fj_bits *p, fj_bits8 v) { *(fj_bits8 *)p = v; }
 FJ_DEVICE void fj_global_store2(fj_bits *p, fj_bits a, fj_bits b) { *(fj_bits2 *)p = fj_bits2{a, b}; }
 FJ_DEVICE void fj_global_store1(fj_bits *p, fj_bits v) { *p = v; }
 FJ_DEVICE void fj_global_store_f32(float *p, float v) { *p = v; }
+FJ_DEVICE float fj_global_load_f32(const float *p) { return *p; }
 
 // ---- shared memory (LDS) ----
 FJ_DEVICE fj_bits8 fj_lds_load8(const fj_bits *p) { return *(const fj_bits8 *)p; }

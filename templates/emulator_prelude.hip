@@ -127,6 +127,11 @@ FJ_DEVICE void fj_global_store8(fj_bits *p, fj_bits8 v) { fj_emu_global_store(p,
 FJ_DEVICE void fj_global_store4(fj_bits *p, fj_bits4 v) { fj_emu_global_store(p, &v, 2, 4); }
 FJ_DEVICE void fj_global_store1(fj_bits *p, fj_bits v) { fj_emu_global_store(p, &v, 2, 1); }
 FJ_DEVICE void fj_global_store_f32(float *p, float v) { fj_emu_global_store(p, &v, 4, 1); }
+FJ_DEVICE float fj_global_load_f32(const float *p) {
+  float v;
+  fj_emu_global_load(&v, p, 4, 1);
+  return v;
+}
 
 // ---- LDS (bounds and reads of bytes never written in this workgroup are checked) ----
 FJ_DEVICE fj_bits8 fj_lds_load8(const fj_bits *p) {

@@ -58,6 +58,7 @@ TEST(ArchFacts, TargetCarriesTheRow) {
     EXPECT_EQ(t->is_nvidia(), row.vendor() == target::Vendor::nvidia);
     EXPECT_EQ(t->wave_size, row.wave_size());
     EXPECT_EQ(t->lds_bytes, row.lds_bytes);
+    EXPECT_EQ(t->lds_bytes_per_cu, row.lds_bytes_per_cu);
     EXPECT_EQ(t->max_vgprs, row.facts().max_vgprs);
     EXPECT_EQ(t->vgpr_file_per_simd, row.vgpr_file_per_simd);
     EXPECT_EQ(t->vgpr_alloc_granule, row.vgpr_alloc_granule(row.wave_size()));
@@ -84,14 +85,49 @@ TEST(ArchFacts, RowsAreConsistent) {
       EXPECT_TRUE(row.runs_wave(64));
       EXPECT_EQ(row.facts().sgprs_limit_occupancy, row.generation < 10);
       EXPECT_EQ(row.wave_size(), row.generation < 10 ? 64 : 32);
+      // An RDNA workgroup processor is two CUs with one LDS, twice what a
+      // workgroup addresses; a CDNA workgroup may take its CU's whole LDS.
+      EXPECT_EQ(row.lds_bytes_per_cu, row.generation < 10 ? row.lds_bytes : 2 * row.lds_bytes);
+      EXPECT_FALSE(row.facts().has_wgmma);
+      EXPECT_FALSE(row.facts().has_tma);
     } else {
       // sm_<generation><minor>: sm_90 -> 9.
       EXPECT_EQ(row.name.substr(0, 4), "sm_" + std::to_string(row.generation));
       EXPECT_EQ(row.wave_size(), target::kNvidiaWarpSize);
       EXPECT_FALSE(row.runs_wave(64));
       EXPECT_FALSE(row.facts().sgprs_limit_occupancy);
+      // A block opts into all of its SM's shared memory but the 1 KiB CUDA keeps.
+      EXPECT_EQ(row.lds_bytes_per_cu, row.lds_bytes + 1024);
+      // Hopper (sm_9x) brought the warpgroup MMA and the tensor memory accelerator.
+      EXPECT_EQ(row.facts().has_wgmma, row.generation == 9);
+      EXPECT_EQ(row.facts().has_tma, row.generation == 9);
     }
   }
+}
+
+// Hopper is a family of its own (the row an sm90 rule set will stand on), not a
+// row of the sm80 family; Ampere and Ada stay sm80.
+TEST(ArchFacts, Sm90IsItsOwnFamily) {
+  EXPECT_EQ(row_of("sm_80").family, target::Family::sm80);
+  EXPECT_EQ(row_of("sm_86").family, target::Family::sm80);
+  EXPECT_EQ(row_of("sm_89").family, target::Family::sm80);
+  const target::Arch &hopper = row_of("sm_90");
+  EXPECT_EQ(hopper.family, target::Family::sm90);
+  EXPECT_EQ(target::family_name(hopper.family), "sm90");
+  EXPECT_EQ(hopper.vendor(), target::Vendor::nvidia);
+  EXPECT_EQ(hopper.lds_bytes, 227 * 1024);
+  EXPECT_EQ(hopper.lds_bytes_per_cu, 228 * 1024);
+  // 64K 32-bit registers per SM: 4 sub-partitions of 512 per lane of a warp.
+  EXPECT_EQ(4 * hopper.vgpr_file_per_simd * hopper.wave_size(), 64 * 1024);
+  EXPECT_TRUE(hopper.facts().has_wgmma);
+  EXPECT_TRUE(hopper.facts().has_tma);
+  EXPECT_FALSE(row_of("sm_80").facts().has_wgmma);
+  EXPECT_FALSE(row_of("sm_80").facts().has_tma);
+  // Every NVIDIA family shares the warp, the register limit and the occupancy rules.
+  const target::FamilyFacts &ampere = target::family_facts(target::Family::sm80);
+  EXPECT_EQ(hopper.facts().wave_size, ampere.wave_size);
+  EXPECT_EQ(hopper.facts().max_vgprs, ampere.max_vgprs);
+  EXPECT_EQ(hopper.facts().max_waves_per_simd, ampere.max_waves_per_simd);
 }
 
 TEST(ArchFacts, CompilersSeeTheRowsVendor) {

@@ -754,6 +754,37 @@ TEST(RuntimeShapes, WarmupThenCreateIsADiskHitAndADamagedEntryRecompiles) {
   EXPECT_EQ(std::system(again.c_str()), 0) << again;
 }
 
+/// Runs `attn` for `shape` on fresh random inputs in GPU memory (O and LSE
+/// poisoned) and checks O, the LSE and the gaps between rows against the float64
+/// reference (tolerance_for the dtype).
+void forward_on_gpu_matches_reference(runtime::GpuDriver &cuda, Attention &attn,
+                                      const AttentionSpec &shape, uint64_t seed) {
+  HostBuffers host(shape, seed);
+  std::vector<void *> device;
+  const std::pair<const void *, size_t> in[] = {{host.q.data(), host.q.size() * 2},
+                                                {host.k.data(), host.k.size() * 2},
+                                                {host.v.data(), host.v.size() * 2},
+                                                {host.o.data(), host.o.size() * 2},
+                                                {host.lse.data(), host.lse.size() * 4}};
+  for (const auto &[data, bytes] : in) {
+    auto p = cuda.allocate(0, bytes);
+    ASSERT_TRUE(p) << p.status().message();
+    device.push_back(*p);
+    ASSERT_TRUE(cuda.copy_to_device(0, *p, data, bytes));
+  }
+  Status s = attn.forward(shape, device[0], device[1], device[2], device[3],
+                          static_cast<float *>(device[4]));
+  ASSERT_TRUE(s) << s.message();
+  ASSERT_TRUE(cuda.copy_to_host(0, host.o.data(), device[3], in[3].second));
+  ASSERT_TRUE(cuda.copy_to_host(0, host.lse.data(), device[4], in[4].second));
+  const ErrorStats e = host.check(shape);
+  const Tolerance tol = tolerance_for(shape.dtype);
+  EXPECT_TRUE(e.within(tol.abs, tol.rel)) << describe(e);
+  EXPECT_EQ(host.gaps_overwritten(shape), 0);
+  for (void *p : device)
+    EXPECT_TRUE(cuda.release(0, p));
+}
+
 TEST(AttentionCuda, OneKernelServesManyShapesOnGpuMemory) {
   std::string why;
   runtime::GpuDriver *cuda = cuda_or_skip_reason(why);
@@ -766,32 +797,48 @@ TEST(AttentionCuda, OneKernelServesManyShapesOnGpuMemory) {
   ASSERT_TRUE(attn) << attn.status().message();
   for (const AttentionSpec &shape : shapes) {
     SCOPED_TRACE(shape.summary());
-    HostBuffers host(shape, 5);
-    std::vector<void *> device;
-    const std::pair<const void *, size_t> in[] = {{host.q.data(), host.q.size() * 2},
-                                                  {host.k.data(), host.k.size() * 2},
-                                                  {host.v.data(), host.v.size() * 2},
-                                                  {host.o.data(), host.o.size() * 2},
-                                                  {host.lse.data(), host.lse.size() * 4}};
-    for (const auto &[data, bytes] : in) {
-      auto p = cuda->allocate(0, bytes);
-      ASSERT_TRUE(p) << p.status().message();
-      device.push_back(*p);
-      ASSERT_TRUE(cuda->copy_to_device(0, *p, data, bytes));
-    }
-    Status s = attn->forward(shape, device[0], device[1], device[2], device[3],
-                             static_cast<float *>(device[4]));
-    ASSERT_TRUE(s) << s.message();
-    ASSERT_TRUE(cuda->copy_to_host(0, host.o.data(), device[3], in[3].second));
-    ASSERT_TRUE(cuda->copy_to_host(0, host.lse.data(), device[4], in[4].second));
-    const ErrorStats e = host.check(shape);
-    const Tolerance tol = tolerance_for(shape.dtype);
-    EXPECT_TRUE(e.within(tol.abs, tol.rel)) << describe(e);
-    EXPECT_EQ(host.gaps_overwritten(shape), 0);
-    for (void *p : device)
-      EXPECT_TRUE(cuda->release(0, p));
+    forward_on_gpu_matches_reference(*cuda, *attn, shape, 5);
   }
   std::printf("%s", attn->explain().c_str());
+}
+
+// Split-KV decode on the GPU: auto (the device's SMs), forced 1..16 and off, GQA
+// 4:1, 8:1 and MQA, 1 and 16 query tokens, strided and padded layouts.
+TEST(AttentionCuda, SplitKvDecodeMatchesTheReference) {
+  std::string why;
+  runtime::GpuDriver *cuda = cuda_or_skip_reason(why);
+  if (!cuda)
+    GTEST_SKIP() << why;
+  struct Call {
+    int64_t b, hq, hkv, sq, sk, num_splits;
+    Layout layout;
+  };
+  const Call calls[] = {{1, 8, 2, 1, 4000, 0, Layout::bshd},  {2, 8, 1, 1, 3001, 0, Layout::bhsd},
+                        {1, 8, 1, 16, 2500, 0, Layout::bshd}, {1, 4, 4, 1, 777, 3, Layout::bshd},
+                        {3, 8, 2, 1, 1500, 16, Layout::bshd}, {1, 8, 2, 1, 4000, 1, Layout::bshd},
+                        {1, 8, 2, 2, 50, 7, Layout::bshd}};
+  for (bool causal : {false, true}) {
+    AttentionSpec first = make_spec(1, 8, 2, 1, 64, 128, 128, DType::bf16);
+    first.causal = causal;
+    first.lse = true;
+    Options options;
+    options.synchronize = true;
+    auto attn = Attention::create(first, "cuda:0", options);
+    ASSERT_TRUE(attn) << attn.status().message();
+    for (const Call &c : calls) {
+      AttentionSpec shape =
+          make_spec(c.b, c.hq, c.hkv, c.sq, c.sk, 128, 128, DType::bf16, c.layout);
+      shape.causal = causal;
+      shape.lse = true;
+      shape.num_splits = c.num_splits;
+      SCOPED_TRACE(shape.summary());
+      forward_on_gpu_matches_reference(*cuda, *attn, shape, 11);
+    }
+    const std::string explain = attn->explain();
+    // Every call but num_splits = 1 (off) takes the split-KV kernels.
+    EXPECT_HAS(explain, "split-kv: 6 of those calls ran the split-KV kernels");
+    std::printf("%s", explain.c_str());
+  }
 }
 
 } // namespace

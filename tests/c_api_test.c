@@ -255,6 +255,21 @@ static void test_emulator(void) {
     fprintf(stderr, "emulator vs float64 reference: max abs error %g > 3e-2\n", err);
     ++failures;
   }
+  /* The same shapes through split-KV (3 splits), outputs poisoned again. */
+  spec.num_splits = 3;
+  for (i = 0; i < no; ++i)
+    o[i] = 0xffff;
+  CHECK(fj_attention_forward_shape(attn, &spec, q, k, v, o, lse, NULL) == FJ_OK);
+  err = check_against_reference(&spec, q, k, v, o, lse);
+  if (!(err <= 3e-2)) {
+    fprintf(stderr, "split-KV emulator vs float64 reference: max abs error %g > 3e-2\n", err);
+    ++failures;
+  }
+  CHECK(strstr(fj_attention_explain(attn), "1 of those calls ran the split-KV kernels") != NULL);
+  spec.num_splits = 129;
+  CHECK_ERROR(fj_attention_forward_shape(attn, &spec, q, k, v, o, lse, NULL), FJ_ERROR_INVALID_SPEC,
+              "num_splits (129)");
+  spec.num_splits = 0;
 
   CHECK_ERROR(fj_attention_forward(attn, NULL, k, v, o, lse, NULL), FJ_ERROR_INVALID_ARGUMENT,
               "q is null");

@@ -1,18 +1,26 @@
-// The flashjit tool's own pieces, linked from tools/: the command-line parser
-// and `flashjit archs`, the JSON reader of warmup manifests, and the writer of
-// output files (-o, --save-dir).
+// The flashjit tool's own pieces, linked from tools/: the command-line parser,
+// the spec flags, `flashjit archs`, `cache` and `warmup`, the JSON reader of
+// warmup manifests, the writer of output files (-o, --save-dir) and the
+// estimate of `run` on the CPU; and, through the built tool (FLASHJIT_CLI),
+// what only a whole process shows.
+#include "compiler/select.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 #include "tools/json.h"
+#include "tools/run_estimate.h"
 #include "tools/safe_write.h"
+#include "tools/spec_flags.h"
 
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 namespace fs = std::filesystem;
 
@@ -60,6 +68,59 @@ std::pair<int, std::string> run(const std::vector<Command> &commands, const std:
   ADD_FAILURE() << "no command " << name;
   return {-1, ""};
 }
+
+/// What a command printed, and its exit code.
+struct Ran {
+  int code = -1;
+  std::string out, err;
+};
+
+/// Runs the command `name` of `commands` with `argv`, capturing stdout and stderr.
+Ran run_both(const std::vector<Command> &commands, const std::string &name,
+             const std::vector<std::string> &argv) {
+  for (const Command &c : commands)
+    if (c.name == name) {
+      auto args = parse_args(c, argv);
+      EXPECT_TRUE(args) << args.status().message();
+      if (!args)
+        return {};
+      ::testing::internal::CaptureStdout();
+      ::testing::internal::CaptureStderr();
+      Ran r;
+      r.code = c.run(*args);
+      r.out = ::testing::internal::GetCapturedStdout();
+      r.err = ::testing::internal::GetCapturedStderr();
+      return r;
+    }
+  ADD_FAILURE() << "no command " << name;
+  return {};
+}
+
+/// Runs the built tool through the shell: `env` (assignments) flashjit `args`.
+Ran run_tool(const std::string &env, const std::string &args) {
+  const std::string base =
+      fs::temp_directory_path() / ("flashjit_cli_test_" + std::to_string(::getpid()) + "_out");
+  const std::string cmd =
+      env + " '" + FLASHJIT_CLI + "' " + args + " > '" + base + ".1' 2> '" + base + ".2'";
+  Ran r;
+  const int status = std::system(cmd.c_str());
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = slurp(base + ".1");
+  r.err = slurp(base + ".2");
+  fs::remove(base + ".1");
+  fs::remove(base + ".2");
+  return r;
+}
+
+/// Args for spec_from / config_from from flag-value pairs.
+Args flags(std::map<std::string, std::string> values) {
+  Args a;
+  a.values_ = std::move(values);
+  return a;
+}
+
+/// Whether this build compiles AMD kernels in process (FLASHJIT_WITH_LLVM).
+bool have_llvm() { return bool(compiler::make_compiler("llvm", "gfx1201")); }
 
 // ---- issue 18 (hardening) ------------------------------------------------------
 
@@ -157,6 +218,199 @@ TEST_F(TempDir, Issue18Finding7SaveDirRefusesExistingFilesBeforeWritingAny) {
                                          "to replace them");
   EXPECT_TRUE(check_outputs_absent(dir_.string(), names, true));
   EXPECT_TRUE(check_outputs_absent(path("not-yet"), names, false));
+}
+
+/// Finding 9: `cache list` on an unusable directory said "holds no kernels"
+/// and `cache clear` "removed 0 files", both with exit 0.
+TEST_F(TempDir, Issue18Finding9CacheCommandsOnAnUnusableDirectoryFail) {
+  std::ofstream(path("file")) << "x";
+  const std::string under_file = path("file") + "/cache";
+  for (const char *action : {"list", "stats", "clear"}) {
+    Ran r = run_both(cache_commands(), "cache", {action, "--dir", under_file});
+    EXPECT_EQ(r.code, 1) << action;
+    EXPECT_EQ(r.out, "") << action;
+    EXPECT_HAS(r.err, "flashjit: error: cannot create " + path("file") + "/cache: Not a directory");
+  }
+  // A readable, empty one is truly empty.
+  Ran empty = run_both(cache_commands(), "cache", {"list", "--dir", path("empty")});
+  EXPECT_EQ(empty.code, 0);
+  EXPECT_EQ(empty.out, path("empty") + " holds no kernels\n");
+}
+
+/// Finding 9: `warmup` said "N of N kernels ready", exit 0, when nothing could
+/// be stored: a directory under a regular file, a kernel the store refused.
+/// (A full disk: KernelCache's Issue18Finding9StoredReportsAFailedStore; warmup
+/// asks the same KernelCache::stored.)
+TEST_F(TempDir, Issue18Finding9WarmupReportsKernelsItCouldNotStore) {
+  std::ofstream(path("m.json")) << R"([{"arch": "gfx1201", "head_dim": 64, "compiler": "llvm"}])";
+  std::ofstream(path("file")) << "x";
+  Ran under_file =
+      run_both(cache_commands(), "warmup", {path("m.json"), "--dir", path("file") + "/cache"});
+  EXPECT_EQ(under_file.code, 1);
+  EXPECT_EQ(under_file.err,
+            "flashjit: error: cannot create " + path("file") + "/cache: Not a directory\n");
+  EXPECT_EQ(under_file.out, "");
+  if (!have_llvm())
+    GTEST_SKIP() << "warmup compiles with the in-process LLVM here";
+
+  const std::string env = "FLASHJIT_CACHE_DIR='" + path("cache") + "' FLASHJIT_CACHE_MAX_BYTES=";
+  Ran refused = run_tool(env + "10K", "warmup '" + path("m.json") + "'");
+  EXPECT_EQ(refused.code, 1) << refused.out << refused.err;
+  EXPECT_HAS(refused.err, "[1/1] error: gfx1201 bf16 d=64/64 align16 (block_m=64");
+  EXPECT_HAS(refused.err, "): the kernel was compiled but not stored in " + path("cache") +
+                              ": the kernel of key ");
+  EXPECT_HAS(refused.err, "bytes, more than the cache's whole limit of 10240 "
+                          "(FLASHJIT_CACHE_MAX_BYTES): raise the limit, or set it to 0 for none");
+  EXPECT_EQ(refused.out, "warmup: 0 of 1 kernels ready in " + path("cache") + "\n");
+
+  Ran fine = run_tool(env + "2G", "warmup '" + path("m.json") + "'");
+  EXPECT_EQ(fine.code, 0) << fine.err;
+  EXPECT_HAS(fine.out, "warmup: 1 of 1 kernels ready in " + path("cache"));
+}
+
+/// Findings 9 and 14: a kernel that the size cap removed again before the end
+/// of `warmup` is not reported ready.
+TEST_F(TempDir, Issue18Finding14WarmupPastTheCacheLimitFails) {
+  if (!have_llvm())
+    GTEST_SKIP() << "warmup compiles with the in-process LLVM here";
+  // Entries of about 17 and 21 KiB: each fits 30 KiB, both do not.
+  std::ofstream(path("m.json")) << R"([{"arch": "gfx1201", "head_dim": 64, "compiler": "llvm"},
+                                       {"arch": "gfx1201", "head_dim": 128, "compiler": "llvm"}])";
+  const std::string env = "FLASHJIT_CACHE_DIR='" + path("cache") + "' FLASHJIT_CACHE_MAX_BYTES=";
+  Ran capped = run_tool(env + "30K", "warmup '" + path("m.json") + "'");
+  EXPECT_EQ(capped.code, 1) << capped.out << capped.err;
+  EXPECT_HAS(capped.err, "[1/2] error: gfx1201 bf16 d=64/64");
+  EXPECT_HAS(capped.err, "stored, then removed again to keep the cache within its limit of 30720 "
+                         "bytes (FLASHJIT_CACHE_MAX_BYTES), which the manifest's kernels exceed "
+                         "together: raise the limit (or set it to 0 for none)");
+  EXPECT_HAS(capped.out, "[2/2] gfx1201 bf16 d=128/128");
+  EXPECT_HAS(capped.out, "warmup: 1 of 2 kernels ready");
+  Ran stats = run_tool(env + "30K", "cache stats");
+  EXPECT_EQ(stats.code, 0) << stats.err;
+  EXPECT_HAS(stats.out, "entries:         1 (");
+  EXPECT_HAS(stats.out, "size limit:      30.0 KiB (FLASHJIT_CACHE_MAX_BYTES");
+  Ran unlimited = run_tool(env + "0", "warmup '" + path("m.json") + "'");
+  EXPECT_EQ(unlimited.code, 0) << unlimited.err;
+  EXPECT_HAS(unlimited.out, "warmup: 2 of 2 kernels ready");
+  Ran bad = run_tool(env + "lots", "cache stats");
+  EXPECT_HAS(bad.err, "FLASHJIT_CACHE_MAX_BYTES=lots: expected a size in bytes");
+}
+
+/// Finding 13: manifests took hex numbers, NaN and 1e15 as integers.
+TEST(Json, Issue18Finding13NumbersFollowJsonsGrammar) {
+  for (const char *bad :
+       {"0x10", "NaN", "nan", "Infinity", "-inf", "+1", "01", ".5", "1.", "1e", "--1", "1e+"}) {
+    std::string error;
+    EXPECT_FALSE(json::parse(std::string("[") + bad + "]", &error)) << bad;
+    EXPECT_HAS(error, std::string("bad value '") + bad + "' (numbers are written as in JSON");
+  }
+  for (const char *good : {"0", "-0", "128", "-1", "0.5", "1e15", "1E-3", "2.5e+2"}) {
+    std::string error;
+    auto v = json::parse(std::string("[") + good + "]", &error);
+    ASSERT_TRUE(v) << good << ": " << error;
+    EXPECT_EQ(v->items[0].text, good);
+  }
+  EXPECT_EQ(json::integer_text("128"), 128);
+  EXPECT_EQ(json::integer_text("-1"), -1);
+  EXPECT_EQ(json::integer_text("9223372036854775807"), INT64_MAX);
+  for (const char *bad : {"1e15", "2.0", "9223372036854775808", "", "-"})
+    EXPECT_FALSE(json::integer_text(bad)) << bad;
+}
+
+TEST_F(TempDir, Issue18Finding13ManifestIntegerFieldsAreStrict) {
+  const std::pair<const char *, const char *> cases[] = {
+      {R"("seqlen_q": 1e15)",
+       "'seqlen_q' must be an integer written in digits, like 128; got 1e15"},
+      {R"("head_dim": 64.0)",
+       "'head_dim' must be an integer written in digits, like 128; got 64.0"},
+      {R"("batch": 99999999999999999999)",
+       "'batch' must be an integer written in digits, like 128; got 99999999999999999999 (past the "
+       "64-bit range)"},
+      {R"("block_m": "64")", "'block_m' must be an integer, like 128"},
+      {R"("window": [1.5, 0])", "'window[0]' must be an integer written in digits"},
+      {R"("seqlen_q": 0x80)", "bad value '0x80'"},
+      {R"("scale": NaN)", "bad value 'NaN'"},
+      {R"("scale": 1e999)", "'scale' must be a finite positive number, like 0.125"},
+  };
+  for (const auto &[field, why] : cases) {
+    std::ofstream(path("m.json"), std::ios::trunc) << R"([{"arch": "gfx1201", )" << field << "}]";
+    Ran r = run_both(cache_commands(), "warmup", {path("m.json"), "--dir", path("cache")});
+    EXPECT_EQ(r.code, 1) << field;
+    EXPECT_HAS(r.err, why);
+    EXPECT_FALSE(fs::exists(path("cache"))) << "refused before anything is done: " << field;
+  }
+}
+
+/// Finding 13: --stages 3..4096 produced the code of --stages 2 under other keys.
+TEST(SpecFlags, Issue18Finding13StagesPastTwoAreRefused) {
+  for (const char *ok : {"1", "2"})
+    EXPECT_TRUE(config_from(flags({{"--stages", ok}}))) << ok;
+  for (const char *bad : {"0", "3", "4096", "-1"}) {
+    auto c = config_from(flags({{"--stages", bad}}));
+    ASSERT_FALSE(c) << bad;
+    EXPECT_EQ(c.status().message(),
+              fmt::format("config stages = {} is not a pipeline the kernels have: expected 1 (no "
+                          "pipelining) or 2 (each K/V tile's copy issued one step ahead)",
+                          bad));
+  }
+}
+
+/// Finding 16: `--seqlen-q 9223372036854775807` blamed a batch stride the user
+/// never set; the error names the flag's field, whatever the layout.
+TEST(SpecFlags, Issue18Finding16HugeLengthsNameTheirField) {
+  for (const char *layout : {"bshd", "bhsd", "interleaved"})
+    for (const auto &[flag, field] :
+         {std::pair{"--seqlen-q", "seqlen_q"}, std::pair{"--seqlen-k", "seqlen_k"},
+          std::pair{"--batch", "batch"}, std::pair{"--heads", "heads"}}) {
+      auto s = spec_from(flags({{flag, "9223372036854775807"}, {"--layout", layout}}));
+      ASSERT_FALSE(s) << flag << " " << layout;
+      EXPECT_TRUE(s.status().message().starts_with(std::string(field) + " (9223372036854775807)"))
+          << s.status().message();
+      EXPECT_EQ(s.status().message().find("stride"), std::string::npos) << s.status().message();
+    }
+  Ran r = run_tool("", "emit --print-ir --seqlen-q 9223372036854775807");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.err, "flashjit: error: seqlen_q (9223372036854775807) is past the 536870912 the "
+                   "kernels index with 32-bit integers: split the sequence\n");
+}
+
+/// Finding 17: `run --device emulator --seqlen-q 100000` ran for most of an
+/// hour without a word. The estimate is printed, and past 60 s the run is
+/// refused unless --allow-slow.
+TEST(RunEstimate, Issue18Finding17SlowCpuRunsAreEstimatedAndRefused) {
+  AttentionSpec spec;
+  spec.seqlen_q = spec.seqlen_k = 100000;
+  spec.set_layout(Layout::bshd);
+  ir::Config config; // 64 x 64 blocks
+  // 1563 query blocks x 1563 KV blocks of 64 x 64 pairs, 2 * (64 + 64) FLOPs each.
+  const RunEstimate e = estimate_run(spec, config, true, 2);
+  EXPECT_DOUBLE_EQ(e.flops, 2.0 * 128 * 1563.0 * 1563.0 * 64 * 64);
+  EXPECT_DOUBLE_EQ(e.executor_seconds, e.flops / 2e9);
+  EXPECT_DOUBLE_EQ(e.reference_seconds, e.flops / 2e9);
+  EXPECT_EQ(describe(e, "emulator", 2),
+            "about 42.7 min (2.56e+12 FLOP: 21.3 min on the emulator at 1.0 GFLOP/s x 2 cores, "
+            "21.3 min for the float64 reference at 2.0 GFLOP/s)");
+  Status refused = check_run_time(e, "emulator", 2, false);
+  ASSERT_FALSE(refused);
+  EXPECT_HAS(refused.message(), "pass --allow-slow to run it anyway");
+  EXPECT_TRUE(check_run_time(e, "emulator", 2, true));
+  // Causal masks skip the blocks above the diagonal: about half the work.
+  spec.causal = true;
+  const RunEstimate causal = estimate_run(spec, config, true, 2);
+  EXPECT_LT(causal.flops, 0.51 * e.flops);
+  EXPECT_GT(causal.flops, 0.49 * e.flops);
+  // Small runs start without a word.
+  spec.seqlen_q = spec.seqlen_k = 512;
+  EXPECT_LT(estimate_run(spec, config, false, 1).seconds(), kAnnounceRunSeconds);
+
+  Ran r = run_tool("", "run --device emulator --arch gfx1201 --seqlen-q 100000");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_HAS(r.err, "flashjit: error: this run would take about ");
+  EXPECT_HAS(r.err, "past the 60 s that `run` starts without asking");
+  EXPECT_EQ(r.out, "");
+  Ran interpreter = run_tool("", "run --device interpreter --seqlen-q 100000 --heads 2");
+  EXPECT_EQ(interpreter.code, 1);
+  EXPECT_HAS(interpreter.err, "on the interpreter at 1.0 GFLOP/s");
 }
 
 } // namespace

@@ -157,17 +157,14 @@ TEST_P(CompileRegression, DefaultConfigsCompileCleanlyWithTheExpectedMatrixCount
   std::cout << fmt::format("{} ({} rules): {} kernels compiled in {:.1f} s on {} threads\n", t.arch,
                            lowered.front().rules, cases.size(), seconds, workers);
 
-  // RDNA: a WGP's two CUs share its LDS, twice what one workgroup may address
-  // (the figure `flashjit compile --resources` uses).
-  const int lds_per_unit = t.wave_size == 32 ? 2 * t.lds_bytes : t.lds_bytes;
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case &c = cases[i];
     SCOPED_TRACE(fmt::format("{} {} ({})", t.arch, c.name(), configs[i].summary()));
     ASSERT_TRUE(codes[i].has_value());
     const Expected<CodeObject> &code = *codes[i];
     ASSERT_TRUE(code) << code.status().message();
-    auto reports =
-        compiler::read_resources(*code, t.vgpr_file_per_simd, t.max_waves_per_simd, lds_per_unit);
+    auto reports = compiler::read_resources(*code, t.vgpr_file_per_simd, t.max_waves_per_simd,
+                                            t.lds_bytes_per_cu);
     ASSERT_TRUE(reports) << reports.status().message();
     ASSERT_EQ(reports->size(), 1u);
     const ResourceReport &r = reports->front();

@@ -593,7 +593,8 @@ TEST(IrParseError, BadTensorLineAndGrid) {
             std::string::npos)
       << m;
   m = parse_error("kernel @k {\n  grid (%a : 1, %b : 1) group = 1\n}\n");
-  EXPECT_NE(m.find("line 2, col 3: grid takes 3 arguments (q block, head, batch), got 2"),
+  EXPECT_NE(m.find("line 2, col 3: grid takes 3 arguments (q block, head, batch) and optionally "
+                   "a 4th (the KV split), got 2"),
             std::string::npos)
       << m;
   m = parse_error("kernel @k {\n  %0 = fill {value = 1.0} : tile<8xf32, #rows>\n}\n");

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/wait.h>
@@ -13,6 +14,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -700,6 +702,181 @@ TEST_F(CacheTest, Issue18Finding11ClearOfAnUnreadableDirectoryIsAnError) {
   EXPECT_NE(cleared.status().message().find("cannot read the cache directory"), std::string::npos);
 }
 
+/// Finding 9: a store that failed left get_or_compile successful (the kernel
+/// stays in memory), and `warmup` reported it ready. stored() now says whether
+/// another process will find the entry, and why not.
+TEST_F(CacheTest, Issue18Finding9StoredReportsAFailedStore) {
+  std::atomic<int> calls{0};
+  EXPECT_NE(KernelCache("").stored(sample_key().hash()).message().find("memory only"),
+            std::string::npos);
+  auto cache = make();
+  const std::string key = sample_key().hash();
+  Status before = cache->stored(key);
+  ASSERT_FALSE(before);
+  EXPECT_EQ(before.message(),
+            dir_ + " holds no entry for key " + key.substr(0, 16) +
+                ": it was never stored there, or was removed since (by `flashjit cache clear`, or "
+                "to keep the cache within FLASHJIT_CACHE_MAX_BYTES); compile the kernel again");
+
+  // A full disk, as far as this process can tell: writes past 512 bytes fail
+  // with EFBIG (the signal that would kill the process is ignored).
+  struct rlimit old_limit{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old_limit;
+  small.rlim_cur = 512;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  CacheOutcome o;
+  auto code = cache->get_or_compile(sample_key(), compiler(calls, 4000), &o);
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  std::signal(SIGXFSZ, old_handler);
+  ASSERT_TRUE(code) << "the kernel itself is fine: it is kept in memory";
+  EXPECT_EQ(o, CacheOutcome::compiled);
+  Status full = cache->stored(key);
+  ASSERT_FALSE(full);
+  EXPECT_EQ(full.message().rfind("the kernel was compiled but not stored in " + dir_ +
+                                     ": cannot write " + dir_ + "/.tmp-" + key,
+                                 0),
+            0u)
+      << full.message();
+  EXPECT_TRUE(full.message().ends_with(": File too large; free space in " + dir_ +
+                                       " or fix its permissions, or point FLASHJIT_CACHE_DIR (or "
+                                       "--dir) at another directory"))
+      << full.message();
+  EXPECT_TRUE(files().empty()) << "no partial file is left";
+  ASSERT_EQ(reports_.size(), 1u);
+  EXPECT_NE(reports_[0].find("the kernel is kept in memory only"), std::string::npos);
+
+  // A later store that succeeds clears the failure.
+  cache->set_always_compile(true);
+  ASSERT_TRUE(cache->get_or_compile(sample_key(), compiler(calls, 4000)));
+  EXPECT_TRUE(cache->stored(key)) << cache->stored(key).message();
+
+  // A damaged entry is not stored either.
+  const std::string path = *cache->path_for(key);
+  write(path, read(path).substr(0, 200));
+  Status damaged = cache->stored(key);
+  ASSERT_FALSE(damaged);
+  EXPECT_NE(damaged.message().find("the entry " + path + " is corrupt (truncated"),
+            std::string::npos)
+      << damaged.message();
+  EXPECT_TRUE(damaged.message().ends_with("remove it, and the kernel will be compiled again"));
+
+  // The directory replaced by a regular file under a live cache.
+  fs::remove_all(dir_);
+  write(dir_, "not a directory");
+  cache->set_always_compile(true);
+  ASSERT_TRUE(cache->get_or_compile(sample_key("other"), compiler(calls, 100)));
+  Status gone = cache->stored(sample_key("other").hash());
+  ASSERT_FALSE(gone);
+  EXPECT_NE(gone.message().find("Not a directory"), std::string::npos) << gone.message();
+}
+
+/// Finding 9: a cache directory under a regular file is unusable from the
+/// start; list(), clear() and stored() say so instead of "no kernels".
+TEST_F(CacheTest, Issue18Finding9DirectoryUnderARegularFileIsAnError) {
+  write((root_ / "file").string(), "x");
+  KernelCache cache((root_ / "file" / "cache").string());
+  ASSERT_FALSE(cache.disk_status());
+  EXPECT_NE(cache.disk_status().message().find("Not a directory"), std::string::npos)
+      << cache.disk_status().message();
+  EXPECT_FALSE(cache.list());
+  EXPECT_FALSE(cache.clear());
+  EXPECT_EQ(cache.stored(sample_key().hash()).message(), cache.disk_status().message());
+}
+
+/// The modification time of `path`, set to `seconds` past the epoch.
+void set_mtime(const std::string &path, time_t seconds) {
+  struct timeval t[2] = {{seconds, 0}, {seconds, 0}};
+  ASSERT_EQ(::utimes(path.c_str(), t), 0) << path;
+}
+
+/// Finding 14: the disk cache grew without bound. Past its limit the least
+/// recently used entries go; a hit renews an entry; nothing else is removed.
+TEST_F(CacheTest, Issue18Finding14DiskLimitEvictsTheLeastRecentlyUsed) {
+  std::atomic<int> calls{0};
+  auto cache = make();
+  EXPECT_EQ(cache->disk_limit(), kDefaultCacheMaxBytes);
+  cache->set_disk_limit(0); // none while the entries are made
+  for (const char *name : {"a", "b", "c"})
+    ASSERT_TRUE(cache->get_or_compile(sample_key(name), compiler(calls, 1000)));
+  auto path = [&](const char *name) { return *cache->path_for(sample_key(name).hash()); };
+  const int64_t entry = int64_t(fs::file_size(path("a")));
+  // Used in the order a, b, c, long ago; then a is hit by another process.
+  set_mtime(path("a"), 1000000000);
+  set_mtime(path("b"), 1000000100);
+  set_mtime(path("c"), 1000000200);
+  CacheOutcome o;
+  auto other = make();
+  ASSERT_TRUE(other->get_or_compile(sample_key("a"), compiler(calls), &o));
+  ASSERT_EQ(o, CacheOutcome::disk_hit);
+  EXPECT_GT(fs::last_write_time(path("a")), fs::last_write_time(path("c")))
+      << "a disk hit renews the entry";
+  // A user's file named like an entry, older than all: never removed.
+  const std::string foreign = dir_ + "/" + std::string(64, '0') + ".fjk";
+  write(foreign, std::string(100, 'x'));
+  set_mtime(foreign, 900000000);
+
+  // Room for three entries and the foreign file: storing d removes b alone.
+  cache->set_disk_limit(3 * entry + 100 + entry / 2);
+  ASSERT_TRUE(cache->get_or_compile(sample_key("d"), compiler(calls, 1000)));
+  EXPECT_FALSE(fs::exists(path("b")));
+  for (const char *name : {"a", "c", "d"})
+    EXPECT_TRUE(fs::exists(path(name))) << name;
+  EXPECT_TRUE(fs::exists(foreign));
+  EXPECT_EQ(cache->stats().evicted_files, 1);
+  EXPECT_EQ(cache->stats().disk_limit, 3 * entry + 100 + entry / 2);
+  EXPECT_LE(cache->stats().disk_bytes, cache->disk_limit());
+
+  // A lower limit: c (the least recently used now) and then a go; d, just
+  // stored, stays even when it alone is all the limit allows.
+  cache->set_disk_limit(entry + 100);
+  ASSERT_TRUE(cache->get_or_compile(sample_key("e"), compiler(calls, 1000)));
+  EXPECT_EQ(files(), (std::vector<std::string>{fs::path(foreign).filename().string(),
+                                               fs::path(path("e")).filename().string()}));
+  EXPECT_EQ(cache->stats().evicted_files, 4);
+
+  // A kernel larger than the whole limit is kept in memory only, and said so.
+  reports_.clear();
+  cache->set_disk_limit(500);
+  ASSERT_TRUE(cache->get_or_compile(sample_key("f"), compiler(calls, 1000)));
+  EXPECT_FALSE(fs::exists(path("f")));
+  EXPECT_TRUE(fs::exists(path("e"))) << "nothing is evicted for a kernel that is not stored";
+  ASSERT_EQ(reports_.size(), 1u);
+  EXPECT_NE(reports_[0].find("more than the cache's whole limit of 500 (FLASHJIT_CACHE_MAX_BYTES): "
+                             "raise the limit, or set it to 0 for none"),
+            std::string::npos)
+      << reports_[0];
+  Status f = cache->stored(sample_key("f").hash());
+  ASSERT_FALSE(f);
+  EXPECT_NE(f.message().find("FLASHJIT_CACHE_MAX_BYTES"), std::string::npos) << f.message();
+}
+
+/// Finding 14: a memory hit renews its entry file too, at most once per
+/// renewal interval (a minute unless set), so a kernel a long-running process
+/// keeps using is not the first to go.
+TEST_F(CacheTest, Issue18Finding14MemoryHitRenewsTheEntry) {
+  std::atomic<int> calls{0};
+  auto cache = make();
+  ASSERT_TRUE(cache->get_or_compile(sample_key(), compiler(calls)));
+  const std::string path = *cache->path_for(sample_key().hash());
+  auto mtime = [&] {
+    struct stat st{};
+    EXPECT_EQ(::stat(path.c_str(), &st), 0);
+    return st.st_mtime;
+  };
+  set_mtime(path, 1000000000);
+  CacheOutcome o;
+  ASSERT_TRUE(cache->get_or_compile(sample_key(), compiler(calls), &o));
+  EXPECT_EQ(o, CacheOutcome::memory_hit);
+  EXPECT_EQ(mtime(), 1000000000) << "stored less than a minute ago: not renewed yet";
+  cache->set_disk_limit(kDefaultCacheMaxBytes, std::chrono::seconds(0));
+  ASSERT_TRUE(cache->get_or_compile(sample_key(), compiler(calls), &o));
+  EXPECT_EQ(o, CacheOutcome::memory_hit);
+  EXPECT_GT(mtime(), 1000000000) << "due: renewed";
+  EXPECT_EQ(calls.load(), 1);
+}
+
 // ---- knobs -----------------------------------------------------------------
 
 Getenv env(std::map<std::string, std::string> vars) {
@@ -717,6 +894,7 @@ TEST(Knobs, Defaults) {
   EXPECT_EQ(k->dump_dir, "");
   EXPECT_EQ(k->override_dir, "");
   EXPECT_EQ(k->cache_dir, "/home/u/.cache/flashjit");
+  EXPECT_EQ(k->cache_max_bytes, int64_t(2) << 30);
 }
 
 TEST(Knobs, CacheDirectoryPrecedence) {
@@ -766,9 +944,10 @@ TEST(Knobs, TableDocumentsEveryKnob) {
     EXPECT_FALSE(k.fallback.empty()) << k.name;
     names.insert(k.name);
   }
-  EXPECT_EQ(names, (std::set<std::string_view>{"FLASHJIT_DEBUG", "FLASHJIT_DUMP_DIR",
-                                               "FLASHJIT_OVERRIDE_DIR", "FLASHJIT_CACHE_DIR",
-                                               "FLASHJIT_ALWAYS_COMPILE"}));
+  EXPECT_EQ(names,
+            (std::set<std::string_view>{"FLASHJIT_DEBUG", "FLASHJIT_DUMP_DIR",
+                                        "FLASHJIT_OVERRIDE_DIR", "FLASHJIT_CACHE_DIR",
+                                        "FLASHJIT_CACHE_MAX_BYTES", "FLASHJIT_ALWAYS_COMPILE"}));
 }
 
 TEST(Knobs, SourceOverride) {
@@ -886,6 +1065,62 @@ TEST(Knobs, Issue18Finding10OverrideMustBeANonEmptyRegularFile) {
         << o.status().message();
   }
   fs::remove_all(dir);
+}
+
+/// Finding 14: FLASHJIT_CACHE_MAX_BYTES takes bytes with K/M/G/T suffixes.
+TEST(Knobs, Issue18Finding14CacheMaxBytes) {
+  auto bytes = [](const char *v) { return parse_knobs(env({{"FLASHJIT_CACHE_MAX_BYTES", v}})); };
+  EXPECT_EQ(bytes("0")->cache_max_bytes, 0);
+  EXPECT_EQ(bytes("123456")->cache_max_bytes, 123456);
+  EXPECT_EQ(bytes("512k")->cache_max_bytes, 512 << 10);
+  EXPECT_EQ(bytes("64M")->cache_max_bytes, int64_t(64) << 20);
+  EXPECT_EQ(bytes("2G")->cache_max_bytes, int64_t(2) << 30);
+  EXPECT_EQ(bytes("1t")->cache_max_bytes, int64_t(1) << 40);
+  for (const char *bad :
+       {"-1", "1.5G", "G", "2GB", "0x100", " 5", "99999999999T", "99999999999999999999"}) {
+    auto k = bytes(bad);
+    ASSERT_FALSE(k) << bad;
+    EXPECT_EQ(k.status().message(),
+              fmt::format("FLASHJIT_CACHE_MAX_BYTES={}: expected a size in bytes, optionally with "
+                          "a K, M, G or T suffix (powers of 1024), e.g. 2G; 0 for no cap",
+                          bad));
+  }
+}
+
+/// Finding 10: the emulator ran the generated kernel although an override was
+/// compiled and announced. It runs the override's kernel text now; an edit it
+/// cannot run (in the target prelude, which it replaces) is refused.
+TEST(Knobs, Issue18Finding10EmulatorTakesTheOverridesKernelText) {
+  const std::string kernel_text =
+      "// ---- the element type (bf16) ----\nint kernel() { return 1; }\n";
+  const std::string source =
+      "// flashjit kernel k for gfx1201\n#define FJ_PRELUDE 1\n\n" + kernel_text;
+  SourceOverride o;
+  o.path = "/o/k.hip";
+  o.source = source;
+  EXPECT_EQ(*override_kernel_text(o, source, kernel_text), kernel_text);
+  // Kernel edits and comments anywhere are taken.
+  o.source = "// my notes\n" + source;
+  o.source.replace(o.source.find("return 1"), 8, "return 2");
+  EXPECT_EQ(*override_kernel_text(o, source, kernel_text),
+            "// ---- the element type (bf16) ----\nint kernel() { return 2; }\n");
+  // An edit of the prelude is not.
+  o.source = source;
+  o.source.replace(o.source.find("FJ_PRELUDE 1"), 12, "FJ_PRELUDE 2");
+  auto prelude = override_kernel_text(o, source, kernel_text);
+  ASSERT_FALSE(prelude);
+  EXPECT_EQ(prelude.status().message(),
+            "FLASHJIT_OVERRIDE_DIR: /o/k.hip changes the code before the line '// ---- the "
+            "element type (bf16) ----' (the target prelude or the matrix-instruction wrapper), "
+            "which the CPU emulator replaces with its own prelude, so the emulator cannot run "
+            "that edit: make it below that line, or run the override on a GPU");
+  // Without the line that begins the kernel text, it cannot be found.
+  o.source = "int kernel() { return 3; }\n";
+  auto lost = override_kernel_text(o, source, kernel_text);
+  ASSERT_FALSE(lost);
+  EXPECT_NE(lost.status().message().find("has no line '// ---- the element type (bf16) ----'"),
+            std::string::npos)
+      << lost.status().message();
 }
 
 } // namespace

@@ -218,10 +218,12 @@ TEST(Lowering, BothRdna4ProcessorsLowerWithTheirWmmaBuiltins) {
 
 TEST(Lowering, EveryArchLowersWithItsFamilysMatrixRules) {
   // family -> the rules that lower it (lowering/rules.cpp); CDNA takes 32-query
-  // tiles for this spec (head_dim_v 64, 113 queries).
+  // tiles for this spec (head_dim_v 64, 113 queries); Hopper the sm80 rules until
+  // an sm90 rule set stands beside them.
   const std::map<Family, std::string> expected = {
       {Family::gfx11, "gfx11"},  {Family::gfx12, "gfx12"},  {Family::cdna2, "cdna32"},
-      {Family::cdna3, "cdna32"}, {Family::cdna4, "cdna32"}, {Family::sm80, "sm80"}};
+      {Family::cdna3, "cdna32"}, {Family::cdna4, "cdna32"}, {Family::sm80, "sm80"},
+      {Family::sm90, "sm80"}};
   const AttentionSpec spec = spec_for(64, 64, DType::bf16);
   const std::string listed = families_with_rules();
   for (std::string_view arch : supported_archs()) {
@@ -233,6 +235,38 @@ TEST(Lowering, EveryArchLowersWithItsFamilysMatrixRules) {
     EXPECT_EQ(l.mma->family, t.family);
     EXPECT_EQ(l.rules_note, "");
     EXPECT_NE(listed.find(arch), std::string::npos) << listed;
+  }
+}
+
+// sm_90 is a family of its own (sm90) lowered by the sm80 rules on its own rows
+// of mma.sync: its kernels are sm_80's, word for word but the target they name.
+TEST(Lowering, Sm90KernelsAreTheSm80RulesKernels) {
+  const Target sm80 = target("sm_80"), sm90 = target("sm_90");
+  EXPECT_EQ(sm90.family, Family::sm90);
+  ASSERT_EQ(rules_for(sm90), rules_for(sm80));
+  EXPECT_EQ(rules_for(sm90)->name(), "sm80");
+  EXPECT_NE(families_with_rules().find("sm90 (sm_90: sm80 rules)"), std::string::npos)
+      << families_with_rules();
+  AttentionSpec gqa = spec_for(80, 80, DType::bf16, /*causal=*/true);
+  AttentionSpec lse = spec_for(128, 128, DType::f16);
+  lse.lse = true;
+  AttentionSpec window = spec_for(192, 128, DType::bf16);
+  window.window = {64, 0};
+  for (const AttentionSpec &spec : {gqa, lse, window, spec_for(256, 256, DType::bf16)}) {
+    SCOPED_TRACE(spec.summary());
+    const ir::Config config = default_config(spec, sm90);
+    EXPECT_EQ(config.summary(), default_config(spec, sm80).summary());
+    Expected<Lowered> a = generate(spec, config, sm80), b = generate(spec, config, sm90);
+    ASSERT_TRUE(a) << a.status().message();
+    ASSERT_TRUE(b) << b.status().message();
+    EXPECT_EQ(b->mma->family, Family::sm90);
+    EXPECT_EQ(b->mma->mnemonic, a->mma->mnemonic);
+    std::string expected = a->source;
+    const std::string from = " for sm_80 (", to = " for sm_90 (";
+    ASSERT_EQ(count(expected, from), 1);
+    expected.replace(expected.find(from), from.size(), to);
+    EXPECT_TRUE(b->source == expected) << "sm_90 differs from sm_80 past the target's name";
+    EXPECT_EQ(b->lds_bytes, a->lds_bytes);
   }
 }
 

@@ -297,7 +297,7 @@ TEST(MatrixTable, RowFieldsAreConsistent) {
     EXPECT_TRUE(keys.insert(calculator_key(row)).second) << "two rows with one mnemonic";
     EXPECT_TRUE(shapes.insert({row.family, row.ab_dtype, row.m(), row.n(), row.k()}).second)
         << "two rows for one (family, dtype, shape): find_matrix_instr would be ambiguous";
-    if (row.family == Family::sm80) {
+    if (target::family_facts(row.family).vendor == target::Vendor::nvidia) {
       // NVIDIA: inline PTX, no builtin; the mnemonic names the shape as m16n8k16.
       EXPECT_TRUE(row.builtin.empty());
       EXPECT_NE(row.mnemonic.find(fmt::format("m{}n{}k{}", row.m(), row.n(), row.k())),
@@ -364,6 +364,11 @@ TEST(MatrixTable, FamiliesHaveTheExpectedRows) {
             (V{"v_mfma_f32_16x16x32_f16", "v_mfma_f32_16x16x32_bf16", "v_mfma_f32_32x32x16_f16",
                "v_mfma_f32_32x32x16_bf16", "v_mfma_f32_16x16x16_f16", "v_mfma_f32_16x16x16_bf16",
                "v_mfma_f32_32x32x8_f16", "v_mfma_f32_32x32x8_bf16"}));
+  // Hopper runs Ampere's mma.sync (its wgmma rows come with an sm90 rule set).
+  const V mma_sync = {"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+                      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"};
+  EXPECT_EQ(by_family[Family::sm80], mma_sync);
+  EXPECT_EQ(by_family[Family::sm90], mma_sync);
 }
 
 TEST(MatrixTable, FindMatrixInstr) {

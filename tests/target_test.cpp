@@ -31,30 +31,33 @@ struct ArchFacts {
   Family family;
   int wave_size;
   int lds_bytes;
+  int lds_bytes_per_cu;
   int max_vgprs;
   int vgpr_file_per_simd;
   int vgpr_alloc_granule;
   int max_waves_per_simd;
 };
 
-// Sources: target/arch.cpp (LLVM AMDGPUBaseInfo.cpp / AMDGPU.td, clang 22 checks).
+// Sources: target/arch.cpp (LLVM AMDGPUBaseInfo.cpp / AMDGPU.td, clang 22 checks,
+// the ISA guides, the CUDA programming guide).
 constexpr ArchFacts kFacts[] = {
-    {"gfx1100", Family::gfx11, 32, 65536, 256, 1536, 24, 16},
-    {"gfx1101", Family::gfx11, 32, 65536, 256, 1536, 24, 16},
-    {"gfx1102", Family::gfx11, 32, 65536, 256, 1024, 16, 16},
-    {"gfx1103", Family::gfx11, 32, 65536, 256, 1024, 16, 16},
-    {"gfx1150", Family::gfx11, 32, 65536, 256, 1024, 16, 16},
-    {"gfx1151", Family::gfx11, 32, 65536, 256, 1536, 24, 16},
-    {"gfx1200", Family::gfx12, 32, 65536, 256, 1536, 24, 16},
-    {"gfx1201", Family::gfx12, 32, 65536, 256, 1536, 24, 16},
-    {"gfx90a", Family::cdna2, 64, 65536, 512, 512, 8, 8},
-    {"gfx942", Family::cdna3, 64, 65536, 512, 512, 8, 8},
-    {"gfx950", Family::cdna4, 64, 163840, 512, 512, 8, 8},
-    // NVIDIA: a warp, the opt-in dynamic shared memory of a block, 255 registers per thread.
-    {"sm_80", Family::sm80, 32, 163 * 1024, 255, 512, 8, 16},
-    {"sm_86", Family::sm80, 32, 99 * 1024, 255, 512, 8, 16},
-    {"sm_89", Family::sm80, 32, 99 * 1024, 255, 512, 8, 16},
-    {"sm_90", Family::sm80, 32, 227 * 1024, 255, 512, 8, 16},
+    {"gfx1100", Family::gfx11, 32, 65536, 131072, 256, 1536, 24, 16},
+    {"gfx1101", Family::gfx11, 32, 65536, 131072, 256, 1536, 24, 16},
+    {"gfx1102", Family::gfx11, 32, 65536, 131072, 256, 1024, 16, 16},
+    {"gfx1103", Family::gfx11, 32, 65536, 131072, 256, 1024, 16, 16},
+    {"gfx1150", Family::gfx11, 32, 65536, 131072, 256, 1024, 16, 16},
+    {"gfx1151", Family::gfx11, 32, 65536, 131072, 256, 1536, 24, 16},
+    {"gfx1200", Family::gfx12, 32, 65536, 131072, 256, 1536, 24, 16},
+    {"gfx1201", Family::gfx12, 32, 65536, 131072, 256, 1536, 24, 16},
+    {"gfx90a", Family::cdna2, 64, 65536, 65536, 512, 512, 8, 8},
+    {"gfx942", Family::cdna3, 64, 65536, 65536, 512, 512, 8, 8},
+    {"gfx950", Family::cdna4, 64, 163840, 163840, 512, 512, 8, 8},
+    // NVIDIA: a warp, the opt-in dynamic shared memory of a block and the shared
+    // memory of an SM, 255 registers per thread, 64K registers per SM.
+    {"sm_80", Family::sm80, 32, 163 * 1024, 164 * 1024, 255, 512, 8, 16},
+    {"sm_86", Family::sm80, 32, 99 * 1024, 100 * 1024, 255, 512, 8, 16},
+    {"sm_89", Family::sm80, 32, 99 * 1024, 100 * 1024, 255, 512, 8, 16},
+    {"sm_90", Family::sm90, 32, 227 * 1024, 228 * 1024, 255, 512, 8, 16},
 };
 
 TEST(Target, ParsesEverySupportedArch) {
@@ -70,6 +73,7 @@ TEST(Target, ParsesEverySupportedArch) {
     EXPECT_EQ(t.family, f.family);
     EXPECT_EQ(t.wave_size, f.wave_size);
     EXPECT_EQ(t.lds_bytes, f.lds_bytes);
+    EXPECT_EQ(t.lds_bytes_per_cu, f.lds_bytes_per_cu);
     EXPECT_EQ(t.max_vgprs, f.max_vgprs);
     EXPECT_EQ(t.vgpr_file_per_simd, f.vgpr_file_per_simd);
     EXPECT_EQ(t.vgpr_alloc_granule, f.vgpr_alloc_granule);
@@ -94,7 +98,11 @@ TEST(Target, FamilyNames) {
   EXPECT_EQ(family_name(Family::cdna2), "cdna2");
   EXPECT_EQ(family_name(Family::cdna3), "cdna3");
   EXPECT_EQ(family_name(Family::cdna4), "cdna4");
+  EXPECT_EQ(family_name(Family::sm80), "sm80");
+  EXPECT_EQ(family_name(Family::sm90), "sm90");
   EXPECT_EQ(parse_ok("gfx1201").family_name(), "gfx12");
+  EXPECT_EQ(parse_ok("sm_89").family_name(), "sm80");
+  EXPECT_EQ(parse_ok("sm_90").family_name(), "sm90");
 }
 
 // Occupancies reported by clang 22.1.8's kernel-resource-usage remark for kernels

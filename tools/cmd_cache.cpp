@@ -10,6 +10,11 @@
 // batch heads kv_heads seqlen_q seqlen_k head_dim head_dim_v (integers), dtype
 // layout (strings), causal lse (booleans), window ([left, right]), scale
 // (number), block_m block_n waves mma_m (config), compiler (auto|llvm|hiprtc|nvrtc).
+// Integers are written as integers: 128, not 128.0, 1.28e2 or 0x80.
+//
+// A kernel is reported ready only once its entry is verified on disk: a store
+// that failed (a full disk, a read-only directory) or an entry the cache's size
+// cap (FLASHJIT_CACHE_MAX_BYTES) removed again before the end is an error.
 #include "compiler/code_object.h"
 #include "compiler/kernel_cache.h"
 #include "compiler/knobs.h"
@@ -45,7 +50,9 @@ std::string human_bytes(int64_t n) {
     return fmt::format("{} B", n);
   if (n < 1024 * 1024)
     return fmt::format("{:.1f} KiB", n / 1024.0);
-  return fmt::format("{:.1f} MiB", n / (1024.0 * 1024.0));
+  if (n < int64_t(1) << 30)
+    return fmt::format("{:.1f} MiB", n / (1024.0 * 1024.0));
+  return fmt::format("{:.1f} GiB", double(n) / double(int64_t(1) << 30));
 }
 
 using compiler::json_string;
@@ -69,6 +76,7 @@ int cmd_cache(const Args &a) {
   if (!dir)
     return fail(dir.status());
   compiler::KernelCache cache(*dir);
+  cache.set_disk_limit(compiler::knobs().cache_max_bytes);
   const bool json = a.has("--json");
 
   if (a.has("clear")) {
@@ -98,13 +106,18 @@ int cmd_cache(const Args &a) {
       if (e.problem.empty())
         ++by_target[e.target_id + " (" + e.compiler_identity + ")"];
     }
+    const int64_t limit = cache.disk_limit();
     if (json) {
-      fmt::print("{{\"directory\": {}, \"entries\": {}, \"bytes\": {}, \"corrupt\": {}}}\n",
-                 json_string(*dir), entries->size(), bytes, bad);
+      fmt::print("{{\"directory\": {}, \"entries\": {}, \"bytes\": {}, \"corrupt\": {}, "
+                 "\"max_bytes\": {}}}\n",
+                 json_string(*dir), entries->size(), bytes, bad, limit);
       return 0;
     }
-    fmt::print("cache directory: {}\nentries:         {} ({}){}\n", *dir, entries->size(),
-               human_bytes(bytes), bad ? fmt::format(", {} corrupt", bad) : "");
+    fmt::print("cache directory: {}\nentries:         {} ({}){}\nsize limit:      {} "
+               "(FLASHJIT_CACHE_MAX_BYTES; least recently used entries go first)\n",
+               *dir, entries->size(), human_bytes(bytes),
+               bad ? fmt::format(", {} corrupt", bad) : "",
+               limit > 0 ? human_bytes(limit) : "none");
     for (const auto &[target, n] : by_target)
       fmt::print("  {:>5}  {}\n", n, target);
     return 0;
@@ -149,10 +162,14 @@ struct WarmupItem {
 };
 
 Expected<int64_t> integer(const json::Value &v, std::string_view field) {
-  if (v.kind != json::Value::Kind::number || v.number != std::floor(v.number) ||
-      std::abs(v.number) > 1e15)
-    return Status::error("'{}' must be an integer", field);
-  return int64_t(v.number);
+  if (v.kind != json::Value::Kind::number)
+    return Status::error("'{}' must be an integer, like 128", field);
+  auto i = json::integer_text(v.text);
+  if (!i)
+    return Status::error(
+        "'{}' must be an integer written in digits, like 128; got {}{}", field, v.text,
+        v.text.find_first_of(".eE") == std::string::npos ? " (past the 64-bit range)" : "");
+  return *i;
 }
 
 Expected<WarmupItem> parse_item(const json::Value &item) {
@@ -229,8 +246,8 @@ Expected<WarmupItem> parse_item(const json::Value &item) {
   FJ_RETURN_IF_ERROR(boolean("causal", s.causal));
   FJ_RETURN_IF_ERROR(boolean("lse", s.lse));
   if (const json::Value *v = item.find("scale")) {
-    if (v->kind != json::Value::Kind::number || !(v->number > 0))
-      return Status::error("'scale' must be a positive number");
+    if (v->kind != json::Value::Kind::number || !(v->number > 0) || !std::isfinite(v->number))
+      return Status::error("'scale' must be a finite positive number, like 0.125");
     s.scale = v->number;
   }
   if (const json::Value *v = item.find("window")) {
@@ -278,6 +295,8 @@ Expected<std::vector<WarmupItem>> read_manifest(const std::string &path) {
 struct WarmupResult {
   Status status;
   std::string line;
+  std::string what; // "<target> <signature> (<config>)"
+  std::string key;  // the cache key, once compiled
 };
 
 /// One item through the pipeline (runtime/pipeline.h), into `cache`: the same
@@ -286,7 +305,7 @@ struct WarmupResult {
 /// _DUMP_DIR.
 WarmupResult warm_one(const WarmupItem &w, const std::string &compiler_name,
                       compiler::KernelCache &cache) {
-  auto fail_with = [](const Status &s) { return WarmupResult{s, ""}; };
+  auto fail_with = [](const Status &s) { return WarmupResult{s, "", "", ""}; };
   Options options;
   options.compiler = compiler_name;
   options.mma_m = w.mma_m.value_or(0);
@@ -307,10 +326,17 @@ WarmupResult warm_one(const WarmupItem &w, const std::string &compiler_name,
   auto c = pipeline::compile(*g, options, cache);
   if (!c)
     return fail_with(c.status());
-  return {Status::ok(), fmt::format("{} {} ({}): {} in {:.1f} ms ({}, {} bytes, key {})",
-                                    g->target.target_id(), w.spec.signature().summary(),
-                                    g->config.summary(), c->cache_outcome, c->seconds * 1e3,
-                                    c->compiler, c->code.bytes.size(), c->cache_key.substr(0, 16))};
+  const std::string what = fmt::format("{} {} ({})", g->target.target_id(),
+                                       w.spec.signature().summary(), g->config.summary());
+  // The cache keeps a kernel it could not store in memory and says so once;
+  // here that is a failure: a later process would not find it.
+  if (Status s = cache.stored(c->cache_key); !s)
+    return fail_with(s.with_context(what));
+  return {Status::ok(),
+          fmt::format("{}: {} in {:.1f} ms ({}, {} bytes, key {})", what, c->cache_outcome,
+                      c->seconds * 1e3, c->compiler, c->code.bytes.size(),
+                      c->cache_key.substr(0, 16)),
+          what, c->cache_key};
 }
 
 int cmd_warmup(const Args &a) {
@@ -330,6 +356,7 @@ int cmd_warmup(const Args &a) {
     return fail(Status::error("--jobs {} is out of range: expected 1..256", *jobs));
   compiler::KernelCache cache(*dir);
   cache.set_always_compile(compiler::knobs().always_compile);
+  cache.set_disk_limit(compiler::knobs().cache_max_bytes);
   // Warming up a cache that cannot keep anything would report false success.
   if (Status s = cache.disk_status(); !s)
     return fail(s);
@@ -350,6 +377,19 @@ int cmd_warmup(const Args &a) {
   for (auto &t : threads)
     t.join();
 
+  // A later kernel's store may have trimmed an earlier one away (the size cap).
+  for (WarmupResult &r : results)
+    if (r.status)
+      if (Status s = cache.stored(r.key); !s) {
+        const compiler::CacheStats stats = cache.stats();
+        r.status = stats.evicted_files > 0
+                       ? Status::error("{}: stored, then removed again to keep the cache within "
+                                       "its limit of {} bytes (FLASHJIT_CACHE_MAX_BYTES), which "
+                                       "the manifest's kernels exceed together: raise the limit "
+                                       "(or set it to 0 for none)",
+                                       r.what, stats.disk_limit)
+                       : s.with_context(r.what);
+      }
   int failed = 0;
   for (size_t i = 0; i < results.size(); ++i) {
     if (results[i].status)

@@ -11,6 +11,7 @@
 #include "runtime/pipeline.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "tools/run_estimate.h"
 #include "tools/safe_write.h"
 #include "tools/spec_flags.h"
 
@@ -20,6 +21,7 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
+#include <thread>
 
 namespace fs = std::filesystem;
 using namespace flashjit;
@@ -171,9 +173,7 @@ int cmd_compile(const cli::Args &a) {
     fmt::print("{}", *isa);
   }
   if (want_report) {
-    // RDNA's LDS belongs to a workgroup processor (two CUs): twice a workgroup's share.
-    const int lds_per_unit = t.wave_size == 32 ? 2 * t.lds_bytes : t.lds_bytes;
-    auto r = resources(*code, t.vgpr_file_per_simd, t.max_waves_per_simd, lds_per_unit);
+    auto r = resources(*code, t.vgpr_file_per_simd, t.max_waves_per_simd, t.lds_bytes_per_cu);
     if (!r)
       return fail(r.status());
     for (const auto &report : *r) {
@@ -264,11 +264,23 @@ int cmd_run(const cli::Args &a) {
     auto g = job->generate();
     if (!g)
       return fail(g.status());
-    kernel = std::move(g->lowered);
+    // FLASHJIT_OVERRIDE_DIR: the override's kernel text, as the GPU would run it.
+    auto emulated = pipeline::emulated_kernel(*g);
+    if (!emulated)
+      return fail(emulated.status());
+    kernel = emulated.take();
   }
   auto seed = a.get_int("--seed", 0);
   if (!seed)
     return fail(seed.status());
+  // The CPU needs hours for long sequences: say so up front, and refuse past
+  // kSlowRunSeconds unless asked (tools/run_estimate.h has the rates).
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const cli::RunEstimate estimate = cli::estimate_run(spec, job->config, bool(kernel), cores);
+  if (Status s = cli::check_run_time(estimate, device, cores, a.has("--allow-slow")); !s)
+    return fail(s);
+  if (estimate.seconds() > cli::kAnnounceRunSeconds)
+    fmt::print(stderr, "flashjit: run: {}\n", cli::describe(estimate, device, cores));
   // A --save-dir that does not exist yet is not the --load-dir (the error_code
   // form: the throwing one throws for a missing path on newer libstdc++).
   std::error_code missing;
@@ -354,6 +366,14 @@ std::vector<cli::Command> commands() {
             {"--save-dir", "DIR",
              "write q/k/v/out(/lse).npy in the spec's layout (bf16 widened to f32)", ""},
             {"--load-dir", "DIR", "read q/k/v.npy from DIR instead of random inputs", ""},
+            {"--allow-slow", "",
+             fmt::format("run even when the estimate (printed past {:.0f} s) is over {:.0f} s: "
+                         "the emulator and the interpreter do about {:.1f} and {:.1f} GFLOP/s "
+                         "per core, the float64 reference {:.1f} GFLOP/s",
+                         cli::kAnnounceRunSeconds, cli::kSlowRunSeconds,
+                         cli::kEmulatorFlopsPerCore / 1e9, cli::kInterpreterFlopsPerCore / 1e9,
+                         cli::kReferenceFlops / 1e9),
+             ""},
             cli::force_flag()}),
        cmd_run},
   };

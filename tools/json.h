@@ -1,6 +1,9 @@
 // A small JSON reader for the manifests of `flashjit warmup` and the test data
 // (tests/data/*.json): objects, arrays, numbers, strings, bools, null. Not a
-// general-purpose library: no \u escapes beyond ASCII, numbers are doubles.
+// general-purpose library: no \u escapes beyond ASCII, numbers are doubles
+// that keep their text, so that a reader of integers can refuse 1e15 or 2.0.
+// Numbers follow JSON's grammar strictly: no hex, NaN, Infinity, leading '+',
+// leading zeros or bare '.5'.
 // Nothing a file holds can crash it: nesting is bounded (kMaxDepth), and
 // parse_file reads only regular files of bounded size.
 #pragma once
@@ -10,6 +13,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -25,6 +29,7 @@ struct Value {
   Kind kind = Kind::null;
   bool boolean = false;
   double number = 0;
+  std::string text; // a number as written, e.g. "128", "-1", "0.5", "1e15"
   std::string string;
   std::vector<Value> items;      // array elements, or object values
   std::vector<std::string> keys; // object keys, parallel to items
@@ -40,6 +45,46 @@ struct Value {
     return nullptr;
   }
 };
+
+/// Whether `s` is a number as JSON writes one: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+inline bool is_json_number(std::string_view s) {
+  size_t i = 0;
+  auto digits = [&] {
+    const size_t start = i;
+    while (i < s.size() && s[i] >= '0' && s[i] <= '9')
+      ++i;
+    return i > start;
+  };
+  if (i < s.size() && s[i] == '-')
+    ++i;
+  if (i < s.size() && s[i] == '0')
+    ++i;
+  else if (!digits())
+    return false;
+  if (i < s.size() && s[i] == '.' && (++i, !digits()))
+    return false;
+  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    ++i;
+    if (i < s.size() && (s[i] == '+' || s[i] == '-'))
+      ++i;
+    if (!digits())
+      return false;
+  }
+  return i == s.size();
+}
+
+/// An integer written as one (-?[0-9]+, no fraction or exponent) that fits
+/// int64; nullopt for anything else ("1e15", "2.0", "99999999999999999999").
+inline std::optional<int64_t> integer_text(std::string_view s) {
+  const std::string_view digits = s.starts_with('-') ? s.substr(1) : s;
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string_view::npos)
+    return std::nullopt;
+  int64_t v = 0;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size())
+    return std::nullopt;
+  return v;
+}
 
 /// Arrays and objects nested deeper than this are refused (a manifest is two
 /// levels deep); the recursive parser never comes near the stack's end.
@@ -186,10 +231,13 @@ private:
     if (literal("null"))
       return true;
     std::string number(text_.substr(pos_, text_.find_first_of(",]} \n\r\t", pos_) - pos_));
-    char *end = nullptr;
-    v.number = std::strtod(number.c_str(), &end);
-    if (number.empty() || end != number.c_str() + number.size())
-      return (fail("bad value '" + number + "'"), false);
+    if (!is_json_number(number))
+      return (fail("bad value '" + number +
+                   "' (numbers are written as in JSON: 128, -1, 0.5, "
+                   "1e-3; no hex, NaN or Infinity)"),
+              false);
+    v.number = std::strtod(number.c_str(), nullptr);
+    v.text = number;
     v.kind = Value::Kind::number;
     pos_ += number.size();
     return true;

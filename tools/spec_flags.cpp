@@ -26,7 +26,7 @@ std::vector<FlagSpec> config_flags() {
       {"--block-m", "N", "query rows per workgroup", "the target's choice, 64"},
       {"--block-n", "N", "keys per KV block", "the target's choice by head dim"},
       {"--waves", "N", "waves per workgroup", "the target's choice"},
-      {"--stages", "N", "K/V pipeline depth: 2 issues each tile's copy one step ahead",
+      {"--stages", "1|2", "K/V pipelining: 1 none, 2 issues each K/V tile's copy one step ahead",
        "the target's choice"},
       {"--q-in-lds", "", "keep the Q block in LDS instead of registers", ""},
       {"--mma-m", "16|32",

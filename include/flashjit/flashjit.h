@@ -97,6 +97,10 @@ typedef struct fj_spec {
   int32_t lse;                       /* 0 or 1: also write the LSE, f32 [batch, heads, seqlen_q] */
   int64_t window_left, window_right; /* sliding window; -1: unbounded on that side */
   fj_strides q, k, v, o;
+  /* Split-KV (flash-decoding): 0 chooses per call from the device's compute
+   * units, 1 turns it off, n (up to 128) splits each query block's keys over n
+   * workgroups. Not part of the signature. */
+  int64_t num_splits;
 } fj_spec;
 
 /* The defaults of flashjit::AttentionSpec: all sizes 1, head dims 64, bf16, BSHD. */

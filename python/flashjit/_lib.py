@@ -32,6 +32,7 @@ class Spec(ctypes.Structure):
         ("causal", ctypes.c_int32), ("lse", ctypes.c_int32),
         ("window_left", ctypes.c_int64), ("window_right", ctypes.c_int64),
         ("q", Strides), ("k", Strides), ("v", Strides), ("o", Strides),
+        ("num_splits", ctypes.c_int64),
     ]
 
 

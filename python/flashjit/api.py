@@ -3,7 +3,7 @@
 import collections
 import ctypes
 import json
-import math
+import operator
 
 from . import _lib
 from ._lib import FlashJitError
@@ -15,10 +15,87 @@ _ATTENTIONS = collections.OrderedDict()
 MAX_HANDLES = 64
 # The tuning knobs flash_attn_func(config=...) accepts (the config of flashjit emit's flags).
 CONFIG_KEYS = ("block_m", "block_n", "waves", "stages", "q_in_lds", "pad_k", "mma_m")
+# Each knob's range (fj_options holds int64s; block_m 0 there would mean "the
+# default config", mma_m 0 "the lowering's choice"; q_in_lds is a flag).
+_CONFIG_RANGES = {"block_m": (1,), "block_n": (1,), "waves": (1,), "stages": (1,),
+                  "q_in_lds": (0, 1), "pad_k": (0,), "mma_m": (0,)}
 
 
 def version():
     return _lib.lib.fj_version().decode()
+
+
+# ---- arguments, checked before ctypes sees them ----------------------------------------
+# ctypes stores an int in a C field modulo 2**bits and ends a char* at the first NUL,
+# silently: every integer and string bound for the C API passes through here first.
+
+INT64_MAX = 2**63 - 1
+
+
+def _int(name, value, lo, hi=INT64_MAX):
+    """`value` as a Python int in lo..hi, else a TypeError (not an integer) or a
+    ValueError naming the argument and its range."""
+    try:
+        i = operator.index(value)
+    except TypeError:
+        raise TypeError(f"flashjit: {name} must be an integer, got {value!r}") from None
+    if not lo <= i <= hi:
+        top = "2**63-1" if hi == INT64_MAX else str(hi)
+        raise ValueError(f"flashjit: {name} ({i}) is outside {lo}..{top}: pass an integer in "
+                         "that range")
+    return i
+
+
+def _c_str(name, value):
+    """`value` encoded for a `const char *`; refuses non-strings and NUL characters."""
+    if not isinstance(value, str):
+        raise TypeError(f"flashjit: {name} must be a string, got {type(value).__name__}")
+    if "\0" in value:
+        raise ValueError(f"flashjit: {name} {value!r} contains a NUL character, where the C API "
+                         "would cut it short: pass the name without it")
+    return value.encode()
+
+
+def _window(window_size):
+    """(left, right) as ints, each -1 (unbounded) or a count of keys."""
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise ValueError(f"flashjit: window_size must be a pair (left, right), got "
+                         f"{window_size!r}") from None
+    return _int("window_size[0]", left, -1), _int("window_size[1]", right, -1)
+
+
+def _scale(softmax_scale):
+    """The C spec's scale field: 0.0 there means the default 1/sqrt(head_dim)."""
+    if softmax_scale is None:
+        return 0.0
+    try:
+        scale = float(softmax_scale)
+    except OverflowError:
+        raise ValueError(f"flashjit: softmax_scale ({softmax_scale}) is past what a double "
+                         "holds: use a scale between 1e-30 and 1e30") from None
+    if scale == 0.0:
+        raise ValueError("flashjit: softmax_scale=0.0 is not supported: the C API reads a scale of "
+                         "0 as 'the default', and a zero scale would only make every visible key "
+                         "weigh the same; pass softmax_scale=None for 1/sqrt(head_dim), or a "
+                         "positive scale")
+    return scale
+
+
+def _refuse_grad(tensors, grad_enabled):
+    """Issue 15, step 1: until flashjit has a backward, its output is detached from
+    autograd, so a gradient through attention would be lost without a word. Refuses
+    when an input requires grad and grad mode is on. `tensors`: (name, tensor) pairs;
+    `grad_enabled`: torch.is_grad_enabled (asked only when an input requires grad)."""
+    needing = [name for name, x in tensors if getattr(x, "requires_grad", False)]
+    if needing and grad_enabled():
+        raise NotImplementedError(
+            f"flashjit: {', '.join(needing)} require{'s' if len(needing) == 1 else ''} grad and "
+            "grad mode is on, but flashjit has no backward pass yet (issue 15): no gradient "
+            "would flow through attention. For inference, call it under torch.no_grad() or "
+            "torch.inference_mode(); to run it on purpose without gradients, pass "
+            f"{', '.join(n + '.detach()' for n in needing)}")
 
 
 # ---- inputs ---------------------------------------------------------------------------
@@ -61,6 +138,7 @@ def _device(x, kind, arch):
         if not arch:
             raise ValueError("flashjit: NumPy arrays run on the CPU emulator of an AMD GPU: pass "
                              "arch='gfx1201' (or another AMD arch, see `flashjit archs`)")
+        _c_str("arch", arch)
         return f"emulator:{arch}", None
     if arch:
         raise ValueError(f"flashjit: arch={arch!r} applies to NumPy inputs (the emulator); GPU "
@@ -94,19 +172,20 @@ def _bf16_bits(a):
     return bits
 
 
-def _spec(b, sq, sk, hq, hkv, d, dv, dtype, softmax_scale, causal, window_size, lse, strides):
-    # Every field set in one constructor call (this runs on every forward).
+def _spec(b, sq, sk, hq, hkv, d, dv, dtype, scale, causal, window, lse, strides):
+    # Every field set in one constructor call (this runs on every forward). Every
+    # integer is in range: sizes and strides come from real arrays or were checked
+    # by _spec_from_args, the window by _window; `scale` comes from _scale.
     q, k, v, o = (_lib.Strides(sb, sh, ss, sd) for sb, ss, sh, sd in strides)  # BSHD -> BHSD order
     return _lib.Spec(batch=b, heads=hq, kv_heads=hkv, seqlen_q=sq, seqlen_k=sk, head_dim_qk=d,
                      head_dim_v=dv, dtype=_lib.DTYPE_BF16 if dtype == "bf16" else _lib.DTYPE_F16,
                      layout=_lib.LAYOUT_BSHD,
-                     scale=0.0 if softmax_scale is None else float(softmax_scale),
-                     causal=int(bool(causal)), lse=int(bool(lse)),
-                     window_left=int(window_size[0]), window_right=int(window_size[1]),
+                     scale=scale, causal=int(bool(causal)), lse=int(bool(lse)),
+                     window_left=window[0], window_right=window[1],
                      q=q, k=k, v=v, o=o)
 
 
-def _signature(dtype, d, dv, causal, window_size, lse, strides):
+def _signature(dtype, d, dv, causal, window, lse, strides):
     """What the kernel specializes on (AttentionSpec::signature): dtype, head dims,
     causal, window on/off, lse, which head dims are contiguous and the rows'
     alignment class. Computed here rather than by a C call on every forward; were
@@ -118,7 +197,7 @@ def _signature(dtype, d, dv, causal, window_size, lse, strides):
     for sb, ss, sh, _ in strides:
         bits |= sb | ss | sh
     align = 2 if not all(unit) else 16 if bits % 8 == 0 else 8 if bits % 4 == 0 else 2  # bytes
-    local = window_size[0] >= 0 or window_size[1] >= 0
+    local = window[0] >= 0 or window[1] >= 0
     return (dtype, d, dv, bool(causal), local, bool(lse), unit, align)
 
 
@@ -132,9 +211,11 @@ def _options(config):
     if unknown:
         raise ValueError(f"flashjit: unknown config keys {unknown}: expected some of "
                          f"{list(CONFIG_KEYS)}")
-    if "mma_m" in config:
-        options.mma_m = int(config["mma_m"])
-    tiles = {k: v for k, v in config.items() if k != "mma_m"}
+    knobs = {key: _int(f"config[{key!r}]", value, *_CONFIG_RANGES[key])
+             for key, value in config.items()}
+    if "mma_m" in knobs:
+        options.mma_m = knobs["mma_m"]
+    tiles = {k: v for k, v in knobs.items() if k != "mma_m"}
     if tiles:
         missing = [k for k in ("block_m", "block_n", "waves") if k not in tiles]
         if missing:
@@ -142,10 +223,10 @@ def _options(config):
                              "with tile knobs names block_m, block_n and waves (stages 1, "
                              "q_in_lds 0 and pad_k 16 when unset)")
         options.block_m, options.block_n, options.waves = (
-            int(tiles["block_m"]), int(tiles["block_n"]), int(tiles["waves"]))
-        options.stages = int(tiles.get("stages", 1))
-        options.q_in_lds = int(bool(tiles.get("q_in_lds", False)))
-        options.pad_k = int(tiles.get("pad_k", 16))
+            tiles["block_m"], tiles["block_n"], tiles["waves"])
+        options.stages = tiles.get("stages", 1)
+        options.q_in_lds = tiles.get("q_in_lds", 0)
+        options.pad_k = tiles.get("pad_k", 16)
     return options
 
 
@@ -173,27 +254,62 @@ def _attention(signature, spec, device, config=None, kind=None):
 # ---- the public functions --------------------------------------------------------------
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
-                    window_size=(-1, -1), return_lse=False, *, arch=None, config=None):
-    """Attention with FlashAttention's conventions.
+                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                    return_attn_probs=False, *, return_lse=False, arch=None, config=None,
+                    num_splits=0):
+    """Attention with FlashAttention 2's signature and conventions.
 
     q: [batch, seqlen_q, heads, head_dim]; k: [batch, seqlen_k, kv_heads, head_dim];
     v: [batch, seqlen_k, kv_heads, head_dim_v]; heads a multiple of kv_heads (GQA/MQA).
     Torch CUDA tensors (bf16/f16) run on their GPU, on torch's current stream; CuPy
     arrays (float16) on theirs; NumPy arrays on the CPU emulator of the AMD GPU
     `arch` (float16 as f16; float32 as bf16, rounded to nearest even, with a float32
-    result). Any strides work. causal is bottom-right aligned when seqlen_q !=
-    seqlen_k; window_size = (left, right), -1 unbounded. Returns out, or (out, lse)
-    with lse [batch, heads, seqlen_q] float32 (natural log) when return_lse.
-    config: tuning knobs instead of the target's defaults, a dict of CONFIG_KEYS:
-    {"mma_m": 16} alone picks the query tile; block_m, block_n and waves (with
-    optional stages, q_in_lds, pad_k) replace the whole config.
+    result). Any strides work. softmax_scale None means 1/sqrt(head_dim). causal is
+    bottom-right aligned when seqlen_q != seqlen_k; window_size = (left, right), -1
+    unbounded. Not built yet, each raising NotImplementedError: dropout_p != 0 (issue
+    15), softcap != 0 and alibi_slopes (issue 14), and inputs that require grad while
+    torch's grad mode is on (no backward yet, issue 15). The forward is deterministic,
+    so `deterministic` changes nothing.
+
+    Returns out; with return_attn_probs, FlashAttention's (out, softmax_lse, S_dmask):
+    softmax_lse [batch, heads, seqlen_q] float32 (natural log), +inf where a query
+    sees no key, as FlashAttention writes it; S_dmask None (there is no dropout).
+
+    flashjit's keyword-only extras: return_lse returns (out, lse), lse as above but
+    -inf where a query sees no key (log of an empty sum); arch, the AMD arch that
+    NumPy inputs are emulated for; config, tuning knobs instead of the target's
+    defaults, a dict of CONFIG_KEYS: {"mma_m": 16} alone picks the query tile;
+    block_m, block_n and waves (with optional stages, q_in_lds, pad_k) replace the
+    whole config; num_splits, split-KV (flash-decoding, as in FlashAttention's
+    flash_attn_with_kvcache): 0 chooses per call from the device's compute units, 1
+    turns it off, n in 2..128 splits each query block's keys over n workgroups.
     """
     if dropout_p != 0.0:
-        raise NotImplementedError("flashjit: dropout is not implemented yet: pass dropout_p=0.0")
+        raise NotImplementedError("flashjit: dropout is not implemented yet (issue 15): pass "
+                                  "dropout_p=0.0")
+    if softcap != 0.0:
+        raise NotImplementedError("flashjit: softcap is not implemented yet (issue 14): pass "
+                                  "softcap=0.0")
+    if alibi_slopes is not None:
+        raise NotImplementedError("flashjit: alibi_slopes is not implemented yet (issue 14): pass "
+                                  "alibi_slopes=None")
+    if return_attn_probs and return_lse:
+        raise ValueError("flashjit: return_attn_probs and return_lse both ask for the LSE: pass "
+                         "one (return_attn_probs gives FlashAttention's (out, softmax_lse, None))")
+    want_lse = bool(return_attn_probs or return_lse)
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or \
+            not 0 <= num_splits <= 128:
+        raise ValueError(f"flashjit: num_splits must be an int in 0..128 (0: chosen per call, 1: "
+                         f"off), got {num_splits!r}")
+    window = _window(window_size)
+    scale = _scale(softmax_scale)
     kinds = {_kind(x) for x in (q, k, v)}
     if len(kinds) != 1:
         raise TypeError(f"flashjit: q, k and v must be of one kind, got {sorted(kinds)}")
     kind = kinds.pop()
+    if kind == "torch":
+        import torch
+        _refuse_grad((("q", q), ("k", k), ("v", v)), torch.is_grad_enabled)
     for name, x in (("q", q), ("k", k), ("v", v)):
         if len(x.shape) != 4:
             raise ValueError(f"flashjit: {name} must be 4-D [batch, seqlen, heads, head_dim], got "
@@ -234,26 +350,25 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
             out16 = np.full((b, sq, hq, dv), 0x7FC0, dtype=np.uint16)
         else:
             out16 = np.full((b, sq, hq, dv), np.nan, dtype=np.float16)
-        lse = np.full((b, hq, sq), np.nan, dtype=np.float32) if return_lse else None
+        lse = np.full((b, hq, sq), np.nan, dtype=np.float32) if want_lse else None
         ins = (q16, k16, v16)
     elif kind == "torch":
-        import torch
         out16 = torch.empty((b, sq, hq, dv), dtype=q.dtype, device=q.device)
-        lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device) if return_lse else None
+        lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device) if want_lse else None
         ins = (q, k, v)
     else:
         import cupy
         out16 = cupy.empty((b, sq, hq, dv), dtype=q.dtype)
-        lse = cupy.empty((b, hq, sq), dtype=cupy.float32) if return_lse else None
+        lse = cupy.empty((b, hq, sq), dtype=cupy.float32) if want_lse else None
         ins = (q, k, v)
 
     strides = [_strides(x, kind) for x in ins] + [_strides(out16, kind)]
-    spec = _spec(b, sq, sk, hq, hkv, d, dv, dtype, softmax_scale, causal, window_size,
-                 return_lse, strides)
-    signature = _signature(dtype, d, dv, causal, window_size, return_lse, strides)
+    spec = _spec(b, sq, sk, hq, hkv, d, dv, dtype, scale, causal, window, want_lse, strides)
+    spec.num_splits = num_splits
+    signature = _signature(dtype, d, dv, causal, window, want_lse, strides)
     handle = _attention(signature, spec, device, config, kind)  # creating one validates the spec
     lse_ptr = ctypes.cast(ctypes.c_void_p(_ptr(lse, kind)), ctypes.POINTER(ctypes.c_float)) \
-        if return_lse else None
+        if want_lse else None
     _lib.check(_lib.lib.fj_attention_forward_shape(
         handle, ctypes.byref(spec), *(ctypes.c_void_p(_ptr(x, kind)) for x in ins),
         ctypes.c_void_p(_ptr(out16, kind)), lse_ptr, ctypes.c_void_p(stream) if stream else None),
@@ -261,6 +376,13 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     out = out16
     if kind == "numpy" and dtype == "bf16":
         out = (out16.astype("uint32") << 16).view("float32")
+    if return_attn_probs:
+        # FlashAttention writes +inf as the LSE of a query that sees no key.
+        if kind == "torch":
+            lse.masked_fill_(lse == float("-inf"), float("inf"))
+        else:
+            lse[lse == float("-inf")] = float("inf")
+        return out, lse, None
     return (out, lse) if return_lse else out
 
 
@@ -271,13 +393,20 @@ def _spec_from_args(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, head_d
     kv_heads = heads if kv_heads is None else kv_heads
     seqlen_k = seqlen_q if seqlen_k is None else seqlen_k
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
+    batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, head_dim_v = (
+        _int(name, value, 1) for name, value in (
+            ("batch", batch), ("heads", heads), ("kv_heads", kv_heads), ("seqlen_q", seqlen_q),
+            ("seqlen_k", seqlen_k), ("head_dim", head_dim), ("head_dim_v", head_dim_v)))
 
-    def bshd(s, h, dd):  # dense BSHD strides: (batch, seq, head, dim)
+    def bshd(tensor, s, h, dd):  # dense BSHD strides: (batch, seq, head, dim)
+        if s * h * dd > INT64_MAX:
+            raise ValueError(f"flashjit: the dense {tensor} tensor's batch stride ({s}*{h}*{dd} "
+                             "elements) is past int64: reduce its seqlen, heads or head dim")
         return (s * h * dd, h * dd, dd, 1)
-    strides = [bshd(seqlen_q, heads, head_dim), bshd(seqlen_k, kv_heads, head_dim),
-               bshd(seqlen_k, kv_heads, head_dim_v), bshd(seqlen_q, heads, head_dim_v)]
+    strides = [bshd("q", seqlen_q, heads, head_dim), bshd("k", seqlen_k, kv_heads, head_dim),
+               bshd("v", seqlen_k, kv_heads, head_dim_v), bshd("out", seqlen_q, heads, head_dim_v)]
     spec = _spec(batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim, head_dim_v, dtype,
-                 softmax_scale, causal, window_size, return_lse, strides)
+                 _scale(softmax_scale), causal, _window(window_size), return_lse, strides)
     _lib.check(_lib.lib.fj_spec_validate(ctypes.byref(spec)), "spec validation")
     return spec
 
@@ -286,21 +415,23 @@ def emit(*, arch, batch=1, heads=1, kv_heads=None, seqlen_q=128, seqlen_k=None, 
          head_dim_v=None, dtype="bf16", causal=False, window_size=(-1, -1), softmax_scale=None,
          return_lse=False):
     """The generated HIP source for a spec on `arch` (e.g. 'gfx1201', 'sm_90')."""
+    arch_c = _c_str("arch", arch)
     spec = _spec_from_args(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, head_dim_v,
                            dtype, causal, window_size, softmax_scale, return_lse)
     out = ctypes.c_void_p()
-    _lib.check(_lib.lib.fj_emit(ctypes.byref(spec), arch.encode(), ctypes.byref(out)), "fj_emit")
+    _lib.check(_lib.lib.fj_emit(ctypes.byref(spec), arch_c, ctypes.byref(out)), "fj_emit")
     return _lib.take_string(out)
 
 
 def compile(*, arch, compiler="auto", **spec_args):
     """Compiles the kernel for a spec on `arch` and returns its resource report as a dict
     (VGPRs, SGPRs, spills, scratch, LDS, wave size, occupancy, matrix instructions)."""
+    arch_c, compiler_c = _c_str("arch", arch), _c_str("compiler", compiler)
     spec = _spec_from_args(**{**dict(batch=1, heads=1, kv_heads=None, seqlen_q=128, seqlen_k=None,
                                      head_dim=64, head_dim_v=None, dtype="bf16", causal=False,
                                      window_size=(-1, -1), softmax_scale=None, return_lse=False),
                               **spec_args})
     out = ctypes.c_void_p()
-    _lib.check(_lib.lib.fj_compile_report(ctypes.byref(spec), arch.encode(), compiler.encode(),
+    _lib.check(_lib.lib.fj_compile_report(ctypes.byref(spec), arch_c, compiler_c,
                                           ctypes.byref(out)), "fj_compile_report")
     return json.loads(_lib.take_string(out))

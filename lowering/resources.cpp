@@ -1,0 +1,35 @@
+#include "lowering/resources.h"
+
+#include "lowering/emitter.h"
+
+#include <algorithm>
+
+namespace flashjit::lowering {
+
+using emit::kKTile;
+using emit::staged_tile_bytes;
+
+ResourceEstimate estimate_resources(const AttentionSpec &spec, const ir::Config &c,
+                                    const Rules &r) {
+  ResourceEstimate e;
+  e.rules = r.name();
+  e.dim_qk = ir::padded(spec.head_dim_qk, c.pad_k);
+  e.dim_v = ir::padded(spec.head_dim_v, c.pad_k);
+  // The tiles as the emitter stages them (KernelEmitter::register_lds): K
+  // row-major, V transposed or row-major as the rules read it, Q where it lives there.
+  e.lds_k = staged_tile_bytes(c.block_n, e.dim_qk, false);
+  e.lds_v = staged_tile_bytes(c.block_n, e.dim_v, r.v_transposed());
+  e.lds_q = c.q_in_lds ? staged_tile_bytes(c.block_m, e.dim_qk, false) : 0;
+  // Per query tile, the arrays the emitter declares: O and S as acc_elems() f32
+  // per n_tile() columns, Q as the operand fragment's 16-bit elements per 16
+  // head-dim entries, two to a register (gfx12: dim_v / 2 + dim_qk / 4 + block_n / 2).
+  const int64_t acc = r.acc_elems(), n_tile = r.n_tile();
+  const int64_t operand = r.operand_run_len() * int64_t(r.operand_runs().size());
+  e.q_tiles = std::max<int64_t>(1, c.block_m / (r.m_tile() * c.waves));
+  e.o_regs = e.q_tiles * (e.dim_v * acc / n_tile);
+  e.q_regs = c.q_in_lds ? 0 : e.q_tiles * (e.dim_qk * operand / (2 * kKTile));
+  e.s_regs = e.q_tiles * (c.block_n * acc / n_tile);
+  return e;
+}
+
+} // namespace flashjit::lowering

@@ -1,0 +1,245 @@
+// Split-KV attention (flash-decoding): the partial program of
+// ir::build_split_kv (a 4th grid axis, a `for` over one split of the KV
+// blocks, f32 partial results) and the combine kernel
+// (lowering::lower_split_combine), against the float64 reference:
+//
+//   * the IR: printed, parsed and verified; the interpreter runs the partial
+//     program and a host merge of its splits gives the reference result;
+//   * the emulator, every AMD family (and the simt rules): 1..16 splits, more
+//     splits than KV blocks (empty splits), decode and a few query tokens,
+//     GQA 1:1, 4:1, 8:1 and MQA, causal, window, LSE, odd head dims;
+//   * bad programs: a `splits` loop without the split axis.
+//
+// Tolerances: tolerance_for(dtype) (the same as every forward test).
+#include "ir/build.h"
+#include "ir/interpreter.h"
+#include "lowering/lower.h"
+#include "runtime/attention.h"
+#include "runtime/emulator.h"
+#include "tests/support/spec_case.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+using namespace flashjit;
+
+namespace {
+
+using test::Case;
+using test::name_of;
+using test::spec_of;
+
+constexpr Window kNoWindow{-1, -1};
+constexpr auto bf16 = DType::bf16, f16 = DType::f16;
+constexpr auto bshd = Layout::bshd, bhsd = Layout::bhsd;
+
+std::string describe(const ErrorStats &e, const Tolerance &tol) {
+  return fmt::format("max_abs {} rel_l2 {} nonfinite {} (tolerance abs {} rel {})", e.max_abs,
+                     e.rel_l2, e.nonfinite, tol.abs, tol.rel);
+}
+
+void expect_matches_reference(const AttentionSpec &spec, const HostTensors &t) {
+  const Tolerance tol = tolerance_for(spec.dtype);
+  const ErrorStats err = compare(spec, t, reference_attention(spec, t));
+  EXPECT_TRUE(err.within(tol.abs, tol.rel)) << describe(err, tol);
+}
+
+TEST(SplitKvIr, PrintsParsesAndVerifies) {
+  AttentionSpec spec = make_spec(2, 8, 2, 3, 500, 80, 80, bf16);
+  spec.causal = true;
+  auto p = ir::build_split_kv(spec, ir::Config{});
+  ASSERT_TRUE(p) << p.status().message();
+  ASSERT_TRUE(ir::verify(*p)) << ir::verify(*p).message();
+  const std::string text = ir::print(*p);
+  EXPECT_NE(text.find("%split : %num_splits"), std::string::npos) << text;
+  EXPECT_NE(text.find("splits = %num_splits"), std::string::npos) << text;
+  EXPECT_NE(text.find("tensor @O : f32"), std::string::npos) << text;
+  EXPECT_NE(text.find("split = %o_split_stride"), std::string::npos) << text;
+  auto back = ir::parse(text);
+  ASSERT_TRUE(back) << back.status().message();
+  EXPECT_EQ(ir::print(*back), text);
+}
+
+TEST(SplitKvIr, ASplitLoopNeedsTheSplitAxis) {
+  const AttentionSpec spec = make_spec(1, 2, 2, 1, 100, 64, 64, bf16);
+  auto p = ir::build_split_kv(spec, ir::Config{});
+  ASSERT_TRUE(p);
+  p->grid.pop_back();
+  for (ir::TensorParam &t : p->tensors)
+    t.stride_split = ir::Extent::constant(0);
+  const Status s = ir::verify(*p);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.message().find("no KV split axis"), std::string::npos) << s.message();
+}
+
+TEST(SplitKvIr, SplitRangesCoverTheBlocksOnce) {
+  for (int64_t n : {0, 1, 5, 16, 17})
+    for (int64_t splits : {1, 2, 3, 7, 16, 40}) {
+      int64_t next = 3;
+      for (int64_t s = 0; s < splits; ++s) {
+        const ir::BlockRange r = ir::split_range({3, 3 + n}, s, splits);
+        ASSERT_LE(r.begin, r.end);
+        if (r.begin < r.end) {
+          EXPECT_EQ(r.begin, next) << n << " blocks, split " << s << " of " << splits;
+          next = r.end;
+        }
+      }
+      EXPECT_EQ(next, 3 + n) << n << " blocks over " << splits << " splits";
+    }
+}
+
+// The interpreter runs the partial program; merging its splits on the host by
+// the combine's formula gives the reference.
+TEST(SplitKvIr, InterpretedSplitsMergeToTheReference) {
+  AttentionSpec spec = make_spec(2, 4, 2, 5, 300, 40, 40, f16, bhsd);
+  spec.causal = true;
+  spec.lse = true;
+  for (int64_t splits : {1, 3, 8}) {
+    SCOPED_TRACE(fmt::format("{} splits", splits));
+    ir::Config config;
+    config.block_m = 16;
+    config.block_n = 32;
+    auto p = ir::build_split_kv(spec, config);
+    ASSERT_TRUE(p) << p.status().message();
+    HostTensors t = make_random_inputs(spec, 99);
+    const ir::SplitWorkspace ws = ir::split_workspace(spec, splits);
+    HostTensors partial{t.q, t.k, t.v, std::vector<float>(size_t(ws.o_elements), NAN),
+                        std::vector<float>(size_t(ws.lse_elements), NAN)};
+    Status s = ir::interpret(*p, ir::bind_split_kv(spec, splits), partial);
+    ASSERT_TRUE(s) << s.message();
+    const int64_t rows = spec.batch * spec.heads * spec.seqlen_q, dv = spec.head_dim_v;
+    for (int64_t r = 0; r < rows; ++r) {
+      double lse_max = -INFINITY;
+      for (int64_t sp = 0; sp < splits; ++sp)
+        lse_max = std::max(lse_max, double(partial.lse[size_t(sp * rows + r)]));
+      double sum = 0;
+      std::vector<double> acc(size_t(dv), 0.0);
+      for (int64_t sp = 0; sp < splits && lse_max > -INFINITY; ++sp) {
+        const double w = std::exp(double(partial.lse[size_t(sp * rows + r)]) - lse_max);
+        sum += w;
+        for (int64_t d = 0; d < dv; ++d)
+          acc[size_t(d)] += w * partial.o[size_t((sp * rows + r) * dv + d)];
+      }
+      const int64_t b = r / (spec.heads * spec.seqlen_q), h = r / spec.seqlen_q % spec.heads,
+                    i = r % spec.seqlen_q;
+      for (int64_t d = 0; d < dv; ++d)
+        t.o[size_t(b * spec.o.batch + h * spec.o.head + i * spec.o.seq + d)] =
+            round_to(spec.dtype, float(sum > 0 ? acc[size_t(d)] / sum : 0.0));
+      t.lse[size_t(r)] = float(sum > 0 ? lse_max + std::log(sum) : -INFINITY);
+    }
+    expect_matches_reference(spec, t);
+  }
+}
+
+// ---- on the emulator -------------------------------------------------------
+
+struct Lowering {
+  const char *arch;
+  lowering::RulesChoice choice;
+};
+
+std::string name_of(const Lowering &l) {
+  return fmt::format("{}{}", l.arch, l.choice == lowering::RulesChoice::simt ? "_simt" : "");
+}
+
+constexpr auto automatic = lowering::RulesChoice::automatic;
+const Lowering kLowerings[] = {{"gfx1201", automatic}, {"gfx1100", automatic},
+                               {"gfx942", automatic},  {"gfx90a", automatic},
+                               {"gfx950", automatic},  {"gfx1201", lowering::RulesChoice::simt}};
+
+// Decode and a few query tokens against long KV.
+const Case kCases[] = {
+    {1, 8, 2, 1, 700, 128, 128, bf16, bshd, false, kNoWindow, true},   // GQA 4:1, decode
+    {2, 8, 1, 1, 333, 64, 64, f16, bshd, true, kNoWindow, false},      // MQA, causal
+    {1, 8, 1, 16, 520, 80, 80, bf16, bshd, true, kNoWindow, true},     // 8:1, 16 tokens
+    {1, 2, 2, 3, 257, 72, 72, f16, bhsd, false, Window{100, 0}, true}, // 1:1, window
+    {1, 4, 4, 2, 40, 96, 64, bf16, bshd, true, kNoWindow, true},       // fewer blocks than splits
+    {1, 4, 2, 5, 300, 64, 64, f16, bshd, true, Window{-1, 47}, true},  // causal + right window (FA)
+};
+
+class SplitKvEmulator
+    : public testing::TestWithParam<std::tuple<Lowering, Case, int64_t /*splits*/>> {};
+
+TEST_P(SplitKvEmulator, MatchesFloat64) {
+  const auto &[how, c, splits] = GetParam();
+  auto t = lowering::parse_target(how.arch);
+  ASSERT_TRUE(t) << t.status().message();
+  const AttentionSpec spec = spec_of(c);
+  ASSERT_TRUE(spec.validate()) << spec.validate().message();
+  const ir::Config config = lowering::default_config(spec, *t, how.choice);
+  auto program = ir::build_split_kv(spec, config);
+  ASSERT_TRUE(program) << program.status().message();
+  auto partial = lowering::lower(*program, *t, how.choice);
+  ASSERT_TRUE(partial) << partial.status().message();
+  auto combine = lowering::lower_split_combine(spec, *t);
+  ASSERT_TRUE(combine) << combine.status().message();
+  HostTensors tensors = make_random_inputs(spec, 700 + uint64_t(splits));
+  Status s =
+      runtime::emulate_split_kv(*partial, *combine, *t, spec, splits, tensors, {.threads = 2});
+  ASSERT_TRUE(s) << s.message();
+  expect_matches_reference(spec, tensors);
+}
+
+INSTANTIATE_TEST_SUITE_P(Decode, SplitKvEmulator,
+                         testing::Combine(testing::ValuesIn(kLowerings), testing::ValuesIn(kCases),
+                                          testing::Values(int64_t{1}, int64_t{3}, int64_t{16})),
+                         [](const auto &info) {
+                           return fmt::format("{}_{}_splits{}", name_of(std::get<0>(info.param)),
+                                              name_of(std::get<1>(info.param)),
+                                              std::get<2>(info.param));
+                         });
+
+} // namespace
+
+// ---- through flashjit::Attention -------------------------------------------
+
+// One Attention serves decode steps with split-KV chosen per call (auto), forced
+// (n) and off (1), and prefill, all against the reference; explain() says how
+// many calls split.
+TEST(SplitKvAttention, DecodeSplitsThroughOneAttention) {
+  AttentionSpec spec = make_spec(1, 4, 2, 1, 64, 96, 96, f16);
+  spec.causal = true;
+  spec.lse = true;
+  Options options;
+  options.compiler = "none"; // the emulator runs the kernel text; no AMD code object needed
+  options.cpu_threads = 2;
+  auto attn = Attention::create(spec, "emulator:gfx1201", options);
+  ASSERT_TRUE(attn) << attn.status().message();
+  EXPECT_NE(attn->explain().find("split-kv: not used yet"), std::string::npos) << attn->explain();
+  struct Call {
+    int64_t sq, sk, num_splits;
+  };
+  for (const Call &c : {Call{1, 1500, 0}, Call{1, 1501, 1}, Call{3, 777, 5}, Call{1, 9, 0},
+                        Call{200, 260, 0}, Call{1, 2000, 128}}) {
+    SCOPED_TRACE(fmt::format("sq {} sk {} num_splits {}", c.sq, c.sk, c.num_splits));
+    AttentionSpec shape = make_spec(1, 4, 2, c.sq, c.sk, 96, 96, f16);
+    shape.causal = true;
+    shape.lse = true;
+    shape.num_splits = c.num_splits;
+    HostTensors t = make_random_inputs(shape, 31 + uint64_t(c.sk));
+    std::vector<uint16_t> q(t.q.size()), k(t.k.size()), v(t.v.size()), o(t.o.size(), 0x7fff);
+    for (auto [from, to] : {std::pair{&t.q, &q}, std::pair{&t.k, &k}, std::pair{&t.v, &v}})
+      for (size_t i = 0; i < from->size(); ++i)
+        (*to)[i] = uint16_t(to_bits(shape.dtype, (*from)[i]));
+    Status s = attn->forward(shape, q.data(), k.data(), v.data(), o.data(), t.lse.data());
+    ASSERT_TRUE(s) << s.message();
+    for (size_t i = 0; i < o.size(); ++i)
+      t.o[i] = from_bits(shape.dtype, o[i]);
+    expect_matches_reference(shape, t);
+  }
+  const std::string explain = attn->explain();
+  // Decode takes the split kernels when chosen: sk 1500 (split) and sk 9 (one split,
+  // too few KV blocks); 5 and 128 were asked for; 1 turns them off; the prefill
+  // (200 queries) has too few KV blocks to split.
+  EXPECT_NE(explain.find("split-kv: 4 of those calls ran the split-KV kernels"), std::string::npos)
+      << explain;
+}
+
+TEST(SplitKvAttention, TooManySplitsIsRefused) {
+  AttentionSpec spec = make_spec(1, 2, 2, 1, 100, 64, 64, bf16);
+  spec.num_splits = kMaxSplits + 1;
+  const Status s = spec.validate();
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.message().find("num_splits"), std::string::npos) << s.message();
+}
