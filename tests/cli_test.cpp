@@ -413,5 +413,29 @@ TEST(RunEstimate, Issue18Finding17SlowCpuRunsAreEstimatedAndRefused) {
   EXPECT_HAS(interpreter.err, "on the interpreter at 1.0 GFLOP/s");
 }
 
+/// `run --num-splits N`: the split-KV kernels (partial, then combine) on the
+/// emulator against the float64 reference; refused where they cannot run.
+TEST(SpecFlags, RunTakesNumSplits) {
+  auto s = spec_from(flags({{"--num-splits", "4"}}));
+  ASSERT_TRUE(s) << s.status().message();
+  EXPECT_EQ(s->num_splits, 4);
+  s = spec_from(flags({{"--num-splits", "1"}}));
+  ASSERT_TRUE(s) << s.status().message();
+  EXPECT_EQ(s->num_splits, 0); // off: the attention kernel
+  s = spec_from(flags({{"--num-splits", "0"}}));
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.status().message().find("--num-splits 0"), std::string::npos);
+  Ran r = run_tool("", "run --heads 2 --num-splits 3");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("only --device emulator has"), std::string::npos) << r.err;
+  if (!have_llvm())
+    GTEST_SKIP() << "this build has no emulator (FLASHJIT_WITH_LLVM=OFF)";
+  r = run_tool("", "run --device emulator --arch gfx1201 --heads 4 --kv-heads 1 --seqlen-q 2 "
+                   "--seqlen-k 700 --causal --lse --dtype f16 --num-splits 5");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("split-KV over 5 splits"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("-> PASS"), std::string::npos) << r.out;
+}
+
 } // namespace
 } // namespace flashjit::cli

@@ -256,19 +256,30 @@ int cmd_run(const cli::Args &a) {
     return fail(Status::error("--device {} is not known: use interpreter (the IR on the CPU) or "
                               "emulator (the emitted AMD kernel on the CPU, needs --arch)",
                               device));
-  std::optional<lowering::Lowered> kernel;
+  std::optional<lowering::Lowered> kernel, combine; // combine: split-KV's second kernel
+  if (spec.num_splits > 1 && device != "emulator")
+    return fail(Status::error("--num-splits runs the split-KV kernels, which only --device "
+                              "emulator has (the interpreter runs the attention program)"));
   if (device == "emulator") {
     if (!job->target || job->target->is_nvidia())
       return fail(Status::error("--device emulator runs an emitted AMD kernel: give an AMD --arch, "
                                 "e.g. --arch gfx1201"));
-    auto g = job->generate();
-    if (!g)
-      return fail(g.status());
-    // FLASHJIT_OVERRIDE_DIR: the override's kernel text, as the GPU would run it.
-    auto emulated = pipeline::emulated_kernel(*g);
-    if (!emulated)
-      return fail(emulated.status());
-    kernel = emulated.take();
+    using pipeline::KernelKind;
+    const bool split = spec.num_splits > 1;
+    for (auto [kind, out] :
+         {std::pair{split ? KernelKind::split_partial : KernelKind::attention, &kernel},
+          std::pair{KernelKind::split_combine, &combine}}) {
+      if (!split && kind == KernelKind::split_combine)
+        break;
+      auto g = pipeline::generate(spec, job->target->target_id(), job->options, nullptr, kind);
+      if (!g)
+        return fail(g.status());
+      // FLASHJIT_OVERRIDE_DIR: the override's kernel text, as the GPU would run it.
+      auto emulated = pipeline::emulated_kernel(*g);
+      if (!emulated)
+        return fail(emulated.status());
+      *out = emulated.take();
+    }
   }
   auto seed = a.get_int("--seed", 0);
   if (!seed)
@@ -299,8 +310,10 @@ int cmd_run(const cli::Args &a) {
   if (a.has("--load-dir"))
     if (Status s = load_inputs(a.get("--load-dir"), spec, t); !s)
       return fail(s);
-  if (Status s = kernel ? runtime::emulate(*kernel, *job->target, spec, t)
-                        : ir::interpret(*p, ir::bind_attention(spec), t);
+  if (Status s = combine  ? runtime::emulate_split_kv(*kernel, *combine, *job->target, spec,
+                                                      spec.num_splits, t)
+                 : kernel ? runtime::emulate(*kernel, *job->target, spec, t)
+                          : ir::interpret(*p, ir::bind_attention(spec), t);
       !s)
     return fail(s);
   const ReferenceResult ref = reference_attention(spec, t);
@@ -311,7 +324,10 @@ int cmd_run(const cli::Args &a) {
              "nonfinite {}  (tolerance {}: abs {:.0e}, rel {:.0e}) -> {}\n",
              spec.summary(),
              kernel
-                 ? fmt::format("emulator ({} rules, {})", kernel->rules, job->target->target_id())
+                 ? fmt::format("emulator ({} rules, {}{})", kernel->rules, job->target->target_id(),
+                               combine ? fmt::format(", split-KV over {} splits then {}",
+                                                     spec.num_splits, combine->kernel_name)
+                                       : "")
                  : device,
              err.max_abs, err.rel_l2, err.nonfinite, dtype_name(spec.dtype), tol.abs, tol.rel,
              ok ? "PASS" : "FAIL");

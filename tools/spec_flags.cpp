@@ -18,6 +18,10 @@ std::vector<FlagSpec> spec_flags() {
        "-1,-1"},
       {"--scale", "X", "softmax scale", "1/sqrt(head-dim)"},
       {"--lse", "", "also write the log-sum-exp per query row", ""},
+      {"--num-splits", "N",
+       "split-KV (flash-decoding): each query block's keys over N workgroups, merged by LSE "
+       "(run --device emulator; 1: off)",
+       "1"},
   };
 }
 
@@ -56,6 +60,13 @@ Expected<AttentionSpec> spec_from(const Args &a) {
   FJ_RETURN_IF_ERROR(geti("--seqlen-k", s.seqlen_q, s.seqlen_k));
   FJ_RETURN_IF_ERROR(geti("--head-dim", 64, s.head_dim_qk));
   FJ_RETURN_IF_ERROR(geti("--head-dim-v", s.head_dim_qk, s.head_dim_v));
+  FJ_RETURN_IF_ERROR(geti("--num-splits", 1, s.num_splits));
+  if (s.num_splits == 0)
+    return Status::error("--num-splits 0 (chosen per call) needs a device with compute units: "
+                         "give 1 (off) or 2..{} here",
+                         kMaxSplits);
+  if (s.num_splits == 1) // off: `run` takes the attention kernel (the spec's default, 0)
+    s.num_splits = 0;
   auto dt = parse_dtype(a.get("--dtype", "bf16"));
   if (!dt)
     return dt.status().with_context("--dtype");
