@@ -119,8 +119,10 @@ public:
     }
     if (info.arch.empty())
       return Status::error("hip:{} ({}) reports no gcnArchName", device, info.name);
-    FJ_RETURN_IF_ERROR(FJ_HIP_CHECK(api_, hipDeviceGetAttribute, &info.compute_units,
-                                    kHipAttributeMultiprocessorCount, device));
+    // Unknown (0) if the runtime will not say: forward() then splits KV only when asked.
+    if (!FJ_HIP_CHECK(api_, hipDeviceGetAttribute, &info.compute_units,
+                      kHipAttributeMultiprocessorCount, device))
+      info.compute_units = 0;
     return info;
   }
 
