@@ -164,6 +164,10 @@ struct Attention::Impl {
   Status prepare_fallback(const Status &why);
   Status check_arguments(const AttentionSpec &shape, const void *q, const void *k, const void *v,
                          const void *out, const float *lse) const;
+  /// One kernel launch: the grid from `shapes` (within CUDA's y/z limits), the
+  /// arguments from `shapes` and `pointers`.
+  Status launch(const lowering::Lowered &l, runtime::GpuKernel &k, const ir::Bindings &shapes,
+                std::span<const runtime::NamedPointer> pointers, void *stream);
   Status run_gpu(const AttentionSpec &shape, const void *q, const void *k, const void *v, void *out,
                  float *lse, void *stream);
   Status run_emulator(const AttentionSpec &shape, const void *q, const void *k, const void *v,
@@ -294,30 +298,15 @@ Status Attention::Impl::run_split_gpu(const SplitKv &sk, const AttentionSpec &sh
         fmt::format("split-KV workspace of {} bytes on {}", ws.bytes(), device.id()));
   float *o_partial = static_cast<float *>(*workspace);
   float *lse_partial = o_partial + ws.o_elements;
-  auto launch = [&](const lowering::Lowered &l, runtime::GpuKernel &kernel,
-                    const ir::Bindings &shapes, std::span<const runtime::NamedPointer> pointers) {
-    auto grid = ir::grid_size(l.grid, shapes);
-    if (!grid)
-      return grid.status();
-    runtime::LaunchGeometry geometry;
-    std::copy(grid->begin(), grid->end(), geometry.grid);
-    geometry.block[0] = l.block_threads;
-    geometry.dynamic_lds_bytes = l.lds_dynamic ? l.lds_bytes : 0;
-    auto args = runtime::KernelArgs::make(l.params, shapes, pointers);
-    if (!args)
-      return args.status();
-    return kernel.launch(geometry, args->addresses(), stream)
-        .with_context(fmt::format("launching {} on {}", l.kernel_name, device.id()));
-  };
   const runtime::NamedPointer first[] = {
       {"Q", q}, {"K", k}, {"V", v}, {"O", o_partial}, {"LSE", lse_partial}};
   const runtime::NamedPointer second[] = {
       {"O_partial", o_partial}, {"LSE_partial", lse_partial}, {"O", out}, {"LSE", lse}};
-  Status s =
-      launch(sk.partial.lowered, *sk.partial_kernel, ir::bind_split_kv(shape, splits), first);
+  Status s = launch(sk.partial.lowered, *sk.partial_kernel, ir::bind_split_kv(shape, splits), first,
+                    stream);
   if (s)
     s = launch(sk.combine.lowered, *sk.combine_kernel, lowering::bind_split_combine(shape, splits),
-               second);
+               second, stream);
   // Released in stream order: after the combine has read it.
   Status released = driver->release_async(device.index, *workspace, stream);
   FJ_RETURN_IF_ERROR(s);
@@ -381,30 +370,34 @@ Status Attention::Impl::check_arguments(const AttentionSpec &shape, const void *
   return Status::ok();
 }
 
-Status Attention::Impl::run_gpu(const AttentionSpec &shape, const void *q, const void *k,
-                                const void *v, void *out, float *lse, void *stream) {
-  const lowering::Lowered &l = generated->lowered;
-  const ir::Bindings shapes = ir::bind_attention(shape);
+Status Attention::Impl::launch(const lowering::Lowered &l, runtime::GpuKernel &k,
+                               const ir::Bindings &shapes,
+                               std::span<const runtime::NamedPointer> pointers, void *stream) {
   auto grid = ir::grid_size(l.grid, shapes);
   if (!grid)
     return grid.status();
   // CUDA grids hold at most 65535 workgroups in y (heads) and z (batch).
   constexpr int64_t kCudaGridYZ = 65535;
   if (device.kind == DeviceKind::cuda && ((*grid)[1] > kCudaGridYZ || (*grid)[2] > kCudaGridYZ))
-    return Status::error("forward: heads ({}) and batch ({}) must each be at most {} on CUDA (the "
-                         "grid's y and z limits): split the call",
-                         shape.heads, shape.batch, kCudaGridYZ);
+    return Status::error("forward: heads and batch must each be at most {} on CUDA (the grid's y "
+                         "and z limits; {} has {} x {}): split the call",
+                         kCudaGridYZ, l.kernel_name, (*grid)[1], (*grid)[2]);
   runtime::LaunchGeometry geometry;
   std::copy(grid->begin(), grid->end(), geometry.grid);
   geometry.block[0] = l.block_threads;
   geometry.dynamic_lds_bytes = l.lds_dynamic ? l.lds_bytes : 0; // else static in the kernel
-  const runtime::NamedPointer pointers[] = {{"Q", q}, {"K", k}, {"V", v}, {"O", out}, {"LSE", lse}};
   auto args = runtime::KernelArgs::make(l.params, shapes, pointers);
   if (!args)
     return args.status();
-  FJ_RETURN_IF_ERROR(
-      kernel->launch(geometry, args->addresses(), stream)
-          .with_context(fmt::format("launching {} on {}", l.kernel_name, device.id())));
+  return k.launch(geometry, args->addresses(), stream)
+      .with_context(fmt::format("launching {} on {}", l.kernel_name, device.id()));
+}
+
+Status Attention::Impl::run_gpu(const AttentionSpec &shape, const void *q, const void *k,
+                                const void *v, void *out, float *lse, void *stream) {
+  const lowering::Lowered &l = generated->lowered;
+  const runtime::NamedPointer pointers[] = {{"Q", q}, {"K", k}, {"V", v}, {"O", out}, {"LSE", lse}};
+  FJ_RETURN_IF_ERROR(launch(l, *kernel, ir::bind_attention(shape), pointers, stream));
   if (options.synchronize)
     FJ_RETURN_IF_ERROR(
         driver->synchronize(device.index, stream)

@@ -16,6 +16,7 @@
 //     accumulator map fails.
 #include "runtime/emulator.h"
 
+#include "tests/support/describe.h"
 #include "tests/support/spec_case.h"
 
 #include <gtest/gtest.h>
@@ -35,10 +36,7 @@ lowering::Target target(const std::string &arch) {
   return *t;
 }
 
-std::string describe(const ErrorStats &e, const Tolerance &tol) {
-  return fmt::format("max_abs {} rel_l2 {} nonfinite {} (tolerance abs {} rel {})", e.max_abs,
-                     e.rel_l2, e.nonfinite, tol.abs, tol.rel);
-}
+using test::describe;
 
 constexpr Window kNoWindow{-1, -1};
 constexpr auto bf16 = DType::bf16, f16 = DType::f16;

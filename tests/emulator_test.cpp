@@ -16,6 +16,7 @@
 #include "ir/build.h"
 #include "ir/interpreter.h"
 
+#include "tests/support/describe.h"
 #include "tests/support/spec_case.h"
 
 #include <gtest/gtest.h>
@@ -43,10 +44,7 @@ Expected<lowering::Lowered> lower_spec(const AttentionSpec &spec, const lowering
   return lowering::generate(spec, lowering::default_config(spec, t), t);
 }
 
-std::string describe(const ErrorStats &e, const Tolerance &tol) {
-  return fmt::format("max_abs {} rel_l2 {} nonfinite {} (tolerance abs {} rel {})", e.max_abs,
-                     e.rel_l2, e.nonfinite, tol.abs, tol.rel);
-}
+using test::describe;
 
 #define EXPECT_HAS(message, text)                                                                  \
   EXPECT_NE((message).find(text), std::string::npos) << "expected \"" << (text) << "\" in:\n"      \

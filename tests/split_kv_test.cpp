@@ -16,6 +16,7 @@
 #include "lowering/lower.h"
 #include "runtime/attention.h"
 #include "runtime/emulator.h"
+#include "tests/support/describe.h"
 #include "tests/support/spec_case.h"
 
 #include <gtest/gtest.h>
@@ -34,10 +35,7 @@ constexpr Window kNoWindow{-1, -1};
 constexpr auto bf16 = DType::bf16, f16 = DType::f16;
 constexpr auto bshd = Layout::bshd, bhsd = Layout::bhsd;
 
-std::string describe(const ErrorStats &e, const Tolerance &tol) {
-  return fmt::format("max_abs {} rel_l2 {} nonfinite {} (tolerance abs {} rel {})", e.max_abs,
-                     e.rel_l2, e.nonfinite, tol.abs, tol.rel);
-}
+using test::describe;
 
 void expect_matches_reference(const AttentionSpec &spec, const HostTensors &t) {
   const Tolerance tol = tolerance_for(spec.dtype);
