@@ -131,11 +131,28 @@ Bindings bind_attention(const AttentionSpec &spec) {
   b.set_int("heads", spec.heads);
   b.set_int("kv_heads", spec.kv_heads);
   b.set_int("group", spec.group());
-  b.set_int("seqlen_q", spec.seqlen_q);
-  b.set_int("seqlen_k", spec.seqlen_k);
+  const Sequences &seqs = spec.seqs;
+  if (seqs.packed_q) {
+    b.set_int("max_seqlen_q", spec.seqlen_q);
+    b.set_int("total_q", seqs.total_q);
+  } else {
+    b.set_int("seqlen_q", spec.seqlen_q);
+  }
+  if (seqs.packed_k)
+    b.set_int("total_k", seqs.total_k);
+  else if (seqs.used_k)
+    b.set_int("max_seqlen_k", spec.seqlen_k);
+  else
+    b.set_int("seqlen_k", spec.seqlen_k);
+  if (seqs.paged()) {
+    b.set_int("page_table_stride", seqs.pages_per_seq);
+    b.set_int("page_size", seqs.page_size);
+    b.set_int("num_pages", seqs.num_pages);
+  }
   // A window wider than both sequences hides nothing more; clamping keeps the
   // kernel's 32-bit index sums in range.
-  const int64_t widest = spec.seqlen_q + spec.seqlen_k;
+  const int64_t widest =
+      std::max(spec.seqlen_q, seqs.total_q) + std::max(spec.seqlen_k, seqs.total_k);
   b.set_int("window_left", std::min(spec.window.left, widest));
   b.set_int("window_right", std::min(spec.window.right, widest));
   b.set_real("scale_log2", spec.softmax_scale() * std::numbers::log2e);
@@ -146,8 +163,9 @@ Bindings bind_attention(const AttentionSpec &spec) {
     b.set_int(kStrideNames[i][2], strides[i]->seq);
     b.set_int(kStrideNames[i][3], strides[i]->dim);
   }
-  b.set_int("lse_batch_stride", spec.heads * spec.seqlen_q);
-  b.set_int("lse_head_stride", spec.seqlen_q);
+  // LSE is [batch, heads, seqlen_q], or [heads, total_q] for packed queries.
+  b.set_int("lse_batch_stride", seqs.packed_q ? 0 : spec.heads * spec.seqlen_q);
+  b.set_int("lse_head_stride", spec.q_rows());
   return b;
 }
 
@@ -176,6 +194,9 @@ namespace {
 Expected<Program> build(const AttentionSpec &spec, const Config &config, bool split_kv) {
   FJ_RETURN_IF_ERROR(spec.validate());
   FJ_RETURN_IF_ERROR(validate(config));
+  if (split_kv && spec.seqs.packed_q)
+    return Status::error("split-KV with packed queries (cu_seqlens_q) is not built: its "
+                         "workspace and combine are dense in the query rows; use num_splits = 1");
 
   const KernelSignature sig = spec.signature();
   const DType dt = spec.dtype;
@@ -185,8 +206,10 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, bool sp
 
   Program p;
   const bool lse = sig.lse || split_kv; // a split's LSE weighs it in the combine
-  p.name = fmt::format("fa_fwd_{}_d{}_{}{}{}{}", dtype_name(dt), spec.head_dim_qk, spec.head_dim_v,
-                       sig.causal ? "_causal" : "", sig.local ? "_local" : "",
+  p.name = fmt::format("fa_fwd_{}_d{}_{}{}{}{}{}{}{}{}", dtype_name(dt), spec.head_dim_qk,
+                       spec.head_dim_v, sig.causal ? "_causal" : "", sig.local ? "_local" : "",
+                       sig.packed_q ? "_varlenq" : "", sig.packed_k ? "_varlenk" : "",
+                       sig.used_k ? "_seqused" : "", sig.paged ? "_paged" : "",
                        split_kv  ? "_splitkv"
                        : sig.lse ? "_lse"
                                  : "");
@@ -198,8 +221,40 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, bool sp
   const Extent heads = scalar("heads", ScalarType::i32);
   const Extent kv_heads = scalar("kv_heads", ScalarType::i32); // sizes K and V only
   const Extent group = scalar("group", ScalarType::i32);
-  const Extent seqlen_q = scalar("seqlen_q", ScalarType::i32);
-  const Extent seqlen_k = scalar("seqlen_k", ScalarType::i32);
+  // The sequence lengths: scalars, or per-batch sequences read from index arrays
+  // (varlen, KV caches) under the same names, so masks and loops read them alike.
+  const Sequences &seqs = spec.seqs;
+  const Extent seqlen_q = Extent::of("seqlen_q"), seqlen_k = Extent::of("seqlen_k");
+  Extent q_grid = seqlen_q;
+  if (seqs.packed_q) {
+    q_grid = scalar("max_seqlen_q", ScalarType::i32);
+    p.indices.push_back("cu_seqlens_q");
+    p.sequences.push_back({"seqlen_q", "cu_seqlens_q", "", scalar("total_q", ScalarType::i32)});
+  } else {
+    scalar("seqlen_q", ScalarType::i32);
+  }
+  if (seqs.packed_k || seqs.used_k) {
+    const Extent capacity = seqs.packed_k ? scalar("total_k", ScalarType::i32)
+                                          : scalar("max_seqlen_k", ScalarType::i32);
+    Sequence k{"seqlen_k", "", "", capacity};
+    if (seqs.packed_k) {
+      p.indices.push_back("cu_seqlens_k");
+      k.starts = "cu_seqlens_k";
+    }
+    if (seqs.used_k) {
+      p.indices.push_back("seqused_k");
+      k.used = "seqused_k";
+    }
+    p.sequences.push_back(std::move(k));
+  } else {
+    scalar("seqlen_k", ScalarType::i32);
+  }
+  TensorParam::Pages pages;
+  if (seqs.paged()) {
+    p.indices.push_back("block_table");
+    pages = {"block_table", scalar("page_table_stride", ScalarType::i32),
+             scalar("page_size", ScalarType::i32), scalar("num_pages", ScalarType::i32)};
+  }
   if (sig.local) {
     scalar("window_left", ScalarType::i32);
     scalar("window_right", ScalarType::i32);
@@ -223,6 +278,9 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, bool sp
     t.stride_seq = scalar(names.seq, ScalarType::i32);
     t.stride_dim = names.dim.empty() ? Extent::constant(1) : scalar(names.dim, ScalarType::i32);
     t.row_align = sig.row_align;
+    t.packed = kv ? seqs.packed_k : seqs.packed_q;
+    if (kv)
+      t.pages = pages;
     if (split_kv && i == 3) { // the f32 partial outputs in the workspace
       t.dtype = DType::f32;
       t.stride_split = scalar("o_split_stride", ScalarType::i64);
@@ -242,6 +300,7 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, bool sp
                   Extent::constant(1),
                   Extent::constant(0)};
     t.row_align = 4;
+    t.packed = seqs.packed_q;
     if (split_kv)
       t.stride_split = scalar("lse_split_stride", ScalarType::i64);
     p.tensors.push_back(std::move(t));
@@ -256,7 +315,7 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, bool sp
   if (config.mma_m)
     p.config["mma_m"] = config.mma_m;
   const ValueId q_block = p.add_value(Type::index(), "q_block");
-  p.grid = {GridAxis{q_block, seqlen_q, bm}, GridAxis{p.add_value(Type::index(), "head"), heads, 1},
+  p.grid = {GridAxis{q_block, q_grid, bm}, GridAxis{p.add_value(Type::index(), "head"), heads, 1},
             GridAxis{p.add_value(Type::index(), "batch"), batches, 1}};
   if (split_kv)
     p.grid.push_back(GridAxis{p.add_value(Type::index(), "split"), num_splits, 1});

@@ -35,9 +35,28 @@ struct BoundTensor {
 
 struct Buffers {
   std::map<std::string, BoundTensor> by_name;
+  std::map<std::string, const std::vector<int32_t> *> indices;
   const Bindings *args;
   int64_t group;
 };
+
+/// A batch's rows of a sequence: the first row in its tensors and the count
+/// (ir::Sequence's definition, with its clamps).
+struct SeqRows {
+  int64_t start = 0, length = 0;
+};
+
+SeqRows sequence_rows(const Sequence &q, const Buffers &b, int64_t batch) {
+  const int64_t capacity = b.args->resolve(q.capacity).value();
+  SeqRows r;
+  if (!q.starts.empty())
+    r.start = std::clamp<int64_t>((*b.indices.at(q.starts))[batch], 0, capacity);
+  const int64_t length = !q.used.empty()     ? (*b.indices.at(q.used))[batch]
+                         : !q.starts.empty() ? (*b.indices.at(q.starts))[batch + 1] - r.start
+                                             : capacity;
+  r.length = std::clamp<int64_t>(length, 0, capacity - r.start);
+  return r;
+}
 
 /// An integer attribute's value: the constant or its parameter's binding.
 int64_t int_value(const Op &op, const std::string &key, const Bindings &args, int64_t fallback) {
@@ -70,6 +89,8 @@ public:
     head_ = head;
     batch_ = batch;
     split_ = split;
+    for (const Sequence &q : p.sequences)
+      rows_[q.name] = sequence_rows(q, buffers, batch);
   }
 
   void run(const std::vector<Op> &body) {
@@ -105,13 +126,34 @@ private:
     values_[op.results[0]] = std::move(r);
   }
 
-  // Element offset of (row, col) of `t` for this workgroup's batch and head.
+  // Element offset of (row, col) of `t` for this workgroup's batch and head:
+  // packed rows start at the sequence's start, paged rows come from the page table.
   int64_t offset(const TensorParam &t, int64_t row, int64_t col) const {
     const BoundTensor &b = bound(t);
     const int64_t head = t.name == "K" || t.name == "V" ? head_ / buffers_.group : head_;
-    return split_ * b.split_stride + batch_ * b.strides.batch + head * b.strides.head +
-           row * b.strides.seq + col * b.strides.dim;
+    int64_t rows = batch_ * b.strides.batch + row * b.strides.seq;
+    if (t.packed) {
+      rows = (rows_.at(t.seq.param).start + row) * b.strides.seq;
+    } else if (!t.pages.table.empty()) {
+      const Bindings &args = *buffers_.args;
+      const int64_t size = args.resolve(t.pages.page_size).value();
+      const int64_t stride = args.resolve(t.pages.table_stride).value();
+      // As the kernels do: past the table's row or outside the cache reads page 0.
+      int64_t page = row / size < stride
+                         ? (*buffers_.indices.at(t.pages.table))[batch_ * stride + row / size]
+                         : 0;
+      if (page < 0 || page >= args.resolve(t.pages.count).value())
+        page = 0;
+      rows = page * b.strides.batch + (row % size) * b.strides.seq;
+    }
+    return split_ * b.split_stride + rows + head * b.strides.head + col * b.strides.dim;
   }
+  // The rows of `t` this workgroup's batch has.
+  int64_t seq(const TensorParam &t) const {
+    auto it = t.seq.is_param() ? rows_.find(t.seq.param) : rows_.end();
+    return it != rows_.end() ? it->second.length : bound(t).seq;
+  }
+  int64_t seq(const char *name) const { return seq(*p_.tensor(name)); }
   const BoundTensor &bound(const TensorParam &t) const { return buffers_.by_name.at(t.name); }
   const BoundTensor &bound(const char *name) const { return buffers_.by_name.at(name); }
   Window window(const Op &op) const {
@@ -127,7 +169,7 @@ private:
       const int64_t row0 = in(op, 0).index * r.rows;
       for (int64_t i = 0; i < r.rows; ++i)
         for (int64_t j = 0; j < r.cols; ++j)
-          if (row0 + i < bound(t).seq && j < t.dim)
+          if (row0 + i < seq(t) && j < t.dim)
             r.at(i, j) = bound(t).data[offset(t, row0 + i, j)];
       values_[op.results[0]] = std::move(r);
       break;
@@ -137,7 +179,7 @@ private:
       const TileValue &x = in(op, 0);
       float *dst = bound(t).data;
       const int64_t row0 = in(op, 1).index * x.rows;
-      for (int64_t i = 0; i < x.rows && row0 + i < bound(t).seq; ++i) {
+      for (int64_t i = 0; i < x.rows && row0 + i < seq(t); ++i) {
         if (x.cols == 0) {
           dst[offset(t, row0 + i, 0)] = round_to(t.dtype, x.data[i]);
           continue;
@@ -174,7 +216,7 @@ private:
       break;
     }
     case OpKind::Mask: {
-      const int64_t seqlen_q = bound("Q").seq, seqlen_k = bound("K").seq;
+      const int64_t seqlen_q = seq("Q"), seqlen_k = seq("K");
       const Window w = window(op);
       const bool causal = op.int_attr("causal") != 0;
       TileValue r = in(op, 0);
@@ -240,8 +282,8 @@ private:
       break;
     case OpKind::For: {
       BlockRange range =
-          kv_block_range(in(op, 0).index, op.int_attr("block_m"), op.int_attr("block_n"),
-                         bound("Q").seq, bound("K").seq, op.int_attr("causal") != 0, window(op));
+          kv_block_range(in(op, 0).index, op.int_attr("block_m"), op.int_attr("block_n"), seq("Q"),
+                         seq("K"), op.int_attr("causal") != 0, window(op));
       if (op.attrs.count("splits"))
         range = split_range(range, split_, int_value(op, "splits", *buffers_.args, 1));
       for (size_t i = 1; i < op.operands.size(); ++i)
@@ -273,16 +315,24 @@ private:
   const Buffers &buffers_;
   std::vector<TileValue> values_;
   int64_t head_ = 0, batch_ = 0, split_ = 0;
+  std::map<std::string, SeqRows> rows_; // this batch's rows of each sequence
 };
 
 /// The tensor's extents and strides under `args`, checked against its buffer.
-Expected<BoundTensor> bind_tensor(const TensorParam &t, const Bindings &args, int64_t splits,
-                                  std::vector<float> &buf) {
+/// Its buffer's extents: a packed tensor is [1, heads, capacity, dim], a paged
+/// one [pages, heads, page size, dim].
+Expected<BoundTensor> bind_tensor(const Program &p, const TensorParam &t, const Bindings &args,
+                                  int64_t splits, std::vector<float> &buf) {
   BoundTensor b{};
+  const Sequence *rows = t.seq.is_param() ? p.sequence(t.seq.param) : nullptr;
+  const Extent one = Extent::constant(1);
+  const bool paged = !t.pages.table.empty();
+  const Extent &batch = t.packed ? one : paged ? t.pages.count : t.batch;
+  const Extent &seq = paged ? t.pages.page_size : rows ? rows->capacity : t.seq;
   const std::tuple<const char *, const Extent *, int64_t *> fields[] = {
-      {"batch", &t.batch, &b.batch},
+      {"batch", &batch, &b.batch},
       {"heads", &t.heads, &b.heads},
-      {"seq", &t.seq, &b.seq},
+      {"seq", &seq, &b.seq},
       {"batch stride", &t.stride_batch, &b.strides.batch},
       {"heads stride", &t.stride_head, &b.strides.head},
       {"seq stride", &t.stride_seq, &b.strides.seq},
@@ -309,6 +359,35 @@ Expected<BoundTensor> bind_tensor(const TensorParam &t, const Bindings &args, in
   return b;
 }
 
+/// The index arrays are long enough for every batch: starts [batches + 1],
+/// used lengths [batches], page tables [batches * stride].
+Status check_indices(const Program &p, const Bindings &args, const Buffers &buffers) {
+  auto batches = args.resolve(p.grid.at(2).extent);
+  if (!batches)
+    return batches.status();
+  auto need = [&](const std::string &name, int64_t count, std::string_view what) -> Status {
+    const int64_t have = int64_t(buffers.indices.at(name)->size());
+    if (have < count)
+      return Status::error("index array @{} holds {} entries but {} needs {}", name, have, what,
+                           count);
+    return Status::ok();
+  };
+  for (const Sequence &q : p.sequences) {
+    if (!q.starts.empty())
+      FJ_RETURN_IF_ERROR(need(q.starts, *batches + 1, "batch + 1 sequence starts"));
+    if (!q.used.empty())
+      FJ_RETURN_IF_ERROR(need(q.used, *batches, "one length per batch"));
+  }
+  for (const TensorParam &t : p.tensors)
+    if (!t.pages.table.empty()) {
+      auto stride = args.resolve(t.pages.table_stride);
+      if (!stride)
+        return stride.status();
+      FJ_RETURN_IF_ERROR(need(t.pages.table, *batches * *stride, "a page table row per batch"));
+    }
+  return Status::ok();
+}
+
 } // namespace
 
 Status interpret(const Program &p, const Bindings &args, HostTensors &t) {
@@ -331,13 +410,25 @@ Status interpret(const Program &p, const Bindings &args, HostTensors &t) {
       return Status::error("the KV split axis has {} splits, expected at least 1", *n);
     splits = *n;
   }
+  const std::map<std::string, const std::vector<int32_t> *> arrays = {
+      {"cu_seqlens_q", &t.cu_seqlens_q},
+      {"cu_seqlens_k", &t.cu_seqlens_k},
+      {"seqused_k", &t.seqused_k},
+      {"block_table", &t.block_table}};
+  for (const std::string &name : p.indices) {
+    auto it = arrays.find(name);
+    if (it == arrays.end())
+      return Status::error("the interpreter has no buffer for index array @{}", name);
+    buffers.indices[name] = it->second;
+  }
+  FJ_RETURN_IF_ERROR(check_indices(p, args, buffers));
   std::map<std::string, std::vector<float> *> named = {
       {"Q", &t.q}, {"K", &t.k}, {"V", &t.v}, {"O", &t.o}, {"LSE", &t.lse}};
   for (const TensorParam &param : p.tensors) {
     auto it = named.find(param.name);
     if (it == named.end())
       return Status::error("the interpreter has no buffer for tensor @{}", param.name);
-    auto bound = bind_tensor(param, args, splits, *it->second);
+    auto bound = bind_tensor(p, param, args, splits, *it->second);
     if (!bound)
       return bound.status();
     buffers.by_name[param.name] = *bound;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -87,6 +88,17 @@ const ScalarParam *Program::scalar(std::string_view name) const {
     if (s.name == name)
       return &s;
   return nullptr;
+}
+
+const Sequence *Program::sequence(std::string_view name) const {
+  for (const Sequence &s : sequences)
+    if (s.name == name)
+      return &s;
+  return nullptr;
+}
+
+bool Program::has_index(std::string_view name) const {
+  return std::find(indices.begin(), indices.end(), name) != indices.end();
 }
 
 std::string_view scalar_type_name(ScalarType t) {

@@ -145,7 +145,37 @@ struct TensorParam {
   /// Every row start (base pointer and strides) is a multiple of this many bytes:
   /// 16 allows 128-bit accesses, 8 allows 64-bit ones. Part of the signature.
   int64_t row_align = 2;
+  /// Packed rows (varlen): `seq` names a Sequence with starts, and batch b's row
+  /// 0 is row starts[b] of the tensor; the batch stride is unused. Printed ` packed`.
+  bool packed = false;
+  /// A paged tensor (a paged KV cache): row j of batch b is row j % page_size
+  /// of page table[b * table_stride + j / page_size]; the batch stride is the
+  /// page stride. A row past the table's row (j / page_size >= table_stride) or
+  /// a page outside [0, count) reads page 0: never out of bounds.
+  /// Printed ` pages = @table [stride = .., size = .., count = ..]`.
+  struct Pages {
+    std::string table; // an index array of the program; empty: not paged
+    Extent table_stride, page_size, count;
+    bool operator==(const Pages &) const = default;
+  } pages;
   bool operator==(const TensorParam &) const = default;
+};
+
+/// A per-batch sequence length read at run time from index arrays (varlen
+/// batches, KV caches), defined at the start of each workgroup. Tensor extents,
+/// masks and loop bounds name it like a scalar parameter (%seqlen_k). For batch b:
+///   start  = starts ? clamp(starts[b], 0, capacity) : 0
+///   length = used ? used[b] : starts ? starts[b + 1] - start : capacity
+///   length = clamp(length, 0, capacity - start)
+/// so no index array can send a tensor access out of its rows.
+/// Printed `sequence %seqlen_k = lengths(starts = @cu_seqlens_k, used = @seqused_k,
+/// capacity = %total_k)`, the absent fields left out.
+struct Sequence {
+  std::string name;   // printed %name, the C local's name
+  std::string starts; // index array [batches + 1] of cumulative row starts, or empty
+  std::string used;   // index array [batches] of lengths, or empty
+  Extent capacity;    // the rows a batch may use, counted from row 0 of the tensor
+  bool operator==(const Sequence &) const = default;
 };
 
 /// One axis of the grid: `arg` runs over [0, ceil(extent / divisor)).
@@ -159,6 +189,10 @@ struct GridAxis {
 struct Program {
   std::string name;
   std::vector<ScalarParam> scalars;
+  /// int32 arrays in device memory (cu_seqlens, seqused_k, block tables), named
+  /// like tensors (@cu_seqlens_q); sequences and paged tensors read them.
+  std::vector<std::string> indices;
+  std::vector<Sequence> sequences;
   std::vector<TensorParam> tensors;
   // Grid: workgroup (x, y, z) = (q block, head, batch); each axis's arg is the
   // index value the body sees for it. An optional 4th axis is the split of the
@@ -174,6 +208,8 @@ struct Program {
   const Type &type_of(ValueId v) const { return values.at(v).type; }
   const TensorParam *tensor(const std::string &name) const;
   const ScalarParam *scalar(std::string_view name) const;
+  const Sequence *sequence(std::string_view name) const;
+  bool has_index(std::string_view name) const;
   ValueId grid_arg(size_t axis) const { return grid.at(axis).arg; }
 };
 

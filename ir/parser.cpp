@@ -456,6 +456,16 @@ private:
         if (!prog_.scalars.empty() || !prog_.tensors.empty() || have_grid)
           return error_at(pos_, "the 'scalars' line comes once, before the tensors and the grid");
         FJ_RETURN_IF_ERROR(parse_scalars());
+      } else if (at_word("indices")) {
+        if (!prog_.indices.empty() || !prog_.sequences.empty() || !prog_.tensors.empty() ||
+            have_grid)
+          return error_at(pos_, "the 'indices' line comes once, after the scalars and before the "
+                                "sequences, the tensors and the grid");
+        FJ_RETURN_IF_ERROR(parse_indices());
+      } else if (at_word("sequence")) {
+        if (!prog_.tensors.empty() || have_grid)
+          return error_at(pos_, "'sequence' lines come before the tensors and the grid");
+        FJ_RETURN_IF_ERROR(parse_sequence());
       } else if (at_word("tensor")) {
         FJ_RETURN_IF_ERROR(parse_tensor());
       } else if (at_word("grid")) {
@@ -480,9 +490,9 @@ private:
   Status parse_scalar_use(std::string &out) {
     NameAt n;
     FJ_RETURN_IF_ERROR(parse_value_name(n, "a scalar parameter ('%name')"));
-    if (!prog_.scalar(n.name))
-      return error_at(n.pos, fmt::format("%{} is not a scalar parameter of the kernel (declare it "
-                                         "on the 'scalars' line)",
+    if (!prog_.scalar(n.name) && !prog_.sequence(n.name))
+      return error_at(n.pos, fmt::format("%{} is not a scalar parameter or sequence of the kernel "
+                                         "(declare it on the 'scalars' line or a 'sequence' line)",
                                          n.name));
     out = n.name;
     return Status::ok();
@@ -557,7 +567,71 @@ private:
     return expect_end_of_line("after the scalars");
   }
 
-  /// `tensor @Q : bf16 [batch = .., heads = .., seq = .., dim = ..] strides [...] align = 16`
+  /// `@name` of a declared index array.
+  Status parse_index_use(std::string &out, std::string_view what) {
+    skip_spaces();
+    const size_t at = pos_;
+    FJ_RETURN_IF_ERROR(parse_symbol(out, what));
+    if (!prog_.has_index(out))
+      return error_at(at, fmt::format("@{} is not an index array of the kernel (declare it on the "
+                                      "'indices' line)",
+                                      out));
+    return Status::ok();
+  }
+
+  /// `indices (@cu_seqlens_q, @block_table, ...)`
+  Status parse_indices() {
+    pos_ += 7; // "indices"
+    FJ_RETURN_IF_ERROR(expect('(', "after 'indices'"));
+    do {
+      skip_spaces();
+      const size_t at = pos_;
+      std::string name;
+      FJ_RETURN_IF_ERROR(parse_symbol(name, "an index array ('@name')"));
+      if (prog_.has_index(name))
+        return error_at(at, fmt::format("index array @{} is declared twice", name));
+      prog_.indices.push_back(std::move(name));
+    } while (consume(','));
+    FJ_RETURN_IF_ERROR(expect(')', "to close the indices"));
+    return expect_end_of_line("after the indices");
+  }
+
+  /// `sequence %seqlen_k = lengths(starts = @cu, used = @used, capacity = %total_k)`
+  Status parse_sequence() {
+    pos_ += 8; // "sequence"
+    NameAt n;
+    FJ_RETURN_IF_ERROR(parse_value_name(n, "a sequence name ('%seqlen_q')"));
+    if (!is_ident_start(n.name[0]))
+      return error_at(n.pos, fmt::format("sequence %{} needs a name, not a number", n.name));
+    if (prog_.scalar(n.name) || prog_.sequence(n.name))
+      return error_at(n.pos, fmt::format("%{} is declared twice", n.name));
+    Sequence q{n.name, {}, {}, {}};
+    FJ_RETURN_IF_ERROR(expect('=', "after the sequence name"));
+    FJ_RETURN_IF_ERROR(expect_word("lengths", "after '='"));
+    FJ_RETURN_IF_ERROR(expect('(', "after 'lengths'"));
+    if (at_word("starts")) {
+      FJ_RETURN_IF_ERROR(expect_word("starts", "in lengths(...)"));
+      FJ_RETURN_IF_ERROR(expect('=', "after 'starts'"));
+      FJ_RETURN_IF_ERROR(parse_index_use(q.starts, "the starts array ('@name')"));
+      FJ_RETURN_IF_ERROR(expect(',', "after the starts"));
+    }
+    if (at_word("used")) {
+      FJ_RETURN_IF_ERROR(expect_word("used", "in lengths(...)"));
+      FJ_RETURN_IF_ERROR(expect('=', "after 'used'"));
+      FJ_RETURN_IF_ERROR(parse_index_use(q.used, "the lengths array ('@name')"));
+      FJ_RETURN_IF_ERROR(expect(',', "after the used lengths"));
+    }
+    FJ_RETURN_IF_ERROR(expect_word("capacity", "in lengths(...)"));
+    FJ_RETURN_IF_ERROR(expect('=', "after 'capacity'"));
+    FJ_RETURN_IF_ERROR(parse_extent(q.capacity, "the capacity"));
+    FJ_RETURN_IF_ERROR(expect(')', "to close lengths(...)"));
+    FJ_RETURN_IF_ERROR(expect_end_of_line("after the sequence"));
+    prog_.sequences.push_back(std::move(q));
+    return Status::ok();
+  }
+
+  /// `tensor @Q : bf16 [batch = .., heads = .., seq = .., dim = ..] strides [...] align = 16
+  ///  [packed] [pages = @table [stride = .., size = .., count = ..]]`
   Status parse_tensor() {
     pos_ += 6; // "tensor"
     TensorParam t{};
@@ -593,6 +667,19 @@ private:
     FJ_RETURN_IF_ERROR(expect_word("align", "after the tensor strides"));
     FJ_RETURN_IF_ERROR(expect('=', "after 'align'"));
     FJ_RETURN_IF_ERROR(parse_int(t.row_align, "the row alignment in bytes (2, 8 or 16)"));
+    if (at_word("packed")) {
+      pos_ += 6;
+      t.packed = true;
+    }
+    if (at_word("pages")) {
+      pos_ += 5;
+      FJ_RETURN_IF_ERROR(expect('=', "after 'pages'"));
+      FJ_RETURN_IF_ERROR(parse_index_use(t.pages.table, "the page table ('@name')"));
+      FJ_RETURN_IF_ERROR(parse_fields({{"stride", &t.pages.table_stride},
+                                       {"size", &t.pages.page_size},
+                                       {"count", &t.pages.count}},
+                                      "pages"));
+    }
     FJ_RETURN_IF_ERROR(expect_end_of_line("after the tensor alignment"));
     prog_.tensors.push_back(std::move(t));
     return Status::ok();

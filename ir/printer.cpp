@@ -91,15 +91,37 @@ public:
                                scalar_type_name(s.type));
       line(2, "scalars ({})", scalars);
     }
-    for (const TensorParam &t : p_.tensors)
+    if (!p_.indices.empty()) {
+      std::string indices;
+      for (const std::string &name : p_.indices)
+        indices += fmt::format("{}@{}", indices.empty() ? "" : ", ", name);
+      line(2, "indices ({})", indices);
+    }
+    for (const Sequence &q : p_.sequences) {
+      std::string fields;
+      if (!q.starts.empty())
+        fields += fmt::format("starts = @{}, ", q.starts);
+      if (!q.used.empty())
+        fields += fmt::format("used = @{}, ", q.used);
+      line(2, "sequence %{} = lengths({}capacity = {})", q.name, fields, to_string(q.capacity));
+    }
+    for (const TensorParam &t : p_.tensors) {
+      std::string layout;
+      if (t.packed)
+        layout += " packed";
+      if (!t.pages.table.empty())
+        layout += fmt::format(" pages = @{} [stride = {}, size = {}, count = {}]", t.pages.table,
+                              to_string(t.pages.table_stride), to_string(t.pages.page_size),
+                              to_string(t.pages.count));
       line(2,
            "tensor @{} : {} [batch = {}, heads = {}, seq = {}, dim = {}] "
-           "strides [batch = {}, heads = {}, seq = {}, dim = {}{}] align = {}",
+           "strides [batch = {}, heads = {}, seq = {}, dim = {}{}] align = {}{}",
            t.name, dtype_name(t.dtype), to_string(t.batch), to_string(t.heads), to_string(t.seq),
            t.dim, to_string(t.stride_batch), to_string(t.stride_head), to_string(t.stride_seq),
            to_string(t.stride_dim),
            t.stride_split == Extent::constant(0) ? "" : ", split = " + to_string(t.stride_split),
-           t.row_align);
+           t.row_align, layout);
+    }
     std::string grid;
     for (const GridAxis &axis : p_.grid)
       grid += fmt::format("{}{} : {}", grid.empty() ? "" : ", ", value(axis.arg),

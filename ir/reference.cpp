@@ -47,14 +47,15 @@ std::vector<float> random_tensor(const Strides &s, int64_t b, int64_t h, int64_t
   return buf;
 }
 
-/// Keys visible to query row i, as the half-open range [lo, hi).
+/// Keys visible to query row i of a batch with sq queries and sk keys, as the
+/// half-open range [lo, hi).
 struct KeyRange {
   int64_t lo, hi;
 };
 
-KeyRange visible_keys(const AttentionSpec &spec, int64_t i) {
-  int64_t diagonal = i + spec.diagonal_offset();
-  int64_t lo = 0, hi = spec.seqlen_k;
+KeyRange visible_keys(const AttentionSpec &spec, int64_t i, int64_t sq, int64_t sk) {
+  int64_t diagonal = i + (sk - sq); // bottom-right aligned in each batch
+  int64_t lo = 0, hi = sk;
   if (spec.causal)
     hi = std::min(hi, diagonal + 1);
   if (spec.window.left >= 0)
@@ -64,7 +65,108 @@ KeyRange visible_keys(const AttentionSpec &spec, int64_t i) {
   return {lo, std::max(lo, hi)};
 }
 
+/// Where batch b's rows are (Sequences): its query and key counts and, for
+/// packed tensors, their first rows. The arrays were checked (check_sequences).
+struct BatchRows {
+  int64_t q_start = 0, q_len = 0, k_start = 0, k_len = 0;
+};
+
+BatchRows batch_rows(const AttentionSpec &spec, const HostTensors &in, int64_t b) {
+  const Sequences &s = spec.seqs;
+  BatchRows r{0, spec.seqlen_q, 0, spec.seqlen_k};
+  if (s.packed_q) {
+    r.q_start = in.cu_seqlens_q[b];
+    r.q_len = in.cu_seqlens_q[b + 1] - r.q_start;
+  }
+  if (s.packed_k) {
+    r.k_start = in.cu_seqlens_k[b];
+    r.k_len = in.cu_seqlens_k[b + 1] - r.k_start;
+  }
+  if (s.used_k)
+    r.k_len = in.seqused_k[b];
+  return r;
+}
+
+/// Element offsets of query row i and key row j of batch b.
+int64_t q_offset(const AttentionSpec &spec, const Strides &st, const BatchRows &r, int64_t b,
+                 int64_t h, int64_t i, int64_t d) {
+  return spec.seqs.packed_q ? offset(st, 0, h, r.q_start + i, d) : offset(st, b, h, i, d);
+}
+
+int64_t kv_offset(const AttentionSpec &spec, const HostTensors &in, const Strides &st,
+                  const BatchRows &r, int64_t b, int64_t h, int64_t j, int64_t d) {
+  const Sequences &s = spec.seqs;
+  if (s.paged()) {
+    const int64_t page = in.block_table[b * s.pages_per_seq + j / s.page_size];
+    return offset(st, page, h, j % s.page_size, d);
+  }
+  return s.packed_k ? offset(st, 0, h, r.k_start + j, d) : offset(st, b, h, j, d);
+}
+
 } // namespace
+
+Status check_sequences(const AttentionSpec &spec, const HostTensors &t) {
+  const Sequences &s = spec.seqs;
+  const int64_t B = spec.batch;
+  auto check_starts = [&](const std::vector<int32_t> &cu, const char *name, int64_t total,
+                          int64_t max_len, const char *max_name) -> Status {
+    if (int64_t(cu.size()) != B + 1)
+      return Status::error("{} has {} entries, expected batch + 1 = {}", name, cu.size(), B + 1);
+    if (cu[0] != 0)
+      return Status::error("{}[0] is {}, expected 0 (the cumulative starts begin at row 0)", name,
+                           cu[0]);
+    for (int64_t b = 0; b < B; ++b) {
+      if (cu[b + 1] < cu[b])
+        return Status::error("{} is not nondecreasing: entry {} ({}) is below entry {} ({}); it "
+                             "holds cumulative sequence starts",
+                             name, b + 1, cu[b + 1], b, cu[b]);
+      if (cu[b + 1] - cu[b] > max_len)
+        return Status::error("sequence {} has {} rows ({}[{}] - {}[{}]) but {} is {}: give the "
+                             "longest sequence as {}",
+                             b, cu[b + 1] - cu[b], name, b + 1, name, b, max_name, max_len,
+                             max_name);
+    }
+    if (cu[B] > total)
+      return Status::error("{}[{}] is {}, past the {} rows of the packed tensor", name, B, cu[B],
+                           total);
+    return Status::ok();
+  };
+  if (s.packed_q)
+    FJ_RETURN_IF_ERROR(
+        check_starts(t.cu_seqlens_q, "cu_seqlens_q", s.total_q, spec.seqlen_q, "max_seqlen_q"));
+  if (s.packed_k && !s.used_k)
+    FJ_RETURN_IF_ERROR(
+        check_starts(t.cu_seqlens_k, "cu_seqlens_k", s.total_k, spec.seqlen_k, "max_seqlen_k"));
+  if (s.packed_k && s.used_k) // the starts address rows; the used lengths count them
+    FJ_RETURN_IF_ERROR(
+        check_starts(t.cu_seqlens_k, "cu_seqlens_k", s.total_k, s.total_k, "total_k"));
+  if (s.used_k) {
+    if (int64_t(t.seqused_k.size()) != B)
+      return Status::error("seqused_k has {} entries, expected batch = {}", t.seqused_k.size(), B);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t room = s.packed_k ? t.cu_seqlens_k[b + 1] - t.cu_seqlens_k[b] : spec.seqlen_k;
+      if (t.seqused_k[b] < 0 || t.seqused_k[b] > room)
+        return Status::error("seqused_k[{}] is {}, outside 0..{} (the keys batch {} has{})", b,
+                             t.seqused_k[b], room, b,
+                             s.packed_k ? " in cu_seqlens_k" : ": max_seqlen_k, the capacity");
+    }
+  }
+  if (s.paged()) {
+    if (int64_t(t.block_table.size()) != B * s.pages_per_seq)
+      return Status::error("block_table has {} entries, expected batch x pages_per_seq = {} x {}",
+                           t.block_table.size(), B, s.pages_per_seq);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t keys = s.used_k ? t.seqused_k[b] : spec.seqlen_k;
+      for (int64_t j = 0; j < (keys + s.page_size - 1) / s.page_size; ++j) {
+        const int32_t page = t.block_table[b * s.pages_per_seq + j];
+        if (page < 0 || page >= s.num_pages)
+          return Status::error("block_table[{}][{}] is {}, outside the {} pages of the KV cache", b,
+                               j, page, s.num_pages);
+      }
+    }
+  }
+  return Status::ok();
+}
 
 HostTensors make_random_inputs(const AttentionSpec &spec, uint64_t seed) {
   // One stream per tensor, so the values of K do not depend on the size of Q.
@@ -76,9 +178,12 @@ HostTensors make_random_inputs(const AttentionSpec &spec, uint64_t seed) {
   };
   const AttentionSpec &s = spec;
   HostTensors t;
-  t.q = random_tensor(s.q, s.batch, s.heads, s.seqlen_q, s.head_dim_qk, s.dtype, stream(q_seed));
-  t.k = random_tensor(s.k, s.batch, s.kv_heads, s.seqlen_k, s.head_dim_qk, s.dtype, stream(k_seed));
-  t.v = random_tensor(s.v, s.batch, s.kv_heads, s.seqlen_k, s.head_dim_v, s.dtype, stream(v_seed));
+  t.q = random_tensor(s.q, s.q_batches(), s.heads, s.q_rows(), s.head_dim_qk, s.dtype,
+                      stream(q_seed));
+  t.k = random_tensor(s.k, s.kv_batches(), s.kv_heads, s.kv_rows(), s.head_dim_qk, s.dtype,
+                      stream(k_seed));
+  t.v = random_tensor(s.v, s.kv_batches(), s.kv_heads, s.kv_rows(), s.head_dim_v, s.dtype,
+                      stream(v_seed));
   poison_outputs(spec, t);
   return t;
 }
@@ -104,21 +209,22 @@ ReferenceResult reference_attention(const AttentionSpec &spec, const HostTensors
   std::vector<double> k(static_cast<size_t>(Sk * Dqk)), v(static_cast<size_t>(Sk * Dv));
   std::vector<double> q(static_cast<size_t>(Dqk)), scores(static_cast<size_t>(Sk));
   for (int64_t b = 0; b < B; ++b) {
+    const BatchRows rows = batch_rows(spec, in, b);
     for (int64_t h = 0; h < H; ++h) {
       const int64_t kvh = h / spec.group();
-      for (int64_t j = 0; j < Sk; ++j) {
+      for (int64_t j = 0; j < rows.k_len; ++j) {
         for (int64_t d = 0; d < Dqk; ++d)
-          k[j * Dqk + d] = in.k[offset(spec.k, b, kvh, j, d)];
+          k[j * Dqk + d] = in.k[kv_offset(spec, in, spec.k, rows, b, kvh, j, d)];
         for (int64_t d = 0; d < Dv; ++d)
-          v[j * Dv + d] = in.v[offset(spec.v, b, kvh, j, d)];
+          v[j * Dv + d] = in.v[kv_offset(spec, in, spec.v, rows, b, kvh, j, d)];
       }
-      for (int64_t i = 0; i < Sq; ++i) {
+      for (int64_t i = 0; i < rows.q_len; ++i) {
         const int64_t row = (b * H + h) * Sq + i;
-        const KeyRange keys = visible_keys(spec, i);
+        const KeyRange keys = visible_keys(spec, i, rows.q_len, rows.k_len);
         if (keys.lo == keys.hi)
           continue; // fully masked: output 0, LSE -inf
         for (int64_t d = 0; d < Dqk; ++d)
-          q[d] = in.q[offset(spec.q, b, h, i, d)];
+          q[d] = in.q[q_offset(spec, spec.q, rows, b, h, i, d)];
         double max = kNegInf;
         for (int64_t j = keys.lo; j < keys.hi; ++j) {
           double dot = 0;
@@ -153,9 +259,15 @@ ErrorStats compare(const AttentionSpec &spec, const HostTensors &result,
   auto at = [](const std::vector<float> &buf, int64_t i) {
     return i < static_cast<int64_t>(buf.size()) ? double(buf[i]) : double(kPoison);
   };
+  // Only the rows each batch has (all of them unless Q is packed).
+  std::vector<BatchRows> rows(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b)
+    rows[b] = batch_rows(spec, result, b);
   for_each_element(B, H, Sq, Dv, [&](int64_t b, int64_t h, int64_t i, int64_t d) {
+    if (i >= rows[b].q_len)
+      return;
     double want = ref.out[((b * H + h) * Sq + i) * Dv + d];
-    double got = at(result.o, offset(spec.o, b, h, i, d));
+    double got = at(result.o, q_offset(spec, spec.o, rows[b], b, h, i, d));
     ref2 += want * want;
     if (!std::isfinite(got)) {
       ++e.nonfinite;
@@ -169,8 +281,13 @@ ErrorStats compare(const AttentionSpec &spec, const HostTensors &result,
 
   if (spec.lse) {
     for (int64_t row = 0; row < B * H * Sq; ++row) {
+      const int64_t b = row / (H * Sq), h = row / Sq % H, i = row % Sq;
+      if (i >= rows[b].q_len)
+        continue;
       double want = ref.lse[row];
-      double got = at(result.lse, row);
+      // LSE is [batch, heads, seqlen_q], or [heads, total_q] when Q is packed.
+      double got =
+          at(result.lse, spec.seqs.packed_q ? h * spec.seqs.total_q + rows[b].q_start + i : row);
       if (std::isinf(want) && want < 0) {
         e.nonfinite += got != want;
         continue;

@@ -14,11 +14,19 @@ namespace flashjit {
 /// strides (gaps between rows, if any, hold NaN poison).
 struct HostTensors {
   std::vector<float> q, k, v, o, lse;
+  /// The int32 index arrays of a spec with Sequences (empty when unused):
+  /// cu_seqlens_q/k [batch + 1], seqused_k [batch], block_table [batch, pages_per_seq].
+  std::vector<int32_t> cu_seqlens_q, cu_seqlens_k, seqused_k, block_table;
 };
 
 /// Fresh random Q/K/V (uniform in [-1, 1), rounded to the dtype, never all zero)
 /// and O/LSE poisoned with NaN so an unwritten element cannot pass a comparison.
 HostTensors make_random_inputs(const AttentionSpec &spec, uint64_t seed);
+/// Checks the index arrays of a spec with Sequences (AttentionSpec::seqs) on the
+/// host: sizes, cu_seqlens starting at 0, nondecreasing and within the packed
+/// rows and max_seqlen, seqused_k within each batch's keys, block table entries
+/// of every used page within the cache. The error names the entry and the fix.
+Status check_sequences(const AttentionSpec &spec, const HostTensors &t);
 /// Sets every element of O and LSE to NaN.
 void poison_outputs(const AttentionSpec &spec, HostTensors &t);
 

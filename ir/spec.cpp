@@ -148,27 +148,29 @@ void AttentionSpec::set_layout(Layout l) {
   auto dense_bhsd = [&](int64_t h, int64_t n, int64_t d) {
     return Strides{.batch = mul(h, n, d), .head = mul(n, d), .seq = d, .dim = 1};
   };
+  // The rows of each buffer: packed and paged tensors have their own (q_rows).
+  const int64_t nq = q_rows(), nk = kv_rows();
   switch (l) {
   case Layout::bshd:
-    q = dense_bshd(heads, seqlen_q, head_dim_qk);
-    k = dense_bshd(kv_heads, seqlen_k, head_dim_qk);
-    v = dense_bshd(kv_heads, seqlen_k, head_dim_v);
-    o = dense_bshd(heads, seqlen_q, head_dim_v);
+    q = dense_bshd(heads, nq, head_dim_qk);
+    k = dense_bshd(kv_heads, nk, head_dim_qk);
+    v = dense_bshd(kv_heads, nk, head_dim_v);
+    o = dense_bshd(heads, nq, head_dim_v);
     break;
   case Layout::bhsd:
-    q = dense_bhsd(heads, seqlen_q, head_dim_qk);
-    k = dense_bhsd(kv_heads, seqlen_k, head_dim_qk);
-    v = dense_bhsd(kv_heads, seqlen_k, head_dim_v);
-    o = dense_bhsd(heads, seqlen_q, head_dim_v);
+    q = dense_bhsd(heads, nq, head_dim_qk);
+    k = dense_bhsd(kv_heads, nk, head_dim_qk);
+    v = dense_bhsd(kv_heads, nk, head_dim_v);
+    o = dense_bhsd(heads, nq, head_dim_v);
     break;
   case Layout::interleaved: {
     // One token row of the fused projection: [Q heads | K heads | V heads].
     int64_t row =
         add(mul(heads, head_dim_qk), mul(kv_heads, head_dim_qk), mul(kv_heads, head_dim_v));
-    q = {.batch = mul(seqlen_q, row), .head = head_dim_qk, .seq = row, .dim = 1};
-    k = {.batch = mul(seqlen_k, row), .head = head_dim_qk, .seq = row, .dim = 1};
-    v = {.batch = mul(seqlen_k, row), .head = head_dim_v, .seq = row, .dim = 1};
-    o = dense_bshd(heads, seqlen_q, head_dim_v);
+    q = {.batch = mul(nq, row), .head = head_dim_qk, .seq = row, .dim = 1};
+    k = {.batch = mul(nk, row), .head = head_dim_qk, .seq = row, .dim = 1};
+    v = {.batch = mul(nk, row), .head = head_dim_v, .seq = row, .dim = 1};
+    o = dense_bshd(heads, nq, head_dim_v);
     break;
   }
   }
@@ -233,6 +235,8 @@ Status AttentionSpec::validate() const {
   // already hides every key right of the diagonal, so the right window changes
   // nothing (FlashAttention sets it to 0).
 
+  FJ_RETURN_IF_ERROR(validate_sequences());
+
   const std::pair<std::string_view, const Strides *> rows[] = {
       {"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}};
   for (const auto &[tensor, s] : rows)
@@ -242,10 +246,51 @@ Status AttentionSpec::validate() const {
                            "hold row strides in 32 bits (offsets are 64-bit); use a layout with "
                            "shorter rows",
                            tensor, s->seq, s->dim);
-  FJ_RETURN_IF_ERROR(validate_strides("q", q, batch, heads, seqlen_q, head_dim_qk));
-  FJ_RETURN_IF_ERROR(validate_strides("k", k, batch, kv_heads, seqlen_k, head_dim_qk));
-  FJ_RETURN_IF_ERROR(validate_strides("v", v, batch, kv_heads, seqlen_k, head_dim_v));
-  FJ_RETURN_IF_ERROR(validate_strides("o", o, batch, heads, seqlen_q, head_dim_v));
+  FJ_RETURN_IF_ERROR(validate_strides("q", q, q_batches(), heads, q_rows(), head_dim_qk));
+  FJ_RETURN_IF_ERROR(validate_strides("k", k, kv_batches(), kv_heads, kv_rows(), head_dim_qk));
+  FJ_RETURN_IF_ERROR(validate_strides("v", v, kv_batches(), kv_heads, kv_rows(), head_dim_v));
+  FJ_RETURN_IF_ERROR(validate_strides("o", o, q_batches(), heads, q_rows(), head_dim_v));
+  return Status::ok();
+}
+
+Status AttentionSpec::validate_sequences() const {
+  const Sequences &s = seqs;
+  if (!s.packed_q && s.total_q != 0)
+    return Status::error("total_q ({}) is set but Q is not packed: set packed_q (cu_seqlens_q) "
+                         "or leave total_q 0",
+                         s.total_q);
+  if (!s.packed_k && s.total_k != 0)
+    return Status::error("total_k ({}) is set but K/V are not packed: set packed_k "
+                         "(cu_seqlens_k) or leave total_k 0",
+                         s.total_k);
+  const std::pair<std::string_view, int64_t> totals[] = {{"total_q", s.total_q},
+                                                         {"total_k", s.total_k}};
+  for (const auto &[field, value] : totals)
+    if (value < 0 || value > kMaxSeqlen)
+      return Status::error("{} ({}) must be in 0..{} (the rows of the packed tensors; the kernels "
+                           "index rows with 32-bit integers)",
+                           field, value, kMaxSeqlen);
+  if (!s.paged()) {
+    if (s.page_size < 0 || s.num_pages != 0 || s.pages_per_seq != 0)
+      return Status::error("num_pages ({}) and pages_per_seq ({}) are set but page_size ({}) is "
+                           "not positive: set page_size for a paged KV cache, or leave all three 0",
+                           s.num_pages, s.pages_per_seq, s.page_size);
+    return Status::ok();
+  }
+  if (s.packed_k)
+    return Status::error("a paged KV cache with packed keys (cu_seqlens_k) is not supported: give "
+                         "each batch's key count as seqused_k (cache_seqlens) instead");
+  const std::pair<std::string_view, int64_t> pages[] = {
+      {"page_size", s.page_size}, {"num_pages", s.num_pages}, {"pages_per_seq", s.pages_per_seq}};
+  for (const auto &[field, value] : pages)
+    if (value < 1 || value > kMaxSeqlen)
+      return Status::error("{} ({}) of the paged KV cache must be in 1..{}", field, value,
+                           kMaxSeqlen);
+  if (s.page_size * s.pages_per_seq < seqlen_k)
+    return Status::error("seqlen_k ({}) is past what a block table row holds: pages_per_seq ({}) "
+                         "x page_size ({}) = {} keys; give seqlen_k as the most keys any batch "
+                         "attends to, or a wider block table",
+                         seqlen_k, s.pages_per_seq, s.page_size, s.pages_per_seq * s.page_size);
   return Status::ok();
 }
 
@@ -257,6 +302,10 @@ KernelSignature AttentionSpec::signature() const {
   s.causal = causal;
   s.local = window.left >= 0 || window.right >= 0;
   s.lse = lse;
+  s.packed_q = seqs.packed_q;
+  s.packed_k = seqs.packed_k;
+  s.used_k = seqs.used_k;
+  s.paged = seqs.paged();
   const Strides *all[] = {&q, &k, &v, &o};
   const int64_t dims[] = {head_dim_qk, head_dim_qk, head_dim_v, head_dim_v};
   // Elements per aligned run that every row start and row length is a multiple of.
@@ -279,6 +328,14 @@ std::string KernelSignature::summary() const {
   std::string s =
       fmt::format("{} d={}/{}{}{}{} align{}", dtype_name(dtype), head_dim_qk, head_dim_v,
                   causal ? " causal" : "", local ? " local" : "", lse ? " lse" : "", row_align);
+  if (packed_q)
+    s += " varlen-q";
+  if (packed_k)
+    s += " varlen-k";
+  if (used_k)
+    s += " seqused-k";
+  if (paged)
+    s += " paged";
   const char *names[] = {"q", "k", "v", "o"};
   for (int i = 0; i < 4; ++i)
     if (!unit_dim[i])
@@ -307,6 +364,14 @@ Status AttentionSpec::matches(const KernelSignature &want) const {
     return differ("sliding window (on/off)", have.local, want.local);
   if (have.lse != want.lse)
     return differ("lse", have.lse, want.lse);
+  if (have.packed_q != want.packed_q)
+    return differ("packed Q (cu_seqlens_q)", have.packed_q, want.packed_q);
+  if (have.packed_k != want.packed_k)
+    return differ("packed K/V (cu_seqlens_k)", have.packed_k, want.packed_k);
+  if (have.used_k != want.used_k)
+    return differ("per-batch key counts (seqused_k)", have.used_k, want.used_k);
+  if (have.paged != want.paged)
+    return differ("paged KV cache", have.paged, want.paged);
   const char *names[] = {"q", "k", "v", "o"};
   for (int i = 0; i < 4; ++i)
     if (have.unit_dim[i] != want.unit_dim[i])
@@ -332,6 +397,15 @@ std::string AttentionSpec::summary() const {
     s += " lse";
   if (num_splits)
     s += fmt::format(" splits={}", num_splits);
+  if (seqs.packed_q)
+    s += fmt::format(" varlen-q(total={})", seqs.total_q);
+  if (seqs.packed_k)
+    s += fmt::format(" varlen-k(total={})", seqs.total_k);
+  if (seqs.used_k)
+    s += " seqused-k";
+  if (seqs.paged())
+    s += fmt::format(" paged(page={} pages={} per-seq={})", seqs.page_size, seqs.num_pages,
+                     seqs.pages_per_seq);
   s += ' ';
   s += layout_name(layout);
   // Strides that do not come from the named layout are part of what the spec says.

@@ -29,6 +29,33 @@ struct Window {
   bool operator==(const Window &) const = default;
 };
 
+/// Where each batch's rows lie when sequence lengths vary (FlashAttention's
+/// varlen and KV-cache calls). All off: every batch has seqlen_q queries and
+/// seqlen_k keys at its batch stride. The lengths themselves are int32 arrays in
+/// device memory, given per call (AttentionTensors); the kernel clamps what it
+/// reads from them to the rows described here, so no array content can make it
+/// access memory outside the tensors.
+struct Sequences {
+  /// cu_seqlens_q [batch + 1]: Q, O and LSE are packed: Q and O [total_q, heads,
+  /// dim], LSE [heads, total_q]; batch b's queries are rows [cu[b], cu[b + 1]).
+  /// seqlen_q is then the longest sequence (max_seqlen_q); batch strides are unused.
+  bool packed_q = false;
+  /// cu_seqlens_k [batch + 1]: K and V are packed [total_k, kv_heads, dim] likewise.
+  bool packed_k = false;
+  /// seqused_k / cache_seqlens [batch]: batch b attends to its first used[b] keys.
+  bool used_k = false;
+  int64_t total_q = 0, total_k = 0; // rows of packed Q/O and of packed K/V
+  /// A paged KV cache: K and V are [num_pages, page_size, kv_heads, dim] (their
+  /// batch stride is the page stride), and key j of batch b is row j % page_size
+  /// of page block_table[b * pages_per_seq + j / page_size]. 0: not paged.
+  int64_t page_size = 0;
+  int64_t num_pages = 0;
+  int64_t pages_per_seq = 0; // block_table's columns
+  bool paged() const { return page_size > 0; }
+  bool any() const { return packed_q || packed_k || used_k || paged(); }
+  bool operator==(const Sequences &) const = default;
+};
+
 /// What of an attention spec changes a kernel's code. Everything else (batch,
 /// heads, kv_heads, seqlens, strides, window sizes, scale) is a run-time argument,
 /// so one kernel serves every spec with the same signature.
@@ -38,6 +65,9 @@ struct KernelSignature {
   bool causal = false;
   bool local = false; // a sliding window (its sizes are run-time arguments)
   bool lse = false;
+  /// Sequences: packed Q (cu_seqlens_q), packed K/V (cu_seqlens_k), per-batch key
+  /// counts (seqused_k), a paged KV cache.
+  bool packed_q = false, packed_k = false, used_k = false, paged = false;
   /// Per tensor (q, k, v, o): the head dim is contiguous (dim stride 1).
   bool unit_dim[4] = {true, true, true, true};
   /// Bytes every row start and stride of q, k, v and o is a multiple of: 16
@@ -73,6 +103,10 @@ struct AttentionSpec {
   /// blocks fill it); 1: off; at most kMaxSplits. A run-time choice, not part
   /// of the signature.
   int64_t num_splits = 0;
+  /// Varlen batches, per-batch key counts, a paged KV cache (Sequences). seqlen_q
+  /// and seqlen_k are then the longest sequences (max_seqlen_q / max_seqlen_k; for
+  /// a KV cache its capacity).
+  Sequences seqs;
   Strides q, k, v, o;           // element strides of each tensor
   Layout layout = Layout::bshd; // the named layout the strides came from (for .npy files)
 
@@ -84,16 +118,25 @@ struct AttentionSpec {
   int64_t diagonal_offset() const { return seqlen_k - seqlen_q; }
   /// Elements a buffer must hold for a tensor with the given strides and extents.
   static int64_t extent(const Strides &s, int64_t b, int64_t h, int64_t n, int64_t d);
-  int64_t q_elements() const { return extent(q, batch, heads, seqlen_q, head_dim_qk); }
-  int64_t k_elements() const { return extent(k, batch, kv_heads, seqlen_k, head_dim_qk); }
-  int64_t v_elements() const { return extent(v, batch, kv_heads, seqlen_k, head_dim_v); }
-  int64_t o_elements() const { return extent(o, batch, heads, seqlen_q, head_dim_v); }
-  int64_t lse_elements() const { return batch * heads * seqlen_q; }
+  int64_t q_elements() const { return extent(q, q_batches(), heads, q_rows(), head_dim_qk); }
+  int64_t k_elements() const { return extent(k, kv_batches(), kv_heads, kv_rows(), head_dim_qk); }
+  int64_t v_elements() const { return extent(v, kv_batches(), kv_heads, kv_rows(), head_dim_v); }
+  int64_t o_elements() const { return extent(o, q_batches(), heads, q_rows(), head_dim_v); }
+  int64_t lse_elements() const { return q_batches() * heads * q_rows(); }
+  /// The batch and row extents of the Q/O buffers: (1, total_q) when packed.
+  int64_t q_batches() const { return seqs.packed_q ? 1 : batch; }
+  int64_t q_rows() const { return seqs.packed_q ? seqs.total_q : seqlen_q; }
+  /// Of the K/V buffers: (1, total_k) when packed, (num_pages, page_size) when paged.
+  int64_t kv_batches() const { return seqs.paged() ? seqs.num_pages : seqs.packed_k ? 1 : batch; }
+  int64_t kv_rows() const {
+    return seqs.paged() ? seqs.page_size : seqs.packed_k ? seqs.total_k : seqlen_k;
+  }
 
   /// Sets q/k/v/o strides for a named layout from the sizes already set.
   void set_layout(Layout l);
   /// Every impossible spec gets an error that names the field and the fix.
   Status validate() const;
+  Status validate_sequences() const;
   /// What of this spec a kernel specializes on.
   KernelSignature signature() const;
   /// Ok when a kernel generated for `s` computes this spec; else which field

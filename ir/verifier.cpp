@@ -7,6 +7,7 @@
 // of op 5. Values are spelled as print() spells them.
 #include "ir/ir.h"
 
+#include <algorithm>
 #include <set>
 
 #include <fmt/format.h>
@@ -377,12 +378,21 @@ private:
   }
 
   /// An extent is a positive constant or an integer scalar parameter.
-  Status check_extent(const Extent &e, std::string_view what, bool zero_ok = false) const {
+  /// With `sequence_ok`, it may also name a sequence (a per-batch length).
+  Status check_extent(const Extent &e, std::string_view what, bool zero_ok = false,
+                      bool sequence_ok = false) const {
     if (!e.is_param()) {
       if (e.value < (zero_ok ? 0 : 1))
         return Status::error("{} is {}, expected {}", what, e.value,
                              zero_ok ? "at least 0" : "a positive size");
       return Status::ok();
+    }
+    if (p_.sequence(e.param)) {
+      if (sequence_ok)
+        return Status::ok();
+      return Status::error("{} reads sequence %{}, a per-batch length; it takes a scalar "
+                           "parameter",
+                           what, e.param);
     }
     const ScalarParam *s = p_.scalar(e.param);
     if (!s)
@@ -410,6 +420,35 @@ private:
                              "become identifiers of the generated kernel)",
                              s.name);
     }
+    for (size_t i = 0; i < p_.indices.size(); ++i) {
+      const std::string &name = p_.indices[i];
+      if (!is_identifier(name) || name.find('.') != std::string::npos)
+        return Status::error("index array {} has name '{}', which is not a C identifier", i, name);
+      if (std::find(p_.indices.begin(), p_.indices.end(), name) != p_.indices.begin() + i)
+        return Status::error("index array @{} is declared twice", name);
+      if (p_.scalar(name) || p_.tensor(name) || value_names_used.count(name))
+        return Status::error("index array @{} has the name of a scalar, tensor or value; rename "
+                             "one (both become identifiers of the generated kernel)",
+                             name);
+    }
+    for (const Sequence &q : p_.sequences) {
+      if (!is_identifier(q.name) || q.name.find('.') != std::string::npos)
+        return Status::error("sequence '{}' is not a C identifier", q.name);
+      if (p_.sequence(q.name) != &q || p_.scalar(q.name) || p_.has_index(q.name) ||
+          value_names_used.count(q.name) || p_.tensor(q.name))
+        return Status::error("sequence %{} is declared twice or has the name of a scalar, index "
+                             "array, tensor or value",
+                             q.name);
+      if (q.starts.empty() && q.used.empty())
+        return Status::error("sequence %{} reads neither starts nor used lengths: a length the "
+                             "same for every batch is a scalar parameter",
+                             q.name);
+      for (const std::string *array : {&q.starts, &q.used})
+        if (!array->empty() && !p_.has_index(*array))
+          return Status::error("sequence %{} reads @{}, which is not an index array of the kernel",
+                               q.name, *array);
+      FJ_RETURN_IF_ERROR(check_extent(q.capacity, fmt::format("sequence %{}'s capacity", q.name)));
+    }
     for (size_t i = 0; i < p_.tensors.size(); ++i) {
       const TensorParam &t = p_.tensors[i];
       if (!is_identifier(t.name))
@@ -429,9 +468,32 @@ private:
                                                                  {"dim stride", &t.stride_dim},
                                                                  {"split stride", &t.stride_split}};
       for (const auto &[what, e] : extents)
+        FJ_RETURN_IF_ERROR(check_extent(
+            *e, fmt::format("tensor @{}'s {}", t.name, what),
+            std::string_view(what).find("stride") != std::string_view::npos, e == &t.seq));
+      const Sequence *rows = t.seq.is_param() ? p_.sequence(t.seq.param) : nullptr;
+      if (t.packed && (!rows || rows->starts.empty()))
+        return Status::error("tensor @{} is packed but its seq extent is not a sequence with "
+                             "starts (the rows where each batch begins)",
+                             t.name);
+      if (!t.pages.table.empty()) {
+        if (!p_.has_index(t.pages.table))
+          return Status::error("tensor @{} reads pages from @{}, which is not an index array of "
+                               "the kernel",
+                               t.name, t.pages.table);
+        if (t.packed)
+          return Status::error("tensor @{} is both packed and paged: its rows come from one or "
+                               "the other",
+                               t.name);
+        if (t.name != "K" && t.name != "V")
+          return Status::error("tensor @{} is paged: only @K and @V (a KV cache) may be", t.name);
+        FJ_RETURN_IF_ERROR(check_extent(t.pages.table_stride,
+                                        fmt::format("tensor @{}'s page table stride", t.name)));
         FJ_RETURN_IF_ERROR(
-            check_extent(*e, fmt::format("tensor @{}'s {}", t.name, what),
-                         std::string_view(what).find("stride") != std::string_view::npos));
+            check_extent(t.pages.page_size, fmt::format("tensor @{}'s page size", t.name)));
+        FJ_RETURN_IF_ERROR(
+            check_extent(t.pages.count, fmt::format("tensor @{}'s page count", t.name)));
+      }
       if (t.row_align != 2 && t.row_align != 4 && t.row_align != 8 && t.row_align != 16)
         return Status::error("tensor @{} has align = {}, expected 2, 4, 8 or 16 (bytes)", t.name,
                              t.row_align);

@@ -114,8 +114,23 @@ private:
         t.stride_split == ir::Extent::constant(0)
             ? ""
             : fmt::format(" + long({}) * {}", name(p_.grid_arg(3)), c_expr(t.stride_split));
-    return fmt::format("{} + long({}) * {} + long({}) * {}{}", t.name, name(p_.grid_arg(2)),
-                       c_expr(t.stride_batch), head, c_expr(t.stride_head), split);
+    // Packed rows start at the sequence's start row; a paged tensor adds each
+    // row's page (page_row_offset) to this head's base.
+    const std::string batch =
+        t.packed   ? fmt::format("long({}_start) * {}", t.seq.param, c_expr(t.stride_seq))
+        : paged(t) ? std::string("0")
+                   : fmt::format("long({}) * {}", name(p_.grid_arg(2)), c_expr(t.stride_batch));
+    return fmt::format("{} + {} + long({}) * {}{}", t.name, batch, head, c_expr(t.stride_head),
+                       split);
+  }
+  static bool paged(const ir::TensorParam &t) { return !t.pages.table.empty(); }
+  // The offset of row `row` of a paged tensor from its head's base: its page
+  // from this batch's row of the page table (ir::TensorParam::Pages).
+  std::string page_row_offset(const ir::TensorParam &t, const std::string &row) const {
+    return fmt::format("fj_page_row({} + long({}) * {}, {}, {}, {}, {}, {}, {})", t.pages.table,
+                       name(p_.grid_arg(2)), c_expr(t.pages.table_stride), row,
+                       c_expr(t.pages.table_stride), c_expr(t.pages.page_size),
+                       c_expr(t.pages.count), c_expr(t.stride_batch), c_expr(t.stride_seq));
   }
   // The first row of block `idx` (of `rows` rows) of a tensor's slice `base`.
   static std::string block_base(const ir::TensorParam &t, const std::string &base,
@@ -149,6 +164,7 @@ private:
   }
 
   Status declare_params();
+  void emit_sequences();
   // Adds a named constant once (the loop body is emitted twice, see emit_for).
   void add_constant(std::string decl, std::string comment) {
     for (const auto &c : constants_)

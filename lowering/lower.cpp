@@ -182,6 +182,7 @@ Expected<Lowered> KernelEmitter::run() {
   }
   w_.line("const int {} = fj_group_id_y();", name(p_.grid_arg(1)));
   w_.line("const int {} = fj_group_id_z();", name(p_.grid_arg(2)));
+  emit_sequences();
   w_.line("// The query at row r (0..{0}) of this wave's {1}-query tile qt: its row in the",
           m_tile_ - 1, m_tile_);
   w_.line("// workgroup's block (local_row) and in the sequence (query_row).");
@@ -222,6 +223,8 @@ Expected<Lowered> KernelEmitter::run() {
     params.push_back({t.name, KernelParam::Kind::tensor, ir::ScalarType::i64,
                       fmt::format("{}{} *", output ? "" : "const ", element)});
   }
+  for (const std::string &index : p_.indices)
+    params.push_back({index, KernelParam::Kind::tensor, ir::ScalarType::i64, "const int *"});
   for (const ir::ScalarParam &sp : p_.scalars)
     params.push_back({sp.name, KernelParam::Kind::scalar, sp.type, c_scalar_type(sp.type)});
   w_.line("FJ_GLOBAL FJ_WORKGROUP_SIZE({})", waves_ * target_.wave_size);
@@ -276,6 +279,30 @@ Expected<Lowered> KernelEmitter::run() {
   // Rows are addressed by a 32-bit offset within a block (row_offset).
   out.max_row_stride = int64_t(UINT32_MAX) / std::max(block_m_, block_n_);
   return out;
+}
+
+// This batch's rows of each sequence (ir::Sequence, clamps included), then an
+// early exit for a query block past its sequence's end (the whole workgroup
+// leaves together, before any barrier).
+void KernelEmitter::emit_sequences() {
+  const std::string batch = name(p_.grid_arg(2));
+  for (const ir::Sequence &q : p_.sequences) {
+    const std::string cap = c_expr(q.capacity);
+    w_.line("// IR: sequence %{}: this batch's rows{}{}", q.name,
+            q.starts.empty() ? "" : ", from @" + q.starts, q.used.empty() ? "" : ", @" + q.used);
+    if (q.starts.empty())
+      w_.line("const int {}_start = 0;", q.name);
+    else
+      w_.line("const int {0}_start = fj_clamp({1}[{2}], 0, {3});", q.name, q.starts, batch, cap);
+    const std::string length = !q.used.empty()
+                                   ? fmt::format("{}[{}]", q.used, batch)
+                                   : fmt::format("{}[{} + 1] - {}_start", q.starts, batch, q.name);
+    w_.line("const int {0} = fj_clamp({1}, 0, {2} - {0}_start);", q.name, length, cap);
+  }
+  const ir::TensorParam &q = *p_.tensor("Q");
+  if (q.seq.is_param() && p_.sequence(q.seq.param))
+    w_.line("if ({} * kBlockM >= {}) return; // a query block past this sequence's end",
+            name(p_.grid_arg(0)), q.seq.param);
 }
 
 Status KernelEmitter::emit_ops(const std::vector<Op> &body) {

@@ -139,12 +139,18 @@ void KernelEmitter::emit_stage_issue(const Op &op, const std::string &idx) {
   const std::string rows_name = rows == block_n_   ? "kBlockN"
                                 : rows == block_m_ ? "kBlockM"
                                                    : std::to_string(rows);
-  w_.line("const fj_bits *tile = {};", block_base(t, head_base(t), "(" + idx + ")", rows_name));
+  if (paged(t))
+    w_.line("const fj_bits *head_rows = {}; // rows found through the page table", head_base(t));
+  else
+    w_.line("const fj_bits *tile = {};", block_base(t, head_base(t), "(" + idx + ")", rows_name));
   w_.line("// {} rows x {} chunks of 8 elements", rows, cols / 8);
   w_.open("for (int i = fj_thread_id(); i < {} * {}; i += kThreads) {{", rows, cols / 8);
   w_.line("const int r = i / {}, d0 = (i % {}) * 8;", cols / 8, cols / 8);
   w_.line("const int row = ({}) * {} + r;", idx, rows_name);
-  w_.line("const fj_bits *src = tile + {};", row_offset(t, "r"));
+  if (paged(t))
+    w_.line("const fj_bits *src = head_rows + {};", page_row_offset(t, "row"));
+  else
+    w_.line("const fj_bits *src = tile + {};", row_offset(t, "r"));
   if (!transposed) {
     w_.open("if (kVecLoads && d0 + 8 <= {}) {{", dim_const(t));
     w_.line("fj_stage8(&{}[r * {} + d0], src + d0, row < {}); // zeros past the last row", buf,

@@ -57,7 +57,7 @@ void for_each_element(const Strides &s, int64_t b, int64_t h, int64_t n, int64_t
 
 struct TensorShape {
   const Strides *strides;
-  int64_t heads, seq, dim, extent;
+  int64_t batch, heads, seq, dim, extent;
 };
 
 /// The logical elements of a buffer of `t` elements as floats at the same
@@ -67,7 +67,7 @@ std::vector<float> to_floats(const void *buffer, const AttentionSpec &spec, cons
   std::vector<float> out(size_t(s.extent), std::numeric_limits<float>::quiet_NaN());
   const auto *bytes = static_cast<const uint8_t *>(buffer);
   const int size = dtype_bytes(spec.dtype);
-  for_each_element(*s.strides, spec.batch, s.heads, s.seq, s.dim, [&](int64_t i) {
+  for_each_element(*s.strides, s.batch, s.heads, s.seq, s.dim, [&](int64_t i) {
     uint32_t bits = 0;
     std::memcpy(&bits, bytes + i * size, size_t(size)); // little-endian hosts only
     out[size_t(i)] = from_bits(spec.dtype, bits);
@@ -80,7 +80,7 @@ void from_floats(const std::vector<float> &values, const AttentionSpec &spec, co
                  void *buffer) {
   auto *bytes = static_cast<uint8_t *>(buffer);
   const int size = dtype_bytes(spec.dtype);
-  for_each_element(*s.strides, spec.batch, s.heads, s.seq, s.dim, [&](int64_t i) {
+  for_each_element(*s.strides, s.batch, s.heads, s.seq, s.dim, [&](int64_t i) {
     const uint32_t bits = to_bits(spec.dtype, values[size_t(i)]);
     std::memcpy(bytes + i * size, &bits, size_t(size));
   });
@@ -90,26 +90,51 @@ struct Shapes {
   TensorShape q, k, v, o;
 };
 Shapes shapes_of(const AttentionSpec &s) {
-  return {{&s.q, s.heads, s.seqlen_q, s.head_dim_qk, s.q_elements()},
-          {&s.k, s.kv_heads, s.seqlen_k, s.head_dim_qk, s.k_elements()},
-          {&s.v, s.kv_heads, s.seqlen_k, s.head_dim_v, s.v_elements()},
-          {&s.o, s.heads, s.seqlen_q, s.head_dim_v, s.o_elements()}};
+  return {{&s.q, s.q_batches(), s.heads, s.q_rows(), s.head_dim_qk, s.q_elements()},
+          {&s.k, s.kv_batches(), s.kv_heads, s.kv_rows(), s.head_dim_qk, s.k_elements()},
+          {&s.v, s.kv_batches(), s.kv_heads, s.kv_rows(), s.head_dim_v, s.v_elements()},
+          {&s.o, s.q_batches(), s.heads, s.q_rows(), s.head_dim_v, s.o_elements()}};
+}
+
+/// The index arrays of a spec with Sequences: (name, entries, pointer) of each
+/// one the spec uses.
+struct IndexArray {
+  const char *name;
+  int64_t entries;
+  const int32_t *pointer;
+  std::vector<int32_t> HostTensors::*host;
+};
+std::vector<IndexArray> index_arrays(const AttentionSpec &s, const AttentionTensors &t) {
+  std::vector<IndexArray> out;
+  if (s.seqs.packed_q)
+    out.push_back({"cu_seqlens_q", s.batch + 1, t.cu_seqlens_q, &HostTensors::cu_seqlens_q});
+  if (s.seqs.packed_k)
+    out.push_back({"cu_seqlens_k", s.batch + 1, t.cu_seqlens_k, &HostTensors::cu_seqlens_k});
+  if (s.seqs.used_k)
+    out.push_back({"seqused_k", s.batch, t.seqused_k, &HostTensors::seqused_k});
+  if (s.seqs.paged())
+    out.push_back(
+        {"block_table", s.batch * s.seqs.pages_per_seq, t.block_table, &HostTensors::block_table});
+  return out;
 }
 
 /// Runs `run` over host copies of host buffers.
-Status run_on_host(const AttentionSpec &spec, const void *q, const void *k, const void *v,
-                   void *out, float *lse, const std::function<Status(HostTensors &)> &run) {
+Status run_on_host(const AttentionSpec &spec, const AttentionTensors &in,
+                   const std::function<Status(HostTensors &)> &run) {
   const Shapes sh = shapes_of(spec);
   HostTensors t;
-  t.q = to_floats(q, spec, sh.q);
-  t.k = to_floats(k, spec, sh.k);
-  t.v = to_floats(v, spec, sh.v);
+  t.q = to_floats(in.q, spec, sh.q);
+  t.k = to_floats(in.k, spec, sh.k);
+  t.v = to_floats(in.v, spec, sh.v);
   t.o.assign(size_t(sh.o.extent), std::numeric_limits<float>::quiet_NaN());
   t.lse.assign(spec.lse ? size_t(spec.lse_elements()) : 0, std::numeric_limits<float>::quiet_NaN());
+  for (const IndexArray &a : index_arrays(spec, in))
+    (t.*a.host).assign(a.pointer, a.pointer + a.entries);
+  FJ_RETURN_IF_ERROR(check_sequences(spec, t).with_context("forward"));
   FJ_RETURN_IF_ERROR(run(t));
-  from_floats(t.o, spec, sh.o, out);
+  from_floats(t.o, spec, sh.o, in.out);
   if (spec.lse)
-    std::memcpy(lse, t.lse.data(), t.lse.size() * sizeof(float));
+    std::memcpy(in.lse, t.lse.data(), t.lse.size() * sizeof(float));
   return Status::ok();
 }
 
@@ -159,21 +184,17 @@ struct Attention::Impl {
   static constexpr int64_t kDecodeRows = 16;
   /// The split-KV kernels, built (thread-safely) on first use.
   Expected<const SplitKv *> split_kv(Failure *failure);
-  Status run_split_gpu(const SplitKv &k, const AttentionSpec &shape, int64_t splits, const void *q,
-                       const void *k_, const void *v, void *out, float *lse, void *stream);
+  Status run_split_gpu(const SplitKv &k, const AttentionSpec &shape, int64_t splits,
+                       const AttentionTensors &t, void *stream);
   Status prepare_fallback(const Status &why);
-  Status check_arguments(const AttentionSpec &shape, const void *q, const void *k, const void *v,
-                         const void *out, const float *lse) const;
+  Status check_arguments(const AttentionSpec &shape, const AttentionTensors &t) const;
   /// One kernel launch: the grid from `shapes` (within CUDA's y/z limits), the
   /// arguments from `shapes` and `pointers`.
   Status launch(const lowering::Lowered &l, runtime::GpuKernel &k, const ir::Bindings &shapes,
                 std::span<const runtime::NamedPointer> pointers, void *stream);
-  Status run_gpu(const AttentionSpec &shape, const void *q, const void *k, const void *v, void *out,
-                 float *lse, void *stream);
-  Status run_emulator(const AttentionSpec &shape, const void *q, const void *k, const void *v,
-                      void *out, float *lse);
-  Status run_interpreter(const AttentionSpec &shape, const void *q, const void *k, const void *v,
-                         void *out, float *lse, void *stream);
+  Status run_gpu(const AttentionSpec &shape, const AttentionTensors &t, void *stream);
+  Status run_emulator(const AttentionSpec &shape, const AttentionTensors &t);
+  Status run_interpreter(const AttentionSpec &shape, const AttentionTensors &t, void *stream);
   std::string kernel_name() const {
     return generated ? generated->lowered.kernel_name : fallback_program->name;
   }
@@ -218,7 +239,8 @@ Status Attention::Impl::build(Failure *failure) {
 }
 
 int64_t Attention::Impl::choose_splits(const AttentionSpec &shape) const {
-  if (executor == Executor::interpreter || shape.num_splits == 1)
+  // Packed queries have no split kernels (ir::build_split_kv says why).
+  if (executor == Executor::interpreter || shape.num_splits == 1 || shape.seqs.packed_q)
     return 0;
   if (shape.num_splits > 1)
     return shape.num_splits;
@@ -289,8 +311,7 @@ Expected<const Attention::Impl::SplitKv *> Attention::Impl::split_kv(Failure *fa
 }
 
 Status Attention::Impl::run_split_gpu(const SplitKv &sk, const AttentionSpec &shape, int64_t splits,
-                                      const void *q, const void *k, const void *v, void *out,
-                                      float *lse, void *stream) {
+                                      const AttentionTensors &t, void *stream) {
   const ir::SplitWorkspace ws = ir::split_workspace(shape, splits);
   auto workspace = driver->allocate_async(device.index, size_t(ws.bytes()), stream);
   if (!workspace)
@@ -298,10 +319,16 @@ Status Attention::Impl::run_split_gpu(const SplitKv &sk, const AttentionSpec &sh
         fmt::format("split-KV workspace of {} bytes on {}", ws.bytes(), device.id()));
   float *o_partial = static_cast<float *>(*workspace);
   float *lse_partial = o_partial + ws.o_elements;
-  const runtime::NamedPointer first[] = {
-      {"Q", q}, {"K", k}, {"V", v}, {"O", o_partial}, {"LSE", lse_partial}};
+  const runtime::NamedPointer first[] = {{"Q", t.q},
+                                         {"K", t.k},
+                                         {"V", t.v},
+                                         {"O", o_partial},
+                                         {"LSE", lse_partial},
+                                         {"cu_seqlens_k", t.cu_seqlens_k},
+                                         {"seqused_k", t.seqused_k},
+                                         {"block_table", t.block_table}};
   const runtime::NamedPointer second[] = {
-      {"O_partial", o_partial}, {"LSE_partial", lse_partial}, {"O", out}, {"LSE", lse}};
+      {"O_partial", o_partial}, {"LSE_partial", lse_partial}, {"O", t.out}, {"LSE", t.lse}};
   Status s = launch(sk.partial.lowered, *sk.partial_kernel, ir::bind_split_kv(shape, splits), first,
                     stream);
   if (s)
@@ -331,8 +358,10 @@ Status Attention::Impl::prepare_fallback(const Status &why) {
   return Status::ok();
 }
 
-Status Attention::Impl::check_arguments(const AttentionSpec &shape, const void *q, const void *k,
-                                        const void *v, const void *out, const float *lse) const {
+Status Attention::Impl::check_arguments(const AttentionSpec &shape,
+                                        const AttentionTensors &t) const {
+  const void *q = t.q, *k = t.k, *v = t.v, *out = t.out;
+  const float *lse = t.lse;
   const bool generated_kernel = executor != Executor::interpreter;
   const int align =
       generated_kernel ? generated->lowered.pointer_alignment : dtype_bytes(spec.dtype);
@@ -367,6 +396,28 @@ Status Attention::Impl::check_arguments(const AttentionSpec &shape, const void *
               ? " (its rows allow 128-bit loads and stores, so every tensor pointer must be too)"
               : "");
   }
+  // Each index array exactly when the spec's sequences need it.
+  const std::vector<IndexArray> wanted = index_arrays(shape, t);
+  const std::pair<const char *, const int32_t *> given[] = {{"cu_seqlens_q", t.cu_seqlens_q},
+                                                            {"cu_seqlens_k", t.cu_seqlens_k},
+                                                            {"seqused_k", t.seqused_k},
+                                                            {"block_table", t.block_table}};
+  for (const auto &[name, pointer] : given) {
+    const bool needed = std::any_of(wanted.begin(), wanted.end(), [&](const IndexArray &a) {
+      return std::string_view(a.name) == name;
+    });
+    if (needed && !pointer)
+      return Status::error("forward: {} is null but the spec's sequences need it ({}): pass "
+                           "the int32 array",
+                           name, shape.summary());
+    if (!needed && pointer)
+      return Status::error("forward: {} is given but the spec does not use it, so it would be "
+                           "ignored: pass null, or set the spec's sequences (AttentionSpec::seqs)",
+                           name);
+    if (pointer && reinterpret_cast<uintptr_t>(pointer) % alignof(int32_t) != 0)
+      return Status::error("forward: {} ({}) is not aligned to 4 bytes (an int32 array)", name,
+                           static_cast<const void *>(pointer));
+  }
   return Status::ok();
 }
 
@@ -393,10 +444,18 @@ Status Attention::Impl::launch(const lowering::Lowered &l, runtime::GpuKernel &k
       .with_context(fmt::format("launching {} on {}", l.kernel_name, device.id()));
 }
 
-Status Attention::Impl::run_gpu(const AttentionSpec &shape, const void *q, const void *k,
-                                const void *v, void *out, float *lse, void *stream) {
+Status Attention::Impl::run_gpu(const AttentionSpec &shape, const AttentionTensors &t,
+                                void *stream) {
   const lowering::Lowered &l = generated->lowered;
-  const runtime::NamedPointer pointers[] = {{"Q", q}, {"K", k}, {"V", v}, {"O", out}, {"LSE", lse}};
+  const runtime::NamedPointer pointers[] = {{"Q", t.q},
+                                            {"K", t.k},
+                                            {"V", t.v},
+                                            {"O", t.out},
+                                            {"LSE", t.lse},
+                                            {"cu_seqlens_q", t.cu_seqlens_q},
+                                            {"cu_seqlens_k", t.cu_seqlens_k},
+                                            {"seqused_k", t.seqused_k},
+                                            {"block_table", t.block_table}};
   FJ_RETURN_IF_ERROR(launch(l, *kernel, ir::bind_attention(shape), pointers, stream));
   if (options.synchronize)
     FJ_RETURN_IF_ERROR(
@@ -405,21 +464,20 @@ Status Attention::Impl::run_gpu(const AttentionSpec &shape, const void *q, const
   return Status::ok();
 }
 
-Status Attention::Impl::run_emulator(const AttentionSpec &shape, const void *q, const void *k,
-                                     const void *v, void *out, float *lse) {
+Status Attention::Impl::run_emulator(const AttentionSpec &shape, const AttentionTensors &in) {
   runtime::EmulatorOptions eo;
   eo.threads = options.cpu_threads;
-  return run_on_host(shape, q, k, v, out, lse, [&](HostTensors &t) {
+  return run_on_host(shape, in, [&](HostTensors &t) {
     return runtime::emulate(generated->lowered, generated->target, shape, t, eo);
   });
 }
 
-Status Attention::Impl::run_interpreter(const AttentionSpec &shape, const void *q, const void *k,
-                                        const void *v, void *out, float *lse, void *stream) {
+Status Attention::Impl::run_interpreter(const AttentionSpec &shape, const AttentionTensors &in,
+                                        void *stream) {
   const ir::Bindings shapes = ir::bind_attention(shape);
   auto interpret = [&](HostTensors &t) { return ir::interpret(*fallback_program, shapes, t); };
   if (device.kind == DeviceKind::emulator)
-    return run_on_host(shape, q, k, v, out, lse, interpret);
+    return run_on_host(shape, in, interpret);
 
   // A GPU: wait for the stream, copy the buffers to the host, interpret, copy
   // O (with its gaps as they were) and the LSE back.
@@ -432,17 +490,28 @@ Status Attention::Impl::run_interpreter(const AttentionSpec &shape, const void *
     return host;
   };
   FJ_RETURN_IF_ERROR(driver->synchronize(device.index, stream));
-  auto hq = fetch(q, sh.q.extent), hk = fetch(k, sh.k.extent), hv = fetch(v, sh.v.extent),
-       ho = fetch(out, sh.o.extent);
+  auto hq = fetch(in.q, sh.q.extent), hk = fetch(in.k, sh.k.extent), hv = fetch(in.v, sh.v.extent),
+       ho = fetch(in.out, sh.o.extent);
   for (auto *h : {&hq, &hk, &hv, &ho})
     if (!*h)
       return h->status();
   std::vector<float> host_lse(shape.lse ? size_t(shape.lse_elements()) : 0);
-  FJ_RETURN_IF_ERROR(run_on_host(shape, hq->data(), hk->data(), hv->data(), ho->data(),
-                                 host_lse.data(), interpret));
-  FJ_RETURN_IF_ERROR(driver->copy_to_device(device.index, out, ho->data(), ho->size()));
+  AttentionTensors host{hq->data(), hk->data(), hv->data(), ho->data(), host_lse.data()};
+  std::vector<std::vector<int32_t>> arrays; // the index arrays' host copies
+  for (const IndexArray &a : index_arrays(shape, in)) {
+    std::vector<int32_t> &copy = arrays.emplace_back(size_t(a.entries));
+    FJ_RETURN_IF_ERROR(
+        driver->copy_to_host(device.index, copy.data(), a.pointer, copy.size() * sizeof(int32_t)));
+    const std::string_view name = a.name;
+    (name == "cu_seqlens_q"   ? host.cu_seqlens_q
+     : name == "cu_seqlens_k" ? host.cu_seqlens_k
+     : name == "seqused_k"    ? host.seqused_k
+                              : host.block_table) = copy.data();
+  }
+  FJ_RETURN_IF_ERROR(run_on_host(shape, host, interpret));
+  FJ_RETURN_IF_ERROR(driver->copy_to_device(device.index, in.out, ho->data(), ho->size()));
   if (shape.lse)
-    FJ_RETURN_IF_ERROR(driver->copy_to_device(device.index, lse, host_lse.data(),
+    FJ_RETURN_IF_ERROR(driver->copy_to_device(device.index, in.lse, host_lse.data(),
                                               host_lse.size() * sizeof(float)));
   return Status::ok();
 }
@@ -459,12 +528,17 @@ Expected<Attention> Attention::create(const AttentionSpec &spec, const Device &d
 
 Status Attention::forward(const void *q, const void *k, const void *v, void *out, float *lse,
                           void *stream) {
-  return detail::AttentionAccess::forward(*this, impl_->spec, q, k, v, out, lse, stream, nullptr);
+  return detail::AttentionAccess::forward(*this, impl_->spec, {q, k, v, out, lse}, stream, nullptr);
 }
 
 Status Attention::forward(const AttentionSpec &shape, const void *q, const void *k, const void *v,
                           void *out, float *lse, void *stream) {
-  return detail::AttentionAccess::forward(*this, shape, q, k, v, out, lse, stream, nullptr);
+  return detail::AttentionAccess::forward(*this, shape, {q, k, v, out, lse}, stream, nullptr);
+}
+
+Status Attention::forward(const AttentionSpec &shape, const AttentionTensors &tensors,
+                          void *stream) {
+  return detail::AttentionAccess::forward(*this, shape, tensors, stream, nullptr);
 }
 
 std::string Attention::explain() const {
@@ -598,9 +672,8 @@ Expected<Attention> detail::AttentionAccess::create(const AttentionSpec &spec, c
   return Attention(std::move(impl));
 }
 
-Status detail::AttentionAccess::forward(Attention &a, const AttentionSpec &shape, const void *q,
-                                        const void *k, const void *v, void *out, float *lse,
-                                        void *stream, Failure *failure) {
+Status detail::AttentionAccess::forward(Attention &a, const AttentionSpec &shape,
+                                        const AttentionTensors &t, void *stream, Failure *failure) {
   Attention::Impl &m = *a.impl_;
   if (&shape != &m.spec) {
     if (Status s = shape.validate(); !s)
@@ -608,8 +681,16 @@ Status detail::AttentionAccess::forward(Attention &a, const AttentionSpec &shape
     if (Status s = shape.matches(m.signature); !s)
       return failed(failure, Failure::argument, s.with_context("forward"));
   }
-  if (Status s = m.check_arguments(shape, q, k, v, out, lse); !s)
+  if (Status s = m.check_arguments(shape, t); !s)
     return failed(failure, Failure::argument, s);
+  if (m.device.kind == DeviceKind::emulator && shape.seqs.any()) {
+    // Host memory: every index array entry is checked before anything runs.
+    HostTensors arrays;
+    for (const IndexArray &a : index_arrays(shape, t))
+      (arrays.*a.host).assign(a.pointer, a.pointer + a.entries);
+    if (Status s = check_sequences(shape, arrays); !s)
+      return failed(failure, Failure::argument, s.with_context("forward"));
+  }
   if (m.generated)
     if (Status s = lowering::check_launch(m.generated->lowered, shape); !s)
       return failed(failure, Failure::argument, s.with_context("forward"));
@@ -632,23 +713,22 @@ Status detail::AttentionAccess::forward(Attention &a, const AttentionSpec &shape
   Status s;
   switch (m.executor) {
   case Executor::gpu:
-    s = split ? m.run_split_gpu(*split, shape, splits, q, k, v, out, lse, stream)
-              : m.run_gpu(shape, q, k, v, out, lse, stream);
+    s = split ? m.run_split_gpu(*split, shape, splits, t, stream) : m.run_gpu(shape, t, stream);
     break;
   case Executor::emulator:
     if (split) {
       runtime::EmulatorOptions eo;
       eo.threads = m.options.cpu_threads;
-      s = run_on_host(shape, q, k, v, out, lse, [&](HostTensors &t) {
+      s = run_on_host(shape, t, [&](HostTensors &host) {
         return runtime::emulate_split_kv(split->partial.lowered, split->combine.lowered,
-                                         split->partial.target, shape, splits, t, eo);
+                                         split->partial.target, shape, splits, host, eo);
       });
     } else {
-      s = m.run_emulator(shape, q, k, v, out, lse);
+      s = m.run_emulator(shape, t);
     }
     break;
   case Executor::interpreter:
-    s = m.run_interpreter(shape, q, k, v, out, lse, stream);
+    s = m.run_interpreter(shape, t, stream);
     break;
   }
   return s ? s : failed(failure, Failure::runtime, s);

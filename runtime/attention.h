@@ -73,6 +73,22 @@ struct Options {
   int cpu_threads = 0;
 };
 
+/// The buffers of one forward() call: device pointers on hip and cuda devices,
+/// host pointers on the emulator (see forward()).
+struct AttentionTensors {
+  const void *q = nullptr, *k = nullptr, *v = nullptr;
+  void *out = nullptr;
+  float *lse = nullptr; // f32 [batch, heads, seqlen_q] ([heads, total_q] when Q is packed)
+  /// The int32 arrays of a spec with Sequences (AttentionSpec::seqs), each
+  /// required exactly when the spec says so and null otherwise:
+  /// cu_seqlens_q / cu_seqlens_k [batch + 1], seqused_k [batch], block_table
+  /// [batch, pages_per_seq]. The kernels never access memory outside the
+  /// tensors whatever these hold; on the emulator (host memory) they are checked
+  /// first and a bad entry is an error naming it.
+  const int32_t *cu_seqlens_q = nullptr, *cu_seqlens_k = nullptr, *seqused_k = nullptr,
+                *block_table = nullptr;
+};
+
 namespace detail {
 struct AttentionAccess;
 }
@@ -106,6 +122,10 @@ public:
   /// microseconds; nothing is compiled.
   Status forward(const AttentionSpec &shape, const void *q, const void *k, const void *v, void *out,
                  float *lse = nullptr, void *stream = nullptr);
+  /// The general form: any shapes of this signature, with the index arrays of
+  /// varlen batches, per-batch key counts and paged KV caches.
+  Status forward(const AttentionSpec &shape, const AttentionTensors &tensors,
+                 void *stream = nullptr);
 
   /// What create() did, one fact per line: spec, device, target, rules, config,
   /// kernel geometry, compiler, cache outcome and key, and which executor runs.

@@ -28,9 +28,8 @@ inline Status failed(Failure *out, Failure stage, Status status) {
 struct AttentionAccess {
   static Expected<Attention> create(const AttentionSpec &spec, const Device &device,
                                     const Options &options, Failure *failure);
-  static Status forward(Attention &attention, const AttentionSpec &shape, const void *q,
-                        const void *k, const void *v, void *out, float *lse, void *stream,
-                        Failure *failure);
+  static Status forward(Attention &attention, const AttentionSpec &shape,
+                        const AttentionTensors &tensors, void *stream, Failure *failure);
   static Expected<std::string> emit_source(const AttentionSpec &spec, std::string_view arch,
                                            const Options &options, Failure *failure);
   static Expected<std::string> compile_report(const AttentionSpec &spec, std::string_view arch,

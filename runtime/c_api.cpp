@@ -143,6 +143,14 @@ void from_spec(const flashjit::AttentionSpec &s, fj_spec *out) {
   out->causal = s.causal;
   out->lse = s.lse;
   out->num_splits = s.num_splits;
+  out->packed_q = s.seqs.packed_q;
+  out->packed_k = s.seqs.packed_k;
+  out->used_k = s.seqs.used_k;
+  out->total_q = s.seqs.total_q;
+  out->total_k = s.seqs.total_k;
+  out->page_size = s.seqs.page_size;
+  out->num_pages = s.seqs.num_pages;
+  out->pages_per_seq = s.seqs.pages_per_seq;
   out->window_left = s.window.left;
   out->window_right = s.window.right;
   out->q = from_strides(s.q);
@@ -156,7 +164,11 @@ fj_error to_spec(const fj_spec *in, flashjit::AttentionSpec *out) {
     return e;
   if (fj_error e = to_layout(in->layout, &out->layout); e != FJ_OK)
     return e;
-  const std::pair<const char *, int32_t> flags[] = {{"causal", in->causal}, {"lse", in->lse}};
+  const std::pair<const char *, int32_t> flags[] = {{"causal", in->causal},
+                                                    {"lse", in->lse},
+                                                    {"packed_q", in->packed_q},
+                                                    {"packed_k", in->packed_k},
+                                                    {"used_k", in->used_k}};
   for (const auto &[name, value] : flags)
     if (value != 0 && value != 1)
       return fail(FJ_ERROR_INVALID_SPEC,
@@ -172,6 +184,8 @@ fj_error to_spec(const fj_spec *in, flashjit::AttentionSpec *out) {
   out->causal = in->causal != 0;
   out->lse = in->lse != 0;
   out->num_splits = in->num_splits;
+  out->seqs = {in->packed_q != 0, in->packed_k != 0, in->used_k != 0, in->total_q,
+               in->total_k,       in->page_size,     in->num_pages,   in->pages_per_seq};
   out->window = {in->window_left, in->window_right};
   out->q = to_strides(in->q);
   out->k = to_strides(in->k);
@@ -418,8 +432,8 @@ fj_error fj_attention_forward(fj_attention *attention, const void *q, const void
       return null_argument("fj_attention_forward", "attention");
     Failure failure = Failure::none;
     const flashjit::Attention &a = attention->attention;
-    Status s = flashjit::detail::AttentionAccess::forward(attention->attention, a.spec(), q, k, v,
-                                                          out, lse, stream, &failure);
+    Status s = flashjit::detail::AttentionAccess::forward(attention->attention, a.spec(),
+                                                          {q, k, v, out, lse}, stream, &failure);
     return s ? FJ_OK : fail(failure, s);
   });
 }
@@ -436,8 +450,35 @@ fj_error fj_attention_forward_shape(fj_attention *attention, const fj_spec *shap
     if (fj_error e = to_spec(shape, &s); e != FJ_OK)
       return e;
     Failure failure = Failure::none;
-    Status status = flashjit::detail::AttentionAccess::forward(attention->attention, s, q, k, v,
-                                                               out, lse, stream, &failure);
+    Status status = flashjit::detail::AttentionAccess::forward(
+        attention->attention, s, {q, k, v, out, lse}, stream, &failure);
+    return status ? FJ_OK : fail(failure, status);
+  });
+}
+
+fj_error fj_attention_forward_tensors(fj_attention *attention, const fj_spec *shape,
+                                      const fj_tensors *tensors, void *stream) {
+  return guarded("fj_attention_forward_tensors", [&] {
+    if (attention == nullptr)
+      return null_argument("fj_attention_forward_tensors", "attention");
+    if (tensors == nullptr)
+      return null_argument("fj_attention_forward_tensors", "tensors");
+    flashjit::AttentionSpec s = attention->attention.spec();
+    if (shape != nullptr)
+      if (fj_error e = to_spec(shape, &s); e != FJ_OK)
+        return e;
+    const flashjit::AttentionTensors t{tensors->q,
+                                       tensors->k,
+                                       tensors->v,
+                                       tensors->out,
+                                       tensors->lse,
+                                       tensors->cu_seqlens_q,
+                                       tensors->cu_seqlens_k,
+                                       tensors->seqused_k,
+                                       tensors->block_table};
+    Failure failure = Failure::none;
+    Status status =
+        flashjit::detail::AttentionAccess::forward(attention->attention, s, t, stream, &failure);
     return status ? FJ_OK : fail(failure, status);
   });
 }

@@ -926,7 +926,7 @@ Status check_attention(const lowering::Lowered &k, const AttentionSpec &spec,
     if (int64_t(n.first) != n.second)
       return Status::error("emulator: host tensor {} holds {} elements; the spec needs {}", name,
                            n.first, n.second);
-  return Status::ok();
+  return check_sequences(spec, tensors).with_context("emulator");
 }
 
 Status to_device_tensors(const AttentionSpec &spec, const HostTensors &tensors, DeviceTensors &d) {
@@ -948,6 +948,14 @@ Status to_device_tensors(const AttentionSpec &spec, const HostTensors &tensors, 
                {"V", d.v.data, tensors.v.size() * 2, 2, false},
                {"O", d.o.data, tensors.o.size() * 2, 2, true},
                {"LSE", d.lse.data, spec.lse ? tensors.lse.size() * 4 : 0, 4, true}};
+  // The index arrays (Sequences), read as they are; after the five tensors.
+  for (const auto &[name, array] : {std::pair{"cu_seqlens_q", &tensors.cu_seqlens_q},
+                                    {"cu_seqlens_k", &tensors.cu_seqlens_k},
+                                    {"seqused_k", &tensors.seqused_k},
+                                    {"block_table", &tensors.block_table}})
+    if (!array->empty())
+      d.buffers.push_back(
+          {name, const_cast<int32_t *>(array->data()), array->size() * 4, 4, false});
   return Status::ok();
 }
 
@@ -984,11 +992,13 @@ Status emulate_split_kv(const lowering::Lowered &partial, const lowering::Lowere
               std::numeric_limits<float>::quiet_NaN());
   std::fill_n(reinterpret_cast<float *>(lse_partial.data), ws.lse_elements,
               std::numeric_limits<float>::quiet_NaN());
-  const EmulatorBuffer first[] = {d.buffers[0],
-                                  d.buffers[1],
-                                  d.buffers[2],
-                                  {"O", o_partial.data, size_t(ws.o_elements) * 4, 4, true},
-                                  {"LSE", lse_partial.data, size_t(ws.lse_elements) * 4, 4, true}};
+  std::vector<EmulatorBuffer> first = {
+      d.buffers[0],
+      d.buffers[1],
+      d.buffers[2],
+      {"O", o_partial.data, size_t(ws.o_elements) * 4, 4, true},
+      {"LSE", lse_partial.data, size_t(ws.lse_elements) * 4, 4, true}};
+  first.insert(first.end(), d.buffers.begin() + 5, d.buffers.end()); // the index arrays
   FJ_RETURN_IF_ERROR(
       emulate_kernel(partial, target, ir::bind_split_kv(spec, splits), first, options));
   const EmulatorBuffer second[] = {

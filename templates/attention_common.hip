@@ -63,3 +63,18 @@ FJ_DEVICE bool fj_block_unmasked(int qb, int kb, int seqlen_q, int seqlen_k, int
     return false;
   return true;
 }
+
+FJ_DEVICE int fj_clamp(int x, int lo, int hi) { return x < lo ? lo : x > hi ? hi : x; }
+
+// The offset of key row `row` of a paged KV cache from its head's base: row
+// row % page_size of page table[row / page_size]. A row past the table's row or
+// a page outside [0, pages) reads page 0, so no table content reaches outside
+// the cache (rows past the sequence's end are never used). Mirrors the
+// interpreter's ir::TensorParam::Pages addressing.
+FJ_DEVICE long fj_page_row(const int *table, int row, int table_stride, int page_size, int pages,
+                           long page_stride, int seq_stride) {
+  const int slot = row / page_size;
+  int page = slot < table_stride ? table[slot] : 0;
+  page = unsigned(page) < unsigned(pages) ? page : 0;
+  return long(page) * page_stride + long(row - slot * page_size) * seq_stride;
+}

@@ -73,8 +73,8 @@ static int64_t at(const fj_strides *st, int64_t b, int64_t h, int64_t s, int64_t
 
 /* softmax(q k^T / sqrt(d) + bottom-right causal mask) v in double, and the LSE;
  * compares with the kernel's bf16 output and f32 LSE. Returns the max abs error. */
-static double check_against_reference(const fj_spec *sp, const uint16_t *q, const uint16_t *k,
-                                      const uint16_t *v, const uint16_t *o, const float *lse) {
+static double check_rows(const fj_spec *sp, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                         const uint16_t *o, const float *lse, int64_t lse_head_stride) {
   const double scale = 1.0 / sqrt((double)sp->head_dim_qk);
   const int64_t group = sp->heads / sp->kv_heads, offset = sp->seqlen_k - sp->seqlen_q;
   double worst = 0, *p = malloc(sizeof(double) * (size_t)sp->seqlen_k);
@@ -107,12 +107,18 @@ static double check_against_reference(const fj_spec *sp, const uint16_t *q, cons
           if (!(err <= worst)) /* NaN counts as worst */
             worst = isnan(err) ? INFINITY : err;
         }
-        err = fabs(max + log(sum) - (double)lse[(b * sp->heads + h) * sp->seqlen_q + i]);
+        err = fabs(max + log(sum) - (double)lse[(b * sp->heads + h) * lse_head_stride + i]);
         if (!(err <= worst))
           worst = isnan(err) ? INFINITY : err;
       }
   free(p);
   return worst;
+}
+
+/* LSE [batch, heads, seqlen_q]. */
+static double check_against_reference(const fj_spec *sp, const uint16_t *q, const uint16_t *k,
+                                      const uint16_t *v, const uint16_t *o, const float *lse) {
+  return check_rows(sp, q, k, v, o, lse, sp->seqlen_q);
 }
 
 #endif
@@ -311,10 +317,87 @@ static void test_emulator(void) {
 #endif
 }
 
+/* A varlen batch (packed Q/K/V, cu_seqlens) through fj_attention_forward_tensors:
+ * each sequence checked as a dense call of its own rows; bad cu_seqlens refused. */
+static void test_varlen(void) {
+#ifdef FLASHJIT_TEST_WITH_LLVM
+  const int32_t cu[4] = {0, 7, 7, 30}; /* lengths 7, 0 (empty), 23 */
+  const int64_t heads = 4, kv_heads = 2, d = 64, total = 32;
+  fj_spec spec;
+  fj_attention *attn = NULL;
+  fj_tensors t;
+  uint16_t *q, *k, *v, *o;
+  float *lse;
+  size_t i, n = (size_t)(total * heads * d);
+  int b;
+  fj_spec_init_bshd(&spec, 3, heads, kv_heads, 23, 23, d, d, FJ_DTYPE_BF16);
+  spec.packed_q = spec.packed_k = 1;
+  spec.total_q = spec.total_k = total;
+  spec.causal = 1;
+  spec.lse = 1;
+  CHECK(fj_spec_set_layout(&spec, FJ_LAYOUT_BSHD) == FJ_OK);
+  CHECK(fj_spec_validate(&spec) == FJ_OK);
+  q = malloc(n * 2);
+  k = malloc(n * 2);
+  v = malloc(n * 2);
+  o = malloc(n * 2);
+  lse = malloc(sizeof(float) * (size_t)(heads * total));
+  fill_random(q, n);
+  fill_random(k, n);
+  fill_random(v, n);
+  for (i = 0; i < n; ++i)
+    o[i] = 0xffff;
+  for (i = 0; i < (size_t)(heads * total); ++i)
+    lse[i] = NAN;
+  if (fj_attention_create(&spec, "emulator:gfx1100", "auto", &attn) != FJ_OK) {
+    CHECK(!"fj_attention_create of a varlen spec on emulator:gfx1100");
+  } else {
+    memset(&t, 0, sizeof t);
+    t.q = q;
+    t.k = k;
+    t.v = v;
+    t.out = o;
+    t.lse = lse;
+    t.cu_seqlens_q = t.cu_seqlens_k = cu;
+    CHECK(fj_attention_forward_tensors(attn, NULL, &t, NULL) == FJ_OK);
+    for (b = 0; b < 3; ++b) { /* sequence b as a dense batch of one */
+      fj_spec one = spec;
+      const int64_t start = cu[b], rows = cu[b + 1] - cu[b];
+      double err;
+      one.batch = 1;
+      one.seqlen_q = one.seqlen_k = rows;
+      err = check_rows(&one, q + start * spec.q.seq, k + start * spec.k.seq, v + start * spec.v.seq,
+                       o + start * spec.o.seq, lse + start, total);
+      if (!(err <= 3e-2)) {
+        fprintf(stderr, "varlen sequence %d vs float64 reference: max abs error %g > 3e-2\n", b,
+                err);
+        ++failures;
+      }
+    }
+    t.cu_seqlens_k = NULL;
+    CHECK_ERROR(fj_attention_forward_tensors(attn, NULL, &t, NULL), FJ_ERROR_INVALID_ARGUMENT,
+                "cu_seqlens_k is null");
+    {
+      const int32_t bad[4] = {0, 9, 7, 30};
+      t.cu_seqlens_k = bad;
+      CHECK_ERROR(fj_attention_forward_tensors(attn, NULL, &t, NULL), FJ_ERROR_INVALID_ARGUMENT,
+                  "cu_seqlens_k is not nondecreasing");
+    }
+    fj_attention_destroy(attn);
+  }
+  free(q);
+  free(k);
+  free(v);
+  free(o);
+  free(lse);
+#endif
+}
+
 int main(void) {
   test_basics();
   test_errors();
   test_emulator();
+  test_varlen();
   if (failures)
     fprintf(stderr, "c_api_test: %d check(s) failed\n", failures);
   else

@@ -101,6 +101,17 @@ typedef struct fj_spec {
    * units, 1 turns it off, n (up to 128) splits each query block's keys over n
    * workgroups. Not part of the signature. */
   int64_t num_splits;
+  /* Sequences (flashjit::Sequences): varlen batches, per-batch key counts and
+   * paged KV caches; all 0 for dense tensors. With packed_q (cu_seqlens_q), Q
+   * and O are [total_q, heads, dim] and LSE [heads, total_q], and seqlen_q is
+   * the longest sequence; packed_k (cu_seqlens_k) likewise for K and V; used_k
+   * (seqused_k / cache_seqlens): batch b attends to its first used[b] keys; a
+   * paged cache (page_size > 0): K and V are [num_pages, page_size, kv_heads,
+   * dim] and block_table [batch, pages_per_seq]. Flags are 0 or 1. The arrays
+   * are given per call (fj_attention_forward_tensors). */
+  int32_t packed_q, packed_k, used_k;
+  int64_t total_q, total_k;
+  int64_t page_size, num_pages, pages_per_seq;
 } fj_spec;
 
 /* The defaults of flashjit::AttentionSpec: all sizes 1, head dims 64, bf16, BSHD. */
@@ -178,6 +189,25 @@ FJ_API fj_error fj_attention_forward(fj_attention *attention, const void *q, con
 FJ_API fj_error fj_attention_forward_shape(fj_attention *attention, const fj_spec *shape,
                                            const void *q, const void *k, const void *v, void *out,
                                            float *lse, void *stream);
+
+/* The buffers of one call: q, k, v, out and lse as for fj_attention_forward,
+ * and the int32 arrays a spec with sequences needs (each exactly when the spec
+ * uses it, NULL otherwise): cu_seqlens_q / cu_seqlens_k [batch + 1], seqused_k
+ * [batch], block_table [batch, pages_per_seq]. Device memory on a GPU (the
+ * kernels clamp what they read, so no content makes them access memory outside
+ * the tensors); host memory on the emulator, where each entry is checked and a
+ * bad one is an FJ_ERROR_INVALID_ARGUMENT naming it. */
+typedef struct fj_tensors {
+  const void *q, *k, *v;
+  void *out;
+  float *lse;
+  const int32_t *cu_seqlens_q, *cu_seqlens_k, *seqused_k, *block_table;
+} fj_tensors;
+
+/* The general call: the shapes of `shape` (NULL: the handle's spec) over
+ * `tensors`; otherwise as fj_attention_forward_shape. */
+FJ_API fj_error fj_attention_forward_tensors(fj_attention *attention, const fj_spec *shape,
+                                             const fj_tensors *tensors, void *stream);
 
 /* What create did: spec, signature, device, target, rules, config, compiler,
  * cache outcome, launches so far, executor. Owned by the handle, valid until
