@@ -23,6 +23,7 @@
 #include "runtime/device.h"
 #include "runtime/emulator.h"
 #include "runtime/hip_driver.h"
+#include "tests/support/sequences.h"
 
 #include <gtest/gtest.h>
 
@@ -838,6 +839,73 @@ TEST(AttentionCuda, SplitKvDecodeMatchesTheReference) {
     // Every call but num_splits = 1 (off) takes the split-KV kernels.
     EXPECT_HAS(explain, "split-kv: 6 of those calls ran the split-KV kernels");
     std::printf("%s", explain.c_str());
+  }
+}
+
+// Sequences on the GPU: varlen batches, per-batch key counts and paged caches
+// (the emulator's cases, then longer ones: ragged prefill up to 1500 tokens and
+// paged decode over 4000 keys through split-KV), against the float64 reference.
+TEST(AttentionCuda, SequencesMatchTheReference) {
+  std::string why;
+  runtime::GpuDriver *cuda = cuda_or_skip_reason(why);
+  if (!cuda)
+    GTEST_SKIP() << why;
+  std::vector<test::SeqCase> cases = test::seq_cases();
+  for (const test::SeqCase &c : test::long_seq_cases())
+    cases.push_back(c);
+  for (const test::SeqCase &c : cases) {
+    for (int64_t splits : {int64_t{0}, int64_t{1}, int64_t{5}}) {
+      test::SeqInputs in = test::make_seq_inputs(c, 77);
+      in.spec.num_splits = in.spec.seqs.packed_q ? 1 : splits;
+      SCOPED_TRACE(in.spec.summary());
+      Options options;
+      options.synchronize = true;
+      auto attn = Attention::create(in.spec, "cuda:0", options);
+      ASSERT_TRUE(attn) << attn.status().message();
+      HostTensors &t = in.tensors;
+      std::vector<uint16_t> q(t.q.size()), k(t.k.size()), v(t.v.size()), o(t.o.size(), 0x7fff);
+      for (auto [from, to] : {std::pair{&t.q, &q}, std::pair{&t.k, &k}, std::pair{&t.v, &v}})
+        for (size_t i = 0; i < from->size(); ++i)
+          (*to)[i] = uint16_t(to_bits(in.spec.dtype, (*from)[i]));
+      std::vector<void *> device;
+      auto upload = [&](const void *data, size_t bytes) -> void * {
+        if (bytes == 0)
+          return nullptr;
+        auto p = cuda->allocate(0, bytes);
+        EXPECT_TRUE(p) << p.status().message();
+        if (!p)
+          return nullptr;
+        device.push_back(*p);
+        EXPECT_TRUE(cuda->copy_to_device(0, *p, data, bytes));
+        return *p;
+      };
+      AttentionTensors a;
+      a.q = upload(q.data(), q.size() * 2);
+      a.k = upload(k.data(), k.size() * 2);
+      a.v = upload(v.data(), v.size() * 2);
+      a.out = upload(o.data(), o.size() * 2);
+      a.lse = static_cast<float *>(upload(t.lse.data(), t.lse.size() * 4));
+      a.cu_seqlens_q =
+          static_cast<const int32_t *>(upload(t.cu_seqlens_q.data(), t.cu_seqlens_q.size() * 4));
+      a.cu_seqlens_k =
+          static_cast<const int32_t *>(upload(t.cu_seqlens_k.data(), t.cu_seqlens_k.size() * 4));
+      a.seqused_k =
+          static_cast<const int32_t *>(upload(t.seqused_k.data(), t.seqused_k.size() * 4));
+      a.block_table =
+          static_cast<const int32_t *>(upload(t.block_table.data(), t.block_table.size() * 4));
+      Status s = attn->forward(in.spec, a);
+      ASSERT_TRUE(s) << s.message();
+      ASSERT_TRUE(cuda->copy_to_host(0, o.data(), a.out, o.size() * 2));
+      if (!t.lse.empty())
+        ASSERT_TRUE(cuda->copy_to_host(0, t.lse.data(), a.lse, t.lse.size() * 4));
+      for (size_t i = 0; i < o.size(); ++i)
+        t.o[i] = from_bits(in.spec.dtype, o[i]);
+      const Tolerance tol = tolerance_for(in.spec.dtype);
+      const ErrorStats e = compare(in.spec, t, reference_attention(in.spec, t));
+      EXPECT_TRUE(e.within(tol.abs, tol.rel)) << describe(e);
+      for (void *p : device)
+        EXPECT_TRUE(cuda->release(0, p));
+    }
   }
 }
 

@@ -38,29 +38,7 @@ void expect_matches_reference(const AttentionSpec &spec, const HostTensors &t) {
   EXPECT_TRUE(err.within(tol.abs, tol.rel)) << describe(err, tol);
 }
 
-const SeqCase kCases[] = {
-    // varlen Q and K, equal lengths per sequence (prefill), empty and 1-token sequences
-    {"varlen_causal_gqa4", 8, 2, 64, 64, bf16, true, kNoWindow, true, {5, 0, 37, 1}, {5, 0, 37, 1},
-     true, true, false, 0},
-    // more keys than queries per sequence, a window, MQA, odd head dim
-    {"varlen_window_mqa_d80", 4, 1, 80, 80, f16, false, Window{16, 3}, true, {3, 40, 1},
-     {100, 7, 65}, true, true, false, 0},
-    // decode over a dense cache of per-batch lengths (cache_seqlens), GQA 8:1
-    {"kvcache_decode_gqa8", 8, 1, 128, 128, bf16, true, kNoWindow, false, {1, 1, 1, 1},
-     {300, 0, 17, 129}, false, false, true, 0},
-    // paged cache, 16-key pages, 4 query tokens, causal
-    {"paged16_q4_causal", 8, 2, 64, 64, bf16, true, kNoWindow, true, {4, 4, 4}, {50, 3, 0}, false,
-     false, true, 16},
-    // 64-key pages, decode, MQA, Dqk != Dv
-    {"paged64_decode_mqa", 4, 1, 96, 64, f16, false, kNoWindow, true, {1, 1}, {200, 65}, false,
-     false, true, 64},
-    // 256-key pages with varlen queries (chunked prefill over a paged cache)
-    {"paged256_varlen_q", 4, 4, 128, 128, bf16, true, kNoWindow, true, {1, 16, 4},
-     {600, 16, 300}, true, false, true, 256},
-    // packed keys with room: seqused_k counts fewer than each sequence holds
-    {"varlen_k_seqused", 4, 2, 72, 72, f16, true, kNoWindow, false, {2, 2, 2}, {9, 0, 70}, false,
-     true, true, 0},
-};
+const std::vector<SeqCase> &kCases = test::seq_cases();
 
 // ---- the IR ------------------------------------------------------------------
 
