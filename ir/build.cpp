@@ -12,6 +12,8 @@
 //   LSE = (m + log2 l) * ln 2                      (-inf for a fully masked row)
 #include "ir/build.h"
 
+#include "ir/expr.h"
+
 #include <algorithm>
 #include <cmath>
 #include <numbers>
@@ -156,6 +158,10 @@ Bindings bind_attention(const AttentionSpec &spec) {
   b.set_int("window_left", std::min(spec.window.left, widest));
   b.set_int("window_right", std::min(spec.window.right, widest));
   b.set_real("scale_log2", spec.softmax_scale() * std::numbers::log2e);
+  if (spec.has_score_modifier())
+    b.set_real("scale", spec.softmax_scale());
+  if (spec.softcap > 0)
+    b.set_real("softcap", spec.softcap);
   const Strides *strides[] = {&spec.q, &spec.k, &spec.v, &spec.o};
   for (int i = 0; i < 4; ++i) {
     b.set_int(kStrideNames[i][0], strides[i]->batch);
@@ -190,6 +196,39 @@ Bindings bind_split_kv(const AttentionSpec &spec, int64_t splits) {
 }
 
 namespace {
+
+/// The spec's score modifiers as one score function, in FlashAttention's order:
+/// softcap, ALiBi, the user's score_mod, then mask_mod (a select against -inf).
+Expected<std::string> score_function(const AttentionSpec &spec, const Program &p) {
+  const ExprScope scope = p.expr_scope();
+  auto parse = [&](std::string_view text, std::string_view what) {
+    return parse_expr(text, scope, what);
+  };
+  Expected<Expr> e = parse("score", "score");
+  auto wrap = [&](std::string_view text, std::string_view what) -> Status {
+    auto outer = parse(text, what);
+    if (!outer)
+      return outer.status();
+    e = substitute_score(*outer, *e);
+    return Status::ok();
+  };
+  if (spec.softcap > 0)
+    FJ_RETURN_IF_ERROR(wrap("softcap * tanh(score / softcap)", "softcap"));
+  if (spec.alibi != Alibi::none)
+    FJ_RETURN_IF_ERROR(
+        wrap(spec.alibi == Alibi::heads
+                 ? "score - alibi_slopes[h] * abs(q_idx + seqlen_k - seqlen_q - kv_idx)"
+                 : "score - alibi_slopes[b * heads + h] * "
+                   "abs(q_idx + seqlen_k - seqlen_q - kv_idx)",
+             "alibi"));
+  if (!spec.score_mod.empty())
+    FJ_RETURN_IF_ERROR(wrap(spec.score_mod, "score_mod"));
+  if (e->is_int) // an integer score_mod (e.g. "kv_idx") is still a score
+    FJ_RETURN_IF_ERROR(wrap("score * 1.0", "score_mod"));
+  if (!spec.mask_mod.empty())
+    FJ_RETURN_IF_ERROR(wrap("(" + spec.mask_mod + ") ? score : -inf", "mask_mod"));
+  return print_expr(*e);
+}
 
 Expected<Program> build(const AttentionSpec &spec, const Config &config, bool split_kv) {
   FJ_RETURN_IF_ERROR(spec.validate());
@@ -260,6 +299,18 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, bool sp
     scalar("window_right", ScalarType::i32);
   }
   scalar("scale_log2", ScalarType::f32);
+  const bool modified = spec.has_score_modifier();
+  if (modified) {
+    scalar("scale", ScalarType::f32);
+    if (spec.softcap > 0)
+      scalar("softcap", ScalarType::f32);
+    if (spec.alibi != Alibi::none)
+      p.arrays.push_back("alibi_slopes");
+    auto f = score_function(spec, p);
+    if (!f)
+      return f.status();
+    p.functions.push_back({"score_mod", f.take()});
+  }
   const Extent num_splits = split_kv ? scalar("num_splits", ScalarType::i32) : Extent{};
   for (int i = 0; i < 4; ++i) {
     const TensorScalars names = tensor_scalars(kTensorPrefixes[i], sig.unit_dim[i]);
@@ -356,7 +407,15 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, bool sp
                              {{"tensor", Symbol{"K"}}});
     const ValueId zero = b.emit(OpKind::Fill, {}, s_type, {{"value", 0.0}});
     const ValueId qk = b.emit(OpKind::MmaABt, {q, k, zero}, s_type);
-    const ValueId s = b.emit(OpKind::Scale, {qk}, s_type, {{"factor", ParamRef{"scale_log2"}}});
+    ValueId s;
+    if (modified) { // modifiers see q.k * scale; the softmax runs in the log2 domain
+      const ValueId scaled = b.emit(OpKind::Scale, {qk}, s_type, {{"factor", ParamRef{"scale"}}});
+      const ValueId mod = b.emit(OpKind::ScoreMod, {scaled, q_block, kb}, s_type,
+                                 {{"function", Symbol{"score_mod"}}});
+      s = b.emit(OpKind::Scale, {mod}, s_type, {{"factor", std::numbers::log2e}});
+    } else {
+      s = b.emit(OpKind::Scale, {qk}, s_type, {{"factor", ParamRef{"scale_log2"}}});
+    }
     const ValueId sm = b.emit(OpKind::Mask, {s, q_block, kb}, s_type, mask_attrs);
     const ValueId rmax = b.emit(OpKind::RowMax, {sm}, row);
     const ValueId m_new = b.emit(OpKind::Max, {m_i, rmax}, row);

@@ -4,6 +4,7 @@
 #include "ir/interpreter.h"
 
 #include "ir/build.h"
+#include "ir/expr.h"
 
 #include <algorithm>
 #include <cmath>
@@ -36,6 +37,8 @@ struct BoundTensor {
 struct Buffers {
   std::map<std::string, BoundTensor> by_name;
   std::map<std::string, const std::vector<int32_t> *> indices;
+  std::map<std::string, const std::vector<float> *> arrays;
+  std::map<std::string, Expr> functions; // parsed once
   const Bindings *args;
   int64_t group;
 };
@@ -213,6 +216,32 @@ private:
     case OpKind::Scale: {
       const float f = float(real_value(op, "factor", *buffers_.args));
       elementwise(op, [f](float x, float) { return x * f; });
+      break;
+    }
+    case OpKind::ScoreMod: {
+      const Expr &f = buffers_.functions.at(op.symbol_attr("function"));
+      TileValue r = in(op, 0);
+      ExprContext c;
+      c.f32 = true;
+      c.b = batch_;
+      c.h = head_;
+      c.seqlen_q = seq("Q");
+      c.seqlen_k = seq("K");
+      c.scalar = [&](const std::string &name) { return buffers_.args->real(name).value(); };
+      c.load = [&](const std::string &name, int64_t i) {
+        const std::vector<float> &a = *buffers_.arrays.at(name);
+        return i >= 0 && i < int64_t(a.size()) ? double(a[size_t(i)])
+                                               : std::numeric_limits<double>::quiet_NaN();
+      };
+      const int64_t row0 = in(op, 1).index * r.rows, col0 = in(op, 2).index * r.cols;
+      for (int64_t i = 0; i < r.rows; ++i)
+        for (int64_t j = 0; j < r.cols; ++j) {
+          c.score = r.at(i, j);
+          c.q_idx = row0 + i;
+          c.kv_idx = col0 + j;
+          r.at(i, j) = float(evaluate(f, c));
+        }
+      values_[op.results[0]] = std::move(r);
       break;
     }
     case OpKind::Mask: {
@@ -422,6 +451,17 @@ Status interpret(const Program &p, const Bindings &args, HostTensors &t) {
     buffers.indices[name] = it->second;
   }
   FJ_RETURN_IF_ERROR(check_indices(p, args, buffers));
+  for (const std::string &name : p.arrays) {
+    if (name != "alibi_slopes")
+      return Status::error("the interpreter has no buffer for array @{}", name);
+    buffers.arrays[name] = &t.alibi_slopes;
+  }
+  for (const ScoreFunction &f : p.functions) {
+    auto e = parse_expr(f.text, p.expr_scope(), fmt::format("function @{}", f.name));
+    if (!e)
+      return e.status();
+    buffers.functions[f.name] = e.take();
+  }
   std::map<std::string, std::vector<float> *> named = {
       {"Q", &t.q}, {"K", &t.k}, {"V", &t.v}, {"O", &t.o}, {"LSE", &t.lse}};
   for (const TensorParam &param : p.tensors) {

@@ -1,5 +1,7 @@
 #include "ir/ir.h"
 
+#include "ir/expr.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -95,6 +97,21 @@ const Sequence *Program::sequence(std::string_view name) const {
     if (s.name == name)
       return &s;
   return nullptr;
+}
+
+const ScoreFunction *Program::function(std::string_view name) const {
+  for (const ScoreFunction &f : functions)
+    if (f.name == name)
+      return &f;
+  return nullptr;
+}
+
+ExprScope Program::expr_scope() const {
+  ExprScope scope;
+  for (const ScalarParam &s : scalars)
+    scope.scalars.emplace_back(s.name, s.type != ScalarType::f32);
+  scope.arrays = arrays;
+  return scope;
 }
 
 bool Program::has_index(std::string_view name) const {

@@ -186,9 +186,20 @@ struct GridAxis {
   bool operator==(const GridAxis &) const = default;
 };
 
+/// A score expression (ir/expr.h) that `score_mod` ops name with {function = @name}.
+/// Printed `function @name = "text"` in its canonical text.
+struct ScoreFunction {
+  std::string name, text;
+  bool operator==(const ScoreFunction &) const = default;
+};
+
 struct Program {
   std::string name;
   std::vector<ScalarParam> scalars;
+  /// f32 arrays in device memory that score functions read (alibi_slopes);
+  /// printed `arrays (@alibi_slopes)`.
+  std::vector<std::string> arrays;
+  std::vector<ScoreFunction> functions;
   /// int32 arrays in device memory (cu_seqlens, seqused_k, block tables), named
   /// like tensors (@cu_seqlens_q); sequences and paged tensors read them.
   std::vector<std::string> indices;
@@ -210,6 +221,9 @@ struct Program {
   const ScalarParam *scalar(std::string_view name) const;
   const Sequence *sequence(std::string_view name) const;
   bool has_index(std::string_view name) const;
+  const ScoreFunction *function(std::string_view name) const;
+  /// The names score functions may read: the scalars and the arrays.
+  struct ExprScope expr_scope() const;
   ValueId grid_arg(size_t axis) const { return grid.at(axis).arg; }
 };
 

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <limits>
 #include <optional>
@@ -462,6 +463,14 @@ private:
           return error_at(pos_, "the 'indices' line comes once, after the scalars and before the "
                                 "sequences, the tensors and the grid");
         FJ_RETURN_IF_ERROR(parse_indices());
+      } else if (at_word("arrays")) {
+        if (!prog_.arrays.empty() || !prog_.tensors.empty() || have_grid)
+          return error_at(pos_, "the 'arrays' line comes once, before the tensors and the grid");
+        FJ_RETURN_IF_ERROR(parse_arrays());
+      } else if (at_word("function")) {
+        if (!prog_.tensors.empty() || have_grid)
+          return error_at(pos_, "'function' lines come before the tensors and the grid");
+        FJ_RETURN_IF_ERROR(parse_function());
       } else if (at_word("sequence")) {
         if (!prog_.tensors.empty() || have_grid)
           return error_at(pos_, "'sequence' lines come before the tensors and the grid");
@@ -576,6 +585,44 @@ private:
       return error_at(at, fmt::format("@{} is not an index array of the kernel (declare it on the "
                                       "'indices' line)",
                                       out));
+    return Status::ok();
+  }
+
+  /// `arrays (@alibi_slopes, ...)`
+  Status parse_arrays() {
+    pos_ += 6; // "arrays"
+    FJ_RETURN_IF_ERROR(expect('(', "after 'arrays'"));
+    do {
+      skip_spaces();
+      const size_t at = pos_;
+      std::string name;
+      FJ_RETURN_IF_ERROR(parse_symbol(name, "an array ('@name')"));
+      if (std::find(prog_.arrays.begin(), prog_.arrays.end(), name) != prog_.arrays.end())
+        return error_at(at, fmt::format("array @{} is declared twice", name));
+      prog_.arrays.push_back(std::move(name));
+    } while (consume(','));
+    FJ_RETURN_IF_ERROR(expect(')', "to close the arrays"));
+    return expect_end_of_line("after the arrays");
+  }
+
+  /// `function @score_mod = "text"` (the verifier parses the text)
+  Status parse_function() {
+    pos_ += 8; // "function"
+    ScoreFunction f;
+    skip_spaces();
+    const size_t at = pos_;
+    FJ_RETURN_IF_ERROR(parse_symbol(f.name, "the function name ('@name')"));
+    if (prog_.function(f.name))
+      return error_at(at, fmt::format("function @{} is defined twice", f.name));
+    FJ_RETURN_IF_ERROR(expect('=', "after the function name"));
+    FJ_RETURN_IF_ERROR(expect('"', "to open the function's text"));
+    const size_t end = src_.find_first_of("\"\n", pos_);
+    if (end == std::string_view::npos || src_[end] != '"')
+      return error_at(pos_, "the function's text has no closing '\"' on its line");
+    f.text = std::string(src_.substr(pos_, end - pos_));
+    pos_ = end + 1;
+    FJ_RETURN_IF_ERROR(expect_end_of_line("after the function"));
+    prog_.functions.push_back(std::move(f));
     return Status::ok();
   }
 

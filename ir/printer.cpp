@@ -97,6 +97,14 @@ public:
         indices += fmt::format("{}@{}", indices.empty() ? "" : ", ", name);
       line(2, "indices ({})", indices);
     }
+    if (!p_.arrays.empty()) {
+      std::string arrays;
+      for (const std::string &name : p_.arrays)
+        arrays += fmt::format("{}@{}", arrays.empty() ? "" : ", ", name);
+      line(2, "arrays ({})", arrays);
+    }
+    for (const ScoreFunction &f : p_.functions)
+      line(2, "function @{} = \"{}\"", f.name, f.text);
     for (const Sequence &q : p_.sequences) {
       std::string fields;
       if (!q.starts.empty())

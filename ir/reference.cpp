@@ -1,10 +1,13 @@
 #include "ir/reference.h"
 
+#include "ir/expr.h"
+
 #include <algorithm>
 #include <array>
 #include <cassert>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <random>
 
 namespace flashjit {
@@ -184,6 +187,13 @@ HostTensors make_random_inputs(const AttentionSpec &spec, uint64_t seed) {
                       stream(k_seed));
   t.v = random_tensor(s.v, s.kv_batches(), s.kv_heads, s.kv_rows(), s.head_dim_v, s.dtype,
                       stream(v_seed));
+  if (spec.alibi != Alibi::none) { // positive slopes, as ALiBi's geometric ones are
+    std::seed_seq a_seed{seed, uint64_t{3}};
+    std::mt19937_64 rng(stream(a_seed));
+    t.alibi_slopes.resize(size_t(spec.alibi == Alibi::heads ? s.heads : s.batch * s.heads));
+    for (float &x : t.alibi_slopes)
+      x = 0.05f + std::ldexp(static_cast<float>(rng() >> 40), -24) * 0.95f;
+  }
   poison_outputs(spec, t);
   return t;
 }
@@ -204,6 +214,31 @@ ReferenceResult reference_attention(const AttentionSpec &spec, const HostTensors
   ReferenceResult r;
   r.out.assign(static_cast<size_t>(B * H * Sq * Dv), 0.0);
   r.lse.assign(static_cast<size_t>(B * H * Sq), kNegInf);
+
+  // The score modifiers (AttentionSpec::softcap, alibi, score_mod, mask_mod), in
+  // FlashAttention's order, in float64; -inf hides the key.
+  const ir::ExprScope builtins;
+  std::optional<ir::Expr> score_mod, mask_mod;
+  if (!spec.score_mod.empty())
+    score_mod = ir::parse_expr(spec.score_mod, builtins, "score_mod").value();
+  if (!spec.mask_mod.empty())
+    mask_mod = ir::parse_expr(spec.mask_mod, builtins, "mask_mod").value();
+  auto modified = [&](double s, int64_t b, int64_t h, int64_t i, int64_t j, int64_t sq,
+                      int64_t sk) {
+    if (spec.softcap > 0)
+      s = spec.softcap * std::tanh(s / spec.softcap);
+    if (spec.alibi != Alibi::none) {
+      const double slope =
+          in.alibi_slopes[size_t(spec.alibi == Alibi::heads ? h : b * spec.heads + h)];
+      s -= slope * double(std::abs(i + sk - sq - j));
+    }
+    ir::ExprContext c{s, b, h, i, j, sq, sk, {}, {}, false};
+    if (score_mod)
+      s = ir::evaluate(*score_mod, c);
+    if (mask_mod && ir::evaluate(*mask_mod, c) == 0)
+      s = kNegInf;
+    return s;
+  };
 
   // Dense float64 copies of one head's K and V rows, reused by its query rows.
   std::vector<double> k(static_cast<size_t>(Sk * Dqk)), v(static_cast<size_t>(Sk * Dv));
@@ -230,12 +265,16 @@ ReferenceResult reference_attention(const AttentionSpec &spec, const HostTensors
           double dot = 0;
           for (int64_t d = 0; d < Dqk; ++d)
             dot += q[d] * k[j * Dqk + d];
-          scores[j] = scale * dot;
+          scores[j] = modified(scale * dot, b, h, i, j, rows.q_len, rows.k_len);
           max = std::max(max, scores[j]);
         }
+        if (max == kNegInf)
+          continue; // every key hidden by the modifiers: output 0, LSE -inf
         double sum = 0;
         double *out = &r.out[row * Dv];
         for (int64_t j = keys.lo; j < keys.hi; ++j) {
+          if (scores[j] == kNegInf)
+            continue;
           double p = std::exp(scores[j] - max);
           sum += p;
           for (int64_t d = 0; d < Dv; ++d)

@@ -17,6 +17,8 @@ struct HostTensors {
   /// The int32 index arrays of a spec with Sequences (empty when unused):
   /// cu_seqlens_q/k [batch + 1], seqused_k [batch], block_table [batch, pages_per_seq].
   std::vector<int32_t> cu_seqlens_q, cu_seqlens_k, seqused_k, block_table;
+  /// ALiBi's slopes, [heads] or [batch, heads] (AttentionSpec::alibi); empty when unused.
+  std::vector<float> alibi_slopes;
 };
 
 /// Fresh random Q/K/V (uniform in [-1, 1), rounded to the dtype, never all zero)

@@ -1,5 +1,7 @@
 #include "ir/spec.h"
 
+#include "ir/expr.h"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -17,6 +19,12 @@ constexpr std::array<std::pair<Layout, std::string_view>, 3> kLayoutNames = {{
     {Layout::bhsd, "bhsd"},
     {Layout::interleaved, "interleaved"},
 }};
+
+bool uses_score(const ir::Expr &e) {
+  if (e.kind == ir::Expr::Kind::var && e.name == "score")
+    return true;
+  return std::any_of(e.args.begin(), e.args.end(), [](const ir::Expr &a) { return uses_score(a); });
+}
 
 /// a * b + c without signed overflow; nullopt when the result does not fit in int64.
 std::optional<int64_t> checked_mul_add(int64_t a, int64_t b, int64_t c) {
@@ -236,6 +244,7 @@ Status AttentionSpec::validate() const {
   // nothing (FlashAttention sets it to 0).
 
   FJ_RETURN_IF_ERROR(validate_sequences());
+  FJ_RETURN_IF_ERROR(validate_modifiers());
 
   const std::pair<std::string_view, const Strides *> rows[] = {
       {"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}};
@@ -250,6 +259,27 @@ Status AttentionSpec::validate() const {
   FJ_RETURN_IF_ERROR(validate_strides("k", k, kv_batches(), kv_heads, kv_rows(), head_dim_qk));
   FJ_RETURN_IF_ERROR(validate_strides("v", v, kv_batches(), kv_heads, kv_rows(), head_dim_v));
   FJ_RETURN_IF_ERROR(validate_strides("o", o, q_batches(), heads, q_rows(), head_dim_v));
+  return Status::ok();
+}
+
+Status AttentionSpec::validate_modifiers() const {
+  if (!std::isfinite(softcap) || softcap < 0 || (softcap > 0 && float(softcap) == 0.0f))
+    return Status::error("softcap ({}) must be 0 (off) or a positive finite number (the scores "
+                         "become softcap * tanh(score / softcap))",
+                         softcap);
+  const ir::ExprScope builtins; // the user's names: score, b, h, q_idx, ...
+  if (!score_mod.empty())
+    if (auto mod = ir::parse_expr(score_mod, builtins, "score_mod"); !mod)
+      return mod.status();
+  if (!mask_mod.empty()) {
+    auto mask = ir::parse_expr(mask_mod, builtins, "mask_mod");
+    if (!mask)
+      return mask.status();
+    if (uses_score(*mask))
+      return Status::error("mask_mod \"{}\" reads score: a mask says which keys a query sees "
+                           "from b, h, q_idx and kv_idx; put score expressions in score_mod",
+                           mask_mod);
+  }
   return Status::ok();
 }
 
@@ -302,6 +332,10 @@ KernelSignature AttentionSpec::signature() const {
   s.causal = causal;
   s.local = window.left >= 0 || window.right >= 0;
   s.lse = lse;
+  s.softcap = softcap > 0;
+  s.alibi = alibi;
+  s.score_mod = score_mod;
+  s.mask_mod = mask_mod;
   s.packed_q = seqs.packed_q;
   s.packed_k = seqs.packed_k;
   s.used_k = seqs.used_k;
@@ -328,6 +362,14 @@ std::string KernelSignature::summary() const {
   std::string s =
       fmt::format("{} d={}/{}{}{}{} align{}", dtype_name(dtype), head_dim_qk, head_dim_v,
                   causal ? " causal" : "", local ? " local" : "", lse ? " lse" : "", row_align);
+  if (softcap)
+    s += " softcap";
+  if (alibi != Alibi::none)
+    s += alibi == Alibi::heads ? " alibi[h]" : " alibi[b,h]";
+  if (!score_mod.empty())
+    s += fmt::format(" score_mod=\"{}\"", score_mod);
+  if (!mask_mod.empty())
+    s += fmt::format(" mask_mod=\"{}\"", mask_mod);
   if (packed_q)
     s += " varlen-q";
   if (packed_k)
@@ -364,6 +406,14 @@ Status AttentionSpec::matches(const KernelSignature &want) const {
     return differ("sliding window (on/off)", have.local, want.local);
   if (have.lse != want.lse)
     return differ("lse", have.lse, want.lse);
+  if (have.softcap != want.softcap)
+    return differ("softcap (on/off)", have.softcap, want.softcap);
+  if (have.alibi != want.alibi)
+    return differ("alibi slopes (none, [heads], [batch, heads])", int(have.alibi), int(want.alibi));
+  if (have.score_mod != want.score_mod)
+    return differ("score_mod", have.score_mod, want.score_mod);
+  if (have.mask_mod != want.mask_mod)
+    return differ("mask_mod", have.mask_mod, want.mask_mod);
   if (have.packed_q != want.packed_q)
     return differ("packed Q (cu_seqlens_q)", have.packed_q, want.packed_q);
   if (have.packed_k != want.packed_k)
@@ -397,6 +447,14 @@ std::string AttentionSpec::summary() const {
     s += " lse";
   if (num_splits)
     s += fmt::format(" splits={}", num_splits);
+  if (softcap > 0)
+    s += fmt::format(" softcap={}", softcap);
+  if (alibi != Alibi::none)
+    s += alibi == Alibi::heads ? " alibi[h]" : " alibi[b,h]";
+  if (!score_mod.empty())
+    s += fmt::format(" score_mod=\"{}\"", score_mod);
+  if (!mask_mod.empty())
+    s += fmt::format(" mask_mod=\"{}\"", mask_mod);
   if (seqs.packed_q)
     s += fmt::format(" varlen-q(total={})", seqs.total_q);
   if (seqs.packed_k)

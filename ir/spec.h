@@ -56,6 +56,10 @@ struct Sequences {
   bool operator==(const Sequences &) const = default;
 };
 
+/// ALiBi slopes (FlashAttention's alibi_slopes): f32 [heads] or [batch, heads],
+/// contiguous; the score of (i, j) gains -slope * |i + seqlen_k - seqlen_q - j|.
+enum class Alibi { none, heads, batch_heads };
+
 /// What of an attention spec changes a kernel's code. Everything else (batch,
 /// heads, kv_heads, seqlens, strides, window sizes, scale) is a run-time argument,
 /// so one kernel serves every spec with the same signature.
@@ -65,6 +69,11 @@ struct KernelSignature {
   bool causal = false;
   bool local = false; // a sliding window (its sizes are run-time arguments)
   bool lse = false;
+  /// Score modifiers (ir/expr.h): softcap on/off, ALiBi's slopes, the text of
+  /// the user's score_mod and mask_mod.
+  bool softcap = false;
+  Alibi alibi = Alibi::none;
+  std::string score_mod, mask_mod;
   /// Sequences: packed Q (cu_seqlens_q), packed K/V (cu_seqlens_k), per-batch key
   /// counts (seqused_k), a paged KV cache.
   bool packed_q = false, packed_k = false, used_k = false, paged = false;
@@ -96,7 +105,17 @@ struct AttentionSpec {
   double scale = 0;          // softmax scale; 0 means 1/sqrt(head_dim_qk)
   bool causal = false;       // bottom-right aligned when seqlen_q != seqlen_k
   Window window;             // sliding window around the (bottom-right) diagonal
-  bool lse = false;          // also write LSE, f32 [batch, heads, seqlen_q]
+  /// Score modifiers, applied in this order to the scaled score q.k * scale
+  /// (FlashAttention's order), before the causal/window mask:
+  ///   softcap > 0:  score = softcap * tanh(score / softcap) (the cap is a run-time value)
+  ///   alibi:        score -= slope * |q_idx + seqlen_k - seqlen_q - kv_idx| (slopes per call)
+  ///   score_mod:    an expression of score, b, h, q_idx, kv_idx, seqlen_q, seqlen_k
+  ///   mask_mod:     an expression of the same names but score; 0 hides the key
+  /// (FlexAttention's names; q_idx and kv_idx count from each sequence's start).
+  double softcap = 0;
+  Alibi alibi = Alibi::none;
+  std::string score_mod, mask_mod;
+  bool lse = false; // also write LSE, f32 [batch, heads, seqlen_q]
   /// Split-KV (flash-decoding): the keys of each query block are split over this
   /// many workgroups whose partial results a second kernel merges. 0: chosen
   /// per call from the device's compute units (1 when batch x heads x query
@@ -137,6 +156,10 @@ struct AttentionSpec {
   /// Every impossible spec gets an error that names the field and the fix.
   Status validate() const;
   Status validate_sequences() const;
+  Status validate_modifiers() const;
+  bool has_score_modifier() const {
+    return softcap > 0 || alibi != Alibi::none || !score_mod.empty() || !mask_mod.empty();
+  }
   /// What of this spec a kernel specializes on.
   KernelSignature signature() const;
   /// Ok when a kernel generated for `s` computes this spec; else which field

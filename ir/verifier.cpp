@@ -7,6 +7,8 @@
 // of op 5. Values are spelled as print() spells them.
 #include "ir/ir.h"
 
+#include "ir/expr.h"
+
 #include <algorithm>
 #include <set>
 
@@ -62,6 +64,7 @@ public:
       : p_(p), names_(names), op_(op), at_(std::move(at)) {}
 
   const std::string &at() const { return at_; }
+  const Program &program() const { return p_; }
 
   template <typename... Args> Status fail(fmt::format_string<Args...> f, Args &&...args) const {
     return Status::error("{}: {}", at_, fmt::format(f, std::forward<Args>(args)...));
@@ -290,6 +293,17 @@ Status check_types(const OpChecker &c, const Op &op) {
     FJ_RETURN_IF_ERROR(c.value_attr("factor", false, true));
     FJ_RETURN_IF_ERROR(c.tile(operand(0)));
     return c.type_is(result(0), c.type(operand(0)), "the type of operand 0");
+  case OpKind::ScoreMod: {
+    FJ_RETURN_IF_ERROR(c.matrix(operand(0)));
+    FJ_RETURN_IF_ERROR(c.dtype(operand(0), DType::f32));
+    FJ_RETURN_IF_ERROR(c.index(operand(1)));
+    FJ_RETURN_IF_ERROR(c.index(operand(2)));
+    const auto it = op.attrs.find("function");
+    const Symbol *f = it == op.attrs.end() ? nullptr : std::get_if<Symbol>(&it->second);
+    if (!f || !c.program().function(f->name))
+      return c.fail("attr `function` must name a function of the kernel (@name)");
+    return c.type_is(result(0), c.type(operand(0)), "the type of operand 0");
+  }
   case OpKind::Mask:
     FJ_RETURN_IF_ERROR(c.matrix(operand(0)));
     FJ_RETURN_IF_ERROR(c.dtype(operand(0), DType::f32));
@@ -430,6 +444,24 @@ private:
         return Status::error("index array @{} has the name of a scalar, tensor or value; rename "
                              "one (both become identifiers of the generated kernel)",
                              name);
+    }
+    for (const std::string &name : p_.arrays)
+      if (!is_identifier(name) || name.find('.') != std::string::npos || p_.scalar(name) ||
+          p_.has_index(name) || p_.tensor(name) || value_names_used.count(name) ||
+          std::count(p_.arrays.begin(), p_.arrays.end(), name) != 1)
+        return Status::error("array @{} is not a C identifier, is declared twice, or has the name "
+                             "of a scalar, index array, tensor or value",
+                             name);
+    for (const ScoreFunction &f : p_.functions) {
+      if (!is_identifier(f.name) || p_.function(f.name) != &f)
+        return Status::error("function @{} is not an identifier or is defined twice", f.name);
+      auto e = parse_expr(f.text, p_.expr_scope(), fmt::format("function @{}", f.name));
+      if (!e)
+        return e.status();
+      if (e->is_int)
+        return Status::error("function @{} gives an integer; a score function gives the new "
+                             "score (a float; -inf hides the key)",
+                             f.name);
     }
     for (const Sequence &q : p_.sequences) {
       if (!is_identifier(q.name) || q.name.find('.') != std::string::npos)

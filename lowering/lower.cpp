@@ -10,6 +10,8 @@
 // walk; lowering/emitter.h says where memory, loops and the rule choice live.
 #include "lowering/emitter.h"
 
+#include "ir/expr.h"
+
 #include "templates/templates.h"
 
 namespace flashjit::lowering::emit {
@@ -225,6 +227,8 @@ Expected<Lowered> KernelEmitter::run() {
   }
   for (const std::string &index : p_.indices)
     params.push_back({index, KernelParam::Kind::tensor, ir::ScalarType::i64, "const int *"});
+  for (const std::string &array : p_.arrays)
+    params.push_back({array, KernelParam::Kind::tensor, ir::ScalarType::i64, "const float *"});
   for (const ir::ScalarParam &sp : p_.scalars)
     params.push_back({sp.name, KernelParam::Kind::scalar, sp.type, c_scalar_type(sp.type)});
   w_.line("FJ_GLOBAL FJ_WORKGROUP_SIZE({})", waves_ * target_.wave_size);
@@ -438,6 +442,38 @@ Status KernelEmitter::emit_op(const Op &op) {
     add_constant(fmt::format("constexpr float {} = {};", k, float_literal(op.float_attr("factor"))),
                  fmt::format("factor of IR op `scale` (%{})", name(op.results[0])));
     return elementwise("{0} * " + k);
+  }
+  case OpKind::ScoreMod: {
+    // The score function per element (ir/expr.h's emit_c), with this element's
+    // query and key positions; the batch, head and lengths of this workgroup.
+    const ir::ScoreFunction *f = p_.function(op.symbol_attr("function"));
+    auto e = ir::parse_expr(f->text, p_.expr_scope(), "function @" + f->name);
+    if (!e)
+      return e.status();
+    const Type &t = type(op.results[0]);
+    const std::string src = name(op.operands[0]), qb = name(op.operands[1]),
+                      kb = name(op.operands[2]);
+    const std::string code = ir::emit_c(*e, [&](const std::string &var) -> std::string {
+      if (var == "score")
+        return src + "[qt][c][e]";
+      if (var == "b")
+        return name(p_.grid_arg(2));
+      if (var == "h")
+        return name(p_.grid_arg(1));
+      if (var == "q_idx")
+        return fmt::format("{} * kBlockM + local_row(qt, {})", qb, rules_.acc_row("e"));
+      if (var == "kv_idx")
+        return fmt::format("{} * kBlockN + c * kNTile + {}", kb, rules_.acc_col("e"));
+      if (var == "seqlen_q")
+        return seq_const(*p_.tensor("Q"));
+      return seq_const(*p_.tensor("K"));
+    });
+    w_.line("// {}", f->text);
+    w_.line("{};", declare(op.results[0]));
+    const std::string dst = open_elements(t, name(op.results[0]));
+    w_.line("{} = {};", dst, code);
+    close_elements(t);
+    return Status::ok();
   }
   case OpKind::Mask: {
     const Type &t = type(op.results[0]);

@@ -118,6 +118,11 @@ std::vector<IndexArray> index_arrays(const AttentionSpec &s, const AttentionTens
   return out;
 }
 
+/// The values of ALiBi's slopes a spec reads (0 without ALiBi).
+int64_t alibi_slopes(const AttentionSpec &s) {
+  return s.alibi == Alibi::none ? 0 : s.alibi == Alibi::heads ? s.heads : s.batch * s.heads;
+}
+
 /// Runs `run` over host copies of host buffers.
 Status run_on_host(const AttentionSpec &spec, const AttentionTensors &in,
                    const std::function<Status(HostTensors &)> &run) {
@@ -130,6 +135,8 @@ Status run_on_host(const AttentionSpec &spec, const AttentionTensors &in,
   t.lse.assign(spec.lse ? size_t(spec.lse_elements()) : 0, std::numeric_limits<float>::quiet_NaN());
   for (const IndexArray &a : index_arrays(spec, in))
     (t.*a.host).assign(a.pointer, a.pointer + a.entries);
+  if (const int64_t n = alibi_slopes(spec))
+    t.alibi_slopes.assign(in.alibi_slopes, in.alibi_slopes + n);
   FJ_RETURN_IF_ERROR(check_sequences(spec, t).with_context("forward"));
   FJ_RETURN_IF_ERROR(run(t));
   from_floats(t.o, spec, sh.o, in.out);
@@ -326,7 +333,8 @@ Status Attention::Impl::run_split_gpu(const SplitKv &sk, const AttentionSpec &sh
                                          {"LSE", lse_partial},
                                          {"cu_seqlens_k", t.cu_seqlens_k},
                                          {"seqused_k", t.seqused_k},
-                                         {"block_table", t.block_table}};
+                                         {"block_table", t.block_table},
+                                         {"alibi_slopes", t.alibi_slopes}};
   const runtime::NamedPointer second[] = {
       {"O_partial", o_partial}, {"LSE_partial", lse_partial}, {"O", t.out}, {"LSE", t.lse}};
   Status s = launch(sk.partial.lowered, *sk.partial_kernel, ir::bind_split_kv(shape, splits), first,
@@ -396,6 +404,14 @@ Status Attention::Impl::check_arguments(const AttentionSpec &shape,
               ? " (its rows allow 128-bit loads and stores, so every tensor pointer must be too)"
               : "");
   }
+  if ((alibi_slopes(shape) > 0) != (t.alibi_slopes != nullptr))
+    return Status::error(
+        "forward: alibi_slopes is {} but the spec {}", t.alibi_slopes ? "given" : "null",
+        t.alibi_slopes ? "has no ALiBi: pass null, or set spec.alibi"
+                       : fmt::format("has ALiBi: pass {} f32 slopes", alibi_slopes(shape)));
+  if (t.alibi_slopes && reinterpret_cast<uintptr_t>(t.alibi_slopes) % alignof(float) != 0)
+    return Status::error("forward: alibi_slopes ({}) is not aligned to 4 bytes",
+                         static_cast<const void *>(t.alibi_slopes));
   // Each index array exactly when the spec's sequences need it.
   const std::vector<IndexArray> wanted = index_arrays(shape, t);
   const std::pair<const char *, const int32_t *> given[] = {{"cu_seqlens_q", t.cu_seqlens_q},
@@ -455,7 +471,8 @@ Status Attention::Impl::run_gpu(const AttentionSpec &shape, const AttentionTenso
                                             {"cu_seqlens_q", t.cu_seqlens_q},
                                             {"cu_seqlens_k", t.cu_seqlens_k},
                                             {"seqused_k", t.seqused_k},
-                                            {"block_table", t.block_table}};
+                                            {"block_table", t.block_table},
+                                            {"alibi_slopes", t.alibi_slopes}};
   FJ_RETURN_IF_ERROR(launch(l, *kernel, ir::bind_attention(shape), pointers, stream));
   if (options.synchronize)
     FJ_RETURN_IF_ERROR(
@@ -507,6 +524,12 @@ Status Attention::Impl::run_interpreter(const AttentionSpec &shape, const Attent
      : name == "cu_seqlens_k" ? host.cu_seqlens_k
      : name == "seqused_k"    ? host.seqused_k
                               : host.block_table) = copy.data();
+  }
+  std::vector<float> slopes(size_t(alibi_slopes(shape)));
+  if (!slopes.empty()) {
+    FJ_RETURN_IF_ERROR(driver->copy_to_host(device.index, slopes.data(), in.alibi_slopes,
+                                            slopes.size() * sizeof(float)));
+    host.alibi_slopes = slopes.data();
   }
   FJ_RETURN_IF_ERROR(run_on_host(shape, host, interpret));
   FJ_RETURN_IF_ERROR(driver->copy_to_device(device.index, in.out, ho->data(), ho->size()));

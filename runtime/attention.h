@@ -87,6 +87,8 @@ struct AttentionTensors {
   /// first and a bad entry is an error naming it.
   const int32_t *cu_seqlens_q = nullptr, *cu_seqlens_k = nullptr, *seqused_k = nullptr,
                 *block_table = nullptr;
+  /// ALiBi's slopes, f32 [heads] or [batch, heads] (AttentionSpec::alibi); null otherwise.
+  const float *alibi_slopes = nullptr;
 };
 
 namespace detail {

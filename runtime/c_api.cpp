@@ -129,6 +129,8 @@ int32_t from_layout(flashjit::Layout l) {
 fj_strides from_strides(const flashjit::Strides &s) { return {s.batch, s.head, s.seq, s.dim}; }
 flashjit::Strides to_strides(const fj_strides &s) { return {s.batch, s.head, s.seq, s.dim}; }
 
+/// Every field but the expression texts (score_mod, mask_mod), which stay the
+/// caller's pointers (fj_spec_set_layout keeps them; fresh specs set them NULL).
 void from_spec(const flashjit::AttentionSpec &s, fj_spec *out) {
   out->batch = s.batch;
   out->heads = s.heads;
@@ -148,6 +150,8 @@ void from_spec(const flashjit::AttentionSpec &s, fj_spec *out) {
   out->used_k = s.seqs.used_k;
   out->total_q = s.seqs.total_q;
   out->total_k = s.seqs.total_k;
+  out->softcap = s.softcap;
+  out->alibi = int32_t(s.alibi);
   out->page_size = s.seqs.page_size;
   out->num_pages = s.seqs.num_pages;
   out->pages_per_seq = s.seqs.pages_per_seq;
@@ -187,6 +191,14 @@ fj_error to_spec(const fj_spec *in, flashjit::AttentionSpec *out) {
   out->seqs = {in->packed_q != 0, in->packed_k != 0, in->used_k != 0, in->total_q,
                in->total_k,       in->page_size,     in->num_pages,   in->pages_per_seq};
   out->window = {in->window_left, in->window_right};
+  if (in->alibi < 0 || in->alibi > 2)
+    return fail(FJ_ERROR_INVALID_SPEC, fmt::format("spec.alibi is {}: expected 0 (none), 1 "
+                                                   "(slopes [heads]) or 2 ([batch, heads])",
+                                                   in->alibi));
+  out->softcap = in->softcap;
+  out->alibi = flashjit::Alibi(in->alibi);
+  out->score_mod = in->score_mod ? in->score_mod : "";
+  out->mask_mod = in->mask_mod ? in->mask_mod : "";
   out->q = to_strides(in->q);
   out->k = to_strides(in->k);
   out->v = to_strides(in->v);
@@ -202,6 +214,7 @@ fj_error init_dense(const char *function, fj_spec *spec, int64_t batch, int64_t 
   flashjit::DType t;
   if (fj_error e = to_dtype(dtype, &t); e != FJ_OK)
     return e;
+  spec->score_mod = spec->mask_mod = nullptr;
   from_spec(flashjit::make_spec(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim_qk, head_dim_v,
                                 t, layout),
             spec);
@@ -287,6 +300,7 @@ void fj_spec_init(fj_spec *spec) {
     return;
   flashjit::AttentionSpec s;
   s.set_layout(flashjit::Layout::bshd);
+  spec->score_mod = spec->mask_mod = nullptr;
   from_spec(s, spec);
 }
 
@@ -475,7 +489,8 @@ fj_error fj_attention_forward_tensors(fj_attention *attention, const fj_spec *sh
                                        tensors->cu_seqlens_q,
                                        tensors->cu_seqlens_k,
                                        tensors->seqused_k,
-                                       tensors->block_table};
+                                       tensors->block_table,
+                                       tensors->alibi_slopes};
     Failure failure = Failure::none;
     Status status =
         flashjit::detail::AttentionAccess::forward(attention->attention, s, t, stream, &failure);

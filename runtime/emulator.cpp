@@ -926,6 +926,12 @@ Status check_attention(const lowering::Lowered &k, const AttentionSpec &spec,
     if (int64_t(n.first) != n.second)
       return Status::error("emulator: host tensor {} holds {} elements; the spec needs {}", name,
                            n.first, n.second);
+  const size_t slopes = spec.alibi == Alibi::none    ? 0
+                        : spec.alibi == Alibi::heads ? size_t(spec.heads)
+                                                     : size_t(spec.batch * spec.heads);
+  if (tensors.alibi_slopes.size() != slopes)
+    return Status::error("emulator: host alibi_slopes holds {} values; the spec needs {}",
+                         tensors.alibi_slopes.size(), slopes);
   return check_sequences(spec, tensors).with_context("emulator");
 }
 
@@ -956,6 +962,9 @@ Status to_device_tensors(const AttentionSpec &spec, const HostTensors &tensors, 
     if (!array->empty())
       d.buffers.push_back(
           {name, const_cast<int32_t *>(array->data()), array->size() * 4, 4, false});
+  if (!tensors.alibi_slopes.empty())
+    d.buffers.push_back({"alibi_slopes", const_cast<float *>(tensors.alibi_slopes.data()),
+                         tensors.alibi_slopes.size() * 4, 4, false});
   return Status::ok();
 }
 

@@ -78,3 +78,22 @@ FJ_DEVICE long fj_page_row(const int *table, int row, int table_stride, int page
   page = unsigned(page) < unsigned(pages) ? page : 0;
   return long(page) * page_stride + long(row - slot * page_size) * seq_stride;
 }
+
+// ---- score expressions (ir/expr.h's emit_c) ----
+FJ_DEVICE int fj_min_int(int a, int b) { return a < b ? a : b; }
+FJ_DEVICE int fj_max_int(int a, int b) { return a > b ? a : b; }
+FJ_DEVICE float fj_min_float(float a, float b) { return a < b ? a : b; }
+FJ_DEVICE float fj_max_float(float a, float b) { return a > b ? a : b; }
+FJ_DEVICE int fj_abs_int(int a) { return a < 0 ? -a : a; }
+FJ_DEVICE float fj_abs_float(float a) { return a < 0 ? -a : a; }
+// Integer / and % as C has them, with 0 for a zero divisor (never a trap).
+FJ_DEVICE int fj_int_div(int a, int b) { return b == 0 ? 0 : a / b; }
+FJ_DEVICE int fj_int_mod(int a, int b) { return b == 0 ? 0 : a % b; }
+FJ_DEVICE float fj_exp(float x) { return fj_exp2(x * 1.44269504f); }
+FJ_DEVICE float fj_log(float x) { return fj_log2(x) * 0.693147181f; }
+// tanh from exp2: (1 - e) / (1 + e) with e = exp(-2|x|), odd; within a few ulp.
+FJ_DEVICE float fj_tanh(float x) {
+  const float e = fj_exp2(-2.88539008f * fj_abs_float(x));
+  const float t = (1.0f - e) / (1.0f + e);
+  return x < 0 ? -t : t;
+}

@@ -160,6 +160,22 @@ static void test_basics(void) {
   CHECK(fj_spec_signature(&longer, other, sizeof other) == FJ_OK);
   CHECK(strcmp(sig, other) != 0 && strstr(other, "causal") != NULL);
   CHECK_ERROR(fj_spec_signature(&spec, sig, 4), FJ_ERROR_INVALID_ARGUMENT, "buffer");
+
+  /* Score modifiers: the texts survive fj_spec_set_layout and are checked. */
+  fj_spec_init_bshd(&spec, 1, 2, 2, 8, 8, 64, 64, FJ_DTYPE_BF16);
+  CHECK(spec.score_mod == NULL && spec.mask_mod == NULL && spec.alibi == 0);
+  spec.mask_mod = "q_idx >= kv_idx";
+  spec.softcap = 30.0;
+  CHECK(fj_spec_set_layout(&spec, FJ_LAYOUT_BHSD) == FJ_OK);
+  CHECK(spec.mask_mod != NULL && strcmp(spec.mask_mod, "q_idx >= kv_idx") == 0);
+  CHECK(fj_spec_validate(&spec) == FJ_OK);
+  CHECK(fj_spec_signature(&spec, sig, sizeof sig) == FJ_OK);
+  CHECK(strstr(sig, "softcap") != NULL && strstr(sig, "mask_mod") != NULL);
+  spec.score_mod = "score +";
+  CHECK_ERROR(fj_spec_validate(&spec), FJ_ERROR_INVALID_SPEC, "score_mod, column 8");
+  spec.score_mod = NULL;
+  spec.alibi = 3;
+  CHECK_ERROR(fj_spec_validate(&spec), FJ_ERROR_INVALID_SPEC, "spec.alibi is 3");
 }
 
 static void test_errors(void) {

@@ -652,8 +652,8 @@ TEST(IrParseError, ScalarHeaderBaseParses) {
 
 TEST(IrParseError, UndeclaredScalarInExtent) {
   std::string m = parse_error(scalar_header_with("seq = %n", "seq = %len"));
-  EXPECT_NE(m.find("line 3, col 49: %len is not a scalar parameter of the kernel (declare it on "
-                   "the 'scalars' line)"),
+  EXPECT_NE(m.find("line 3, col 49: %len is not a scalar parameter or sequence of the kernel "
+                   "(declare it on the 'scalars' line or a 'sequence' line)"),
             std::string::npos)
       << m;
   m = parse_error(scalar_header_with("batch = 128", "batch = %stride"));
@@ -669,7 +669,7 @@ TEST(IrParseError, UndeclaredScalarInExtent) {
 
 TEST(IrParseError, UndeclaredScalarInAttr) {
   std::string m = parse_error(scalar_header_with("{value = %s}", "{value = %scale}"));
-  EXPECT_NE(m.find("line 5, col 22: %scale is not a scalar parameter of the kernel"),
+  EXPECT_NE(m.find("line 5, col 22: %scale is not a scalar parameter or sequence of the kernel"),
             std::string::npos)
       << m;
 }

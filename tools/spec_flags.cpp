@@ -18,6 +18,18 @@ std::vector<FlagSpec> spec_flags() {
        "-1,-1"},
       {"--scale", "X", "softmax scale", "1/sqrt(head-dim)"},
       {"--lse", "", "also write the log-sum-exp per query row", ""},
+      {"--softcap", "X",
+       "score = X * tanh(score / X) on the scaled score (FlashAttention's softcap)", "0 (off)"},
+      {"--alibi", "heads|batch-heads",
+       "ALiBi: score -= slope * |q_idx + seqlen_k - seqlen_q - kv_idx| with slopes [heads] or "
+       "[batch, heads] (run draws them at random in [0.05, 1))",
+       "none"},
+      {"--score-mod", "EXPR",
+       "score modifier: an expression of score, b, h, q_idx, kv_idx, seqlen_q, seqlen_k "
+       "(C-like: + - * / % < <= == != && || ! ?: min max abs exp log tanh; docs/masks.md)",
+       "none"},
+      {"--mask-mod", "EXPR",
+       "mask: an expression of b, h, q_idx, kv_idx, seqlen_q, seqlen_k; 0 hides the key", "none"},
       {"--num-splits", "N",
        "split-KV (flash-decoding): each query block's keys over N workgroups, merged by LSE "
        "(run --device emulator; 1: off)",
@@ -94,6 +106,20 @@ Expected<AttentionSpec> spec_from(const Args &a) {
       return Status::error("--window expects L,R (two integers, -1 = unbounded), got '{}'", w);
     s.window = Window{*l, *r};
   }
+  auto softcap = a.get_double("--softcap", 0.0);
+  if (!softcap)
+    return softcap.status();
+  s.softcap = *softcap;
+  if (a.has("--alibi")) {
+    const std::string alibi = a.get("--alibi");
+    if (alibi != "heads" && alibi != "batch-heads")
+      return Status::error("--alibi expects heads (slopes [heads]) or batch-heads ([batch, "
+                           "heads]), got '{}'",
+                           alibi);
+    s.alibi = alibi == "heads" ? Alibi::heads : Alibi::batch_heads;
+  }
+  s.score_mod = a.get("--score-mod", "");
+  s.mask_mod = a.get("--mask-mod", "");
   s.set_layout(*layout);
   FJ_RETURN_IF_ERROR(s.validate());
   return s;

@@ -112,6 +112,16 @@ typedef struct fj_spec {
   int32_t packed_q, packed_k, used_k;
   int64_t total_q, total_k;
   int64_t page_size, num_pages, pages_per_seq;
+  /* Score modifiers, in this order on the scaled score q.k * scale: softcap > 0
+   * gives softcap * tanh(score / softcap); alibi 1 (slopes f32 [heads]) or 2
+   * ([batch, heads]) subtracts slope * |q_idx + seqlen_k - seqlen_q - kv_idx|;
+   * score_mod (NULL: none) is an expression of score, b, h, q_idx, kv_idx,
+   * seqlen_q and seqlen_k; mask_mod (NULL: none) one of the same names but score,
+   * 0 hiding the key. C-like syntax: see flashjit --help or docs/masks.md. The
+   * texts are copied; the slopes are given per call (fj_tensors). */
+  double softcap;
+  int32_t alibi;
+  const char *score_mod, *mask_mod;
 } fj_spec;
 
 /* The defaults of flashjit::AttentionSpec: all sizes 1, head dims 64, bf16, BSHD. */
@@ -202,6 +212,7 @@ typedef struct fj_tensors {
   void *out;
   float *lse;
   const int32_t *cu_seqlens_q, *cu_seqlens_k, *seqused_k, *block_table;
+  const float *alibi_slopes; /* f32 [heads] or [batch, heads] when spec.alibi is 1 or 2 */
 } fj_tensors;
 
 /* The general call: the shapes of `shape` (NULL: the handle's spec) over

@@ -33,6 +33,25 @@ class Spec(ctypes.Structure):
         ("window_left", ctypes.c_int64), ("window_right", ctypes.c_int64),
         ("q", Strides), ("k", Strides), ("v", Strides), ("o", Strides),
         ("num_splits", ctypes.c_int64),
+        # Sequences (varlen batches, per-batch key counts, paged KV caches).
+        ("packed_q", ctypes.c_int32), ("packed_k", ctypes.c_int32), ("used_k", ctypes.c_int32),
+        ("total_q", ctypes.c_int64), ("total_k", ctypes.c_int64),
+        ("page_size", ctypes.c_int64), ("num_pages", ctypes.c_int64),
+        ("pages_per_seq", ctypes.c_int64),
+        # Score modifiers (the texts are bytes, NULL when None).
+        ("softcap", ctypes.c_double), ("alibi", ctypes.c_int32),
+        ("score_mod", ctypes.c_char_p), ("mask_mod", ctypes.c_char_p),
+    ]
+
+
+class Tensors(ctypes.Structure):
+    """fj_tensors: the buffers of fj_attention_forward_tensors."""
+    _fields_ = [
+        ("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
+        ("out", ctypes.c_void_p), ("lse", ctypes.c_void_p),
+        ("cu_seqlens_q", ctypes.c_void_p), ("cu_seqlens_k", ctypes.c_void_p),
+        ("seqused_k", ctypes.c_void_p), ("block_table", ctypes.c_void_p),
+        ("alibi_slopes", ctypes.c_void_p),
     ]
 
 
@@ -94,6 +113,8 @@ lib.fj_attention_create_ex.argtypes = [_p(Spec), ctypes.c_char_p, _p(Options),
 lib.fj_attention_forward.argtypes = [ctypes.c_void_p] * 5 + [_p(ctypes.c_float), ctypes.c_void_p]
 lib.fj_attention_forward_shape.argtypes = [ctypes.c_void_p, _p(Spec)] + [ctypes.c_void_p] * 4 + [
     _p(ctypes.c_float), ctypes.c_void_p]
+lib.fj_attention_forward_tensors.argtypes = [ctypes.c_void_p, _p(Spec), _p(Tensors),
+                                             ctypes.c_void_p]
 lib.fj_spec_signature.argtypes = [_p(Spec), ctypes.c_char_p, ctypes.c_size_t]
 lib.fj_attention_explain.argtypes = [ctypes.c_void_p]
 lib.fj_attention_explain.restype = ctypes.c_char_p

@@ -1,0 +1,429 @@
+// Score expressions (ir/expr.h): a recursive-descent parser with C's
+// precedence, the canonical printer, the evaluator and the C emitter.
+#include "ir/expr.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <limits>
+
+namespace flashjit::ir {
+
+namespace {
+
+constexpr std::string_view kVariables[] = {"score",  "b",        "h",       "q_idx",
+                                           "kv_idx", "seqlen_q", "seqlen_k"};
+constexpr std::string_view kFunctions[] = {"min", "max", "abs", "exp", "log", "tanh"};
+
+bool is_float_function(std::string_view f) { return f == "exp" || f == "log" || f == "tanh"; }
+int arity(std::string_view f) { return f == "min" || f == "max" ? 2 : 1; }
+
+class Parser {
+public:
+  Parser(std::string_view text, const ExprScope &scope, std::string_view what)
+      : s_(text), scope_(scope), what_(what) {}
+
+  Expected<Expr> run() {
+    Expr e;
+    FJ_RETURN_IF_ERROR(ternary(e));
+    skip();
+    if (pos_ < s_.size())
+      return error(fmt::format("unexpected '{}' after a complete expression", s_[pos_]));
+    return e;
+  }
+
+private:
+  Status error(std::string_view message) const {
+    return Status::error("{}, column {}: {} (in \"{}\")", what_, pos_ + 1, message, s_);
+  }
+  void skip() {
+    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n'))
+      ++pos_;
+  }
+  bool take(std::string_view op) {
+    skip();
+    if (s_.substr(pos_, op.size()) != op)
+      return false;
+    // "<" must not take the first half of "<=", "!" of "!=", "&" alone is no operator.
+    if (op.size() == 1 && pos_ + 1 < s_.size() && s_[pos_ + 1] == '=' &&
+        (op == "<" || op == ">" || op == "!" || op == "="))
+      return false;
+    pos_ += op.size();
+    return true;
+  }
+  static Expr binary(std::string op, Expr a, Expr b) {
+    Expr e;
+    e.kind = Expr::Kind::binary;
+    const bool logical = op == "<" || op == "<=" || op == ">" || op == ">=" || op == "==" ||
+                         op == "!=" || op == "&&" || op == "||";
+    e.is_int = logical || (a.is_int && b.is_int);
+    e.name = std::move(op);
+    e.args = {std::move(a), std::move(b)};
+    return e;
+  }
+
+  Status ternary(Expr &out) {
+    FJ_RETURN_IF_ERROR(logical_or(out));
+    if (!take("?"))
+      return Status::ok();
+    Expr yes, no;
+    FJ_RETURN_IF_ERROR(ternary(yes));
+    if (!take(":"))
+      return error("expected ':' of a '?:'");
+    FJ_RETURN_IF_ERROR(ternary(no));
+    Expr e;
+    e.kind = Expr::Kind::select;
+    e.is_int = yes.is_int && no.is_int;
+    e.args = {std::move(out), std::move(yes), std::move(no)};
+    out = std::move(e);
+    return Status::ok();
+  }
+  // One level of left-associative binary operators.
+  template <typename Next>
+  Status level(Expr &out, std::initializer_list<std::string_view> ops, Next next) {
+    FJ_RETURN_IF_ERROR((this->*next)(out));
+    for (;;) {
+      std::string_view found;
+      for (std::string_view op : ops)
+        if (take(op)) {
+          found = op;
+          break;
+        }
+      if (found.empty())
+        return Status::ok();
+      const size_t at = pos_;
+      Expr rhs;
+      FJ_RETURN_IF_ERROR((this->*next)(rhs));
+      if (found == "%" && !(out.is_int && rhs.is_int)) {
+        pos_ = at;
+        return error("'%' takes integers (b, h, q_idx, kv_idx, integer literals)");
+      }
+      out = binary(std::string(found), std::move(out), std::move(rhs));
+    }
+  }
+  Status logical_or(Expr &e) { return level(e, {"||"}, &Parser::logical_and); }
+  Status logical_and(Expr &e) { return level(e, {"&&"}, &Parser::equality); }
+  Status equality(Expr &e) { return level(e, {"==", "!="}, &Parser::relational); }
+  Status relational(Expr &e) { return level(e, {"<=", ">=", "<", ">"}, &Parser::additive); }
+  Status additive(Expr &e) { return level(e, {"+", "-"}, &Parser::multiplicative); }
+  Status multiplicative(Expr &e) { return level(e, {"*", "/", "%"}, &Parser::unary); }
+
+  Status unary(Expr &out) {
+    for (std::string_view op : {"-", "!"})
+      if (take(op)) {
+        Expr inner;
+        FJ_RETURN_IF_ERROR(unary(inner));
+        out = Expr{};
+        out.kind = Expr::Kind::unary;
+        out.is_int = op == "!" || inner.is_int;
+        out.name = std::string(op);
+        out.args = {std::move(inner)};
+        return Status::ok();
+      }
+    return primary(out);
+  }
+
+  Status primary(Expr &out) {
+    skip();
+    if (pos_ >= s_.size())
+      return error("expected a value, found the end");
+    if (take("(")) {
+      FJ_RETURN_IF_ERROR(ternary(out));
+      return take(")") ? Status::ok() : error("expected ')'");
+    }
+    const char c = s_[pos_];
+    if (std::isdigit(static_cast<unsigned char>(c)) || c == '.')
+      return number(out);
+    if (!std::isalpha(static_cast<unsigned char>(c)) && c != '_')
+      return error(fmt::format("unexpected '{}'", c));
+    const size_t start = pos_;
+    while (pos_ < s_.size() &&
+           (std::isalnum(static_cast<unsigned char>(s_[pos_])) || s_[pos_] == '_'))
+      ++pos_;
+    const std::string name(s_.substr(start, pos_ - start));
+    out = Expr{};
+    out.name = name;
+    if (name == "inf") {
+      out.kind = Expr::Kind::number;
+      out.value = std::numeric_limits<double>::infinity();
+      return Status::ok();
+    }
+    if (std::find(std::begin(kVariables), std::end(kVariables), name) != std::end(kVariables)) {
+      out.kind = Expr::Kind::var;
+      out.is_int = name != "score";
+      return Status::ok();
+    }
+    if (std::find(std::begin(kFunctions), std::end(kFunctions), name) != std::end(kFunctions)) {
+      if (!take("("))
+        return error(fmt::format("expected '(' after function {}", name));
+      out.kind = Expr::Kind::call;
+      for (int i = 0; i < arity(name); ++i) {
+        if (i && !take(","))
+          return error(fmt::format("{} takes {} arguments", name, arity(name)));
+        Expr a;
+        FJ_RETURN_IF_ERROR(ternary(a));
+        out.args.push_back(std::move(a));
+      }
+      if (!take(")"))
+        return error(fmt::format("expected ')' after the arguments of {}", name));
+      out.is_int = !is_float_function(name) && std::all_of(out.args.begin(), out.args.end(),
+                                                           [](const Expr &a) { return a.is_int; });
+      return Status::ok();
+    }
+    for (const auto &[scalar, is_int] : scope_.scalars)
+      if (scalar == name) {
+        out.kind = Expr::Kind::scalar;
+        out.is_int = is_int;
+        return Status::ok();
+      }
+    if (std::find(scope_.arrays.begin(), scope_.arrays.end(), name) != scope_.arrays.end()) {
+      if (!take("["))
+        return error(fmt::format("array {} is read by an index: {}[h]", name, name));
+      Expr index;
+      FJ_RETURN_IF_ERROR(ternary(index));
+      if (!index.is_int)
+        return error(fmt::format("the index of {} must be an integer", name));
+      if (!take("]"))
+        return error("expected ']'");
+      out.kind = Expr::Kind::load;
+      out.args = {std::move(index)};
+      return Status::ok();
+    }
+    pos_ = start;
+    std::string known = "score, b, h, q_idx, kv_idx, seqlen_q, seqlen_k";
+    for (const auto &[scalar, is_int] : scope_.scalars)
+      known += ", " + scalar;
+    for (const std::string &array : scope_.arrays)
+      known += ", " + array + "[...]";
+    return error(fmt::format("unknown name '{}': the names are {} and the functions min, max, "
+                             "abs, exp, log, tanh",
+                             name, known));
+  }
+
+  Status number(Expr &out) {
+    const size_t start = pos_;
+    bool is_float = false;
+    while (pos_ < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[pos_])) ||
+                                s_[pos_] == '.' || s_[pos_] == 'e' || s_[pos_] == 'E' ||
+                                ((s_[pos_] == '-' || s_[pos_] == '+') &&
+                                 (s_[pos_ - 1] == 'e' || s_[pos_ - 1] == 'E')))) {
+      is_float |= s_[pos_] == '.' || s_[pos_] == 'e' || s_[pos_] == 'E';
+      ++pos_;
+    }
+    const std::string text(s_.substr(start, pos_ - start));
+    double v = 0;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v) ||
+        (!is_float && v > double(std::numeric_limits<int32_t>::max()))) {
+      pos_ = start;
+      return error(fmt::format("'{}' is not a number the kernels hold (a finite float, or an "
+                               "integer below 2^31)",
+                               text));
+    }
+    out = Expr{};
+    out.kind = Expr::Kind::number;
+    out.is_int = !is_float;
+    out.value = v;
+    return Status::ok();
+  }
+
+  std::string_view s_;
+  const ExprScope &scope_;
+  std::string_view what_;
+  size_t pos_ = 0;
+};
+
+std::string number_text(const Expr &e) {
+  if (std::isinf(e.value))
+    return "inf";
+  if (e.is_int)
+    return fmt::format("{}", int64_t(e.value));
+  std::string s = fmt::format("{}", e.value);
+  if (s.find_first_of(".e") == std::string::npos)
+    s += ".0";
+  return s;
+}
+
+double round_f32(double x, bool f32) { return f32 ? double(float(x)) : x; }
+
+} // namespace
+
+Expected<Expr> parse_expr(std::string_view text, const ExprScope &scope, std::string_view what) {
+  return Parser(text, scope, what).run();
+}
+
+std::string print_expr(const Expr &e) {
+  switch (e.kind) {
+  case Expr::Kind::number:
+    return number_text(e);
+  case Expr::Kind::var:
+  case Expr::Kind::scalar:
+    return e.name;
+  case Expr::Kind::load:
+    return fmt::format("{}[{}]", e.name, print_expr(e.args[0]));
+  case Expr::Kind::unary:
+    return fmt::format("({}{})", e.name, print_expr(e.args[0]));
+  case Expr::Kind::binary:
+    return fmt::format("({} {} {})", print_expr(e.args[0]), e.name, print_expr(e.args[1]));
+  case Expr::Kind::call: {
+    std::string args;
+    for (const Expr &a : e.args)
+      args += (args.empty() ? "" : ", ") + print_expr(a);
+    return fmt::format("{}({})", e.name, args);
+  }
+  case Expr::Kind::select:
+    return fmt::format("({} ? {} : {})", print_expr(e.args[0]), print_expr(e.args[1]),
+                       print_expr(e.args[2]));
+  }
+  return "?";
+}
+
+Expr substitute_score(const Expr &e, const Expr &inner) {
+  if (e.kind == Expr::Kind::var && e.name == "score")
+    return inner;
+  Expr out = e;
+  for (Expr &a : out.args)
+    a = substitute_score(a, inner);
+  if (out.kind == Expr::Kind::binary || out.kind == Expr::Kind::select ||
+      out.kind == Expr::Kind::call || out.kind == Expr::Kind::unary) {
+    // Types follow the operands (score is float, so only ever int -> float).
+    const bool logical =
+        out.kind == Expr::Kind::binary &&
+        (out.name == "<" || out.name == "<=" || out.name == ">" || out.name == ">=" ||
+         out.name == "==" || out.name == "!=" || out.name == "&&" || out.name == "||");
+    if (!logical && !(out.kind == Expr::Kind::unary && out.name == "!")) {
+      size_t first = out.kind == Expr::Kind::select ? 1 : 0;
+      bool all_int = !(out.kind == Expr::Kind::call && is_float_function(out.name));
+      for (size_t i = first; i < out.args.size(); ++i)
+        all_int &= out.args[i].is_int;
+      out.is_int = all_int;
+    }
+  }
+  return out;
+}
+
+double evaluate(const Expr &e, const ExprContext &c) {
+  auto arg = [&](int i) { return evaluate(e.args[size_t(i)], c); };
+  auto real = [&](double x) { return e.is_int ? std::trunc(x) : round_f32(x, c.f32); };
+  switch (e.kind) {
+  case Expr::Kind::number:
+    return e.value;
+  case Expr::Kind::var:
+    if (e.name == "score")
+      return c.score;
+    if (e.name == "b")
+      return double(c.b);
+    if (e.name == "h")
+      return double(c.h);
+    if (e.name == "q_idx")
+      return double(c.q_idx);
+    if (e.name == "kv_idx")
+      return double(c.kv_idx);
+    if (e.name == "seqlen_q")
+      return double(c.seqlen_q);
+    return double(c.seqlen_k);
+  case Expr::Kind::scalar:
+    return c.scalar(e.name);
+  case Expr::Kind::load:
+    return c.load(e.name, int64_t(arg(0)));
+  case Expr::Kind::unary:
+    return e.name == "!" ? double(arg(0) == 0) : -arg(0);
+  case Expr::Kind::select:
+    return arg(0) != 0 ? arg(1) : arg(2);
+  case Expr::Kind::call: {
+    const double x = arg(0);
+    if (e.name == "min")
+      return std::min(x, arg(1));
+    if (e.name == "max")
+      return std::max(x, arg(1));
+    if (e.name == "abs")
+      return std::abs(x);
+    if (e.name == "exp")
+      return round_f32(std::exp(x), c.f32);
+    if (e.name == "log")
+      return round_f32(std::log(x), c.f32);
+    return round_f32(std::tanh(x), c.f32);
+  }
+  case Expr::Kind::binary: {
+    const std::string &op = e.name;
+    if (op == "&&")
+      return double(arg(0) != 0 && arg(1) != 0);
+    if (op == "||")
+      return double(arg(0) != 0 || arg(1) != 0);
+    const double a = arg(0), b = arg(1);
+    if (op == "+")
+      return real(a + b);
+    if (op == "-")
+      return real(a - b);
+    if (op == "*")
+      return real(a * b);
+    if (op == "/") {
+      if (e.is_int) // C: truncation; a zero divisor gives 0 rather than a trap
+        return b == 0 ? 0 : std::trunc(a / b);
+      return round_f32(a / b, c.f32);
+    }
+    if (op == "%")
+      return b == 0 ? 0 : double(int64_t(a) % int64_t(b));
+    if (op == "<")
+      return double(a < b);
+    if (op == "<=")
+      return double(a <= b);
+    if (op == ">")
+      return double(a > b);
+    if (op == ">=")
+      return double(a >= b);
+    if (op == "==")
+      return double(a == b);
+    return double(a != b);
+  }
+  }
+  return 0;
+}
+
+std::string emit_c(const Expr &e, const std::function<std::string(const std::string &)> &names) {
+  auto arg = [&](int i) { return emit_c(e.args[size_t(i)], names); };
+  switch (e.kind) {
+  case Expr::Kind::number:
+    if (std::isinf(e.value))
+      return "FJ_INF";
+    if (e.is_int)
+      return fmt::format("{}", int64_t(e.value));
+    return fmt::format("{:.9g}f", e.value).find_first_of(".e") == std::string::npos
+               ? fmt::format("{:.9g}.0f", e.value)
+               : fmt::format("{:.9g}f", e.value);
+  case Expr::Kind::var:
+    return "(" + names(e.name) + ")";
+  case Expr::Kind::scalar:
+    return e.name;
+  case Expr::Kind::load:
+    return fmt::format("{}[{}]", e.name, arg(0));
+  case Expr::Kind::unary:
+    return fmt::format("({}{})", e.name, arg(0));
+  case Expr::Kind::select:
+    return fmt::format("({} ? {} : {})", arg(0), arg(1), arg(2));
+  case Expr::Kind::call: {
+    const std::string x = arg(0);
+    if (e.name == "min" || e.name == "max") {
+      const std::string y = arg(1);
+      // Typed to the result, so an int and a float operand compare as floats.
+      const std::string t = e.is_int ? "int" : "float";
+      return fmt::format("fj_{}_{}({}({}), {}({}))", e.name, t, t, x, t, y);
+    }
+    if (e.name == "abs")
+      return fmt::format("fj_abs_{}({})", e.is_int ? "int" : "float", x);
+    return fmt::format("fj_{}(float({}))", e.name, x);
+  }
+  case Expr::Kind::binary: {
+    const std::string &op = e.name;
+    // Integer arithmetic that the evaluator defines for a zero divisor.
+    if (e.is_int && (op == "/" || op == "%"))
+      return fmt::format("fj_int_{}({}, {})", op == "/" ? "div" : "mod", arg(0), arg(1));
+    return fmt::format("({} {} {})", arg(0), op, arg(1));
+  }
+  }
+  return "0";
+}
+
+} // namespace flashjit::ir

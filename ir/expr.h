@@ -1,0 +1,72 @@
+// Score expressions: the small language of score and mask modifiers
+// (FlexAttention's score_mod / mask_mod, softcap, ALiBi), in C-like syntax:
+//
+//   score                 the scaled score q.k * scale of this (query, key), f32
+//   b h q_idx kv_idx      batch, query head, query and key positions (from 0 at
+//                         the start of each sequence), int
+//   seqlen_q seqlen_k     this batch's query and key counts, int
+//   a scalar's name       a run-time scalar parameter of the kernel (%softcap)
+//   name[index]           an element of a captured f32 array (alibi_slopes[h])
+//   literals              1, 2.5, 1e-3, inf
+//   - ! * / % + - < <= > >= == != && || ?:   with C's precedence and types
+//   min max abs exp log tanh                 functions
+//
+// Integers stay integers (/ and % truncate as in C); any float operand makes an
+// operation float (f32 in the kernels, f64 in the reference). A comparison or
+// logical operation is an int 0 or 1. One definition serves every backend:
+// parse() checks names and types and reports errors with the column; emit_c()
+// writes the kernels' C, evaluate() runs it for the interpreter and reference.
+#pragma once
+
+#include "ir/status.h"
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace flashjit::ir {
+
+struct Expr {
+  enum class Kind { number, var, scalar, load, unary, binary, call, select };
+  Kind kind = Kind::number;
+  bool is_int = false; // the expression's type: int or float
+  double value = 0;    // number
+  std::string name;    // var (score, b, ...), scalar, load (the array), unary/binary/call op
+  std::vector<Expr> args;
+};
+
+/// What names an expression may use besides the built-in variables: run-time
+/// scalars (with whether each is an integer) and captured f32 arrays.
+struct ExprScope {
+  std::vector<std::pair<std::string, bool>> scalars; // name, is_int
+  std::vector<std::string> arrays;
+};
+
+/// Parses and type-checks `text`; `what` names it in errors ("score_mod"), which
+/// give the column: "score_mod, column 7: unknown name 'scroe'; ...".
+Expected<Expr> parse_expr(std::string_view text, const ExprScope &scope, std::string_view what);
+/// The canonical text (parse(print(e)) == e), fully parenthesized.
+std::string print_expr(const Expr &e);
+/// `e` with every `score` replaced by `inner` (composing modifiers).
+Expr substitute_score(const Expr &e, const Expr &inner);
+
+/// The values an evaluation reads.
+struct ExprContext {
+  double score = 0;
+  int64_t b = 0, h = 0, q_idx = 0, kv_idx = 0, seqlen_q = 0, seqlen_k = 0;
+  std::function<double(const std::string &)> scalar;
+  /// The element of an array, or an error text when the index is outside it.
+  std::function<double(const std::string &, int64_t index)> load;
+  bool f32 = false; // round every float result to f32 (the kernels' arithmetic)
+};
+double evaluate(const Expr &e, const ExprContext &c);
+
+/// C for the kernels. `names` maps the built-in variables (score, b, h, q_idx,
+/// kv_idx, seqlen_q, seqlen_k) to C expressions; scalars and arrays keep their
+/// names (they are kernel parameters). Uses fj_tanh, fj_exp, fj_log from
+/// templates/attention_common.hip.
+std::string emit_c(const Expr &e, const std::function<std::string(const std::string &)> &names);
+
+} // namespace flashjit::ir

@@ -1,0 +1,259 @@
+// Score modifiers (issue 14, first step): the expression language of ir/expr.h
+// and the spec's softcap, ALiBi, score_mod and mask_mod, against the float64
+// reference (which applies softcap and ALiBi by their formulas, independently of
+// the expression machinery):
+//
+//   * expressions: canonical printing, types, errors with the column;
+//   * the interpreter and the emulator (every AMD family and the simt rules):
+//     softcap, ALiBi [heads] and [batch, heads] with causal and sq != sk, a user
+//     score_mod, document and sliding masks as mask_mod, a mask that hides every
+//     key (output 0, LSE -inf), modifiers over varlen batches;
+//   * flashjit::Attention on the emulator: the slopes are a per-call argument.
+//
+// Tolerances: tolerance_for(dtype), as every forward test.
+#include "ir/build.h"
+#include "ir/expr.h"
+#include "ir/interpreter.h"
+#include "lowering/lower.h"
+#include "runtime/attention.h"
+#include "runtime/emulator.h"
+#include "tests/support/describe.h"
+#include "tests/support/sequences.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+using namespace flashjit;
+
+namespace {
+
+using test::describe;
+
+void expect_matches_reference(const AttentionSpec &spec, const HostTensors &t) {
+  const Tolerance tol = tolerance_for(spec.dtype);
+  const ErrorStats err = compare(spec, t, reference_attention(spec, t));
+  EXPECT_TRUE(err.within(tol.abs, tol.rel)) << describe(err, tol);
+}
+
+// ---- the expression language -------------------------------------------------
+
+TEST(ScoreExpr, PrintsCanonicallyWithCPrecedence) {
+  const ir::ExprScope scope{{{"softcap", false}}, {"bias"}};
+  auto e = ir::parse_expr("softcap*tanh(score/softcap) - bias[h]*abs(q_idx-kv_idx) + 1 % 3 * 2",
+                          scope, "score_mod");
+  ASSERT_TRUE(e) << e.status().message();
+  const std::string text = ir::print_expr(*e);
+  EXPECT_EQ(text, "(((softcap * tanh((score / softcap))) - (bias[h] * abs((q_idx - kv_idx)))) + "
+                  "((1 % 3) * 2))");
+  auto again = ir::parse_expr(text, scope, "score_mod");
+  ASSERT_TRUE(again);
+  EXPECT_EQ(ir::print_expr(*again), text);
+  EXPECT_FALSE(e->is_int);
+  auto mask = ir::parse_expr("q_idx >= kv_idx && !(kv_idx < 3) || b == 1 ? 1 : 0", {}, "mask_mod");
+  ASSERT_TRUE(mask) << mask.status().message();
+  EXPECT_TRUE(mask->is_int);
+  ir::ExprContext c;
+  c.q_idx = 5;
+  c.kv_idx = 4;
+  EXPECT_EQ(ir::evaluate(*mask, c), 1);
+  c.kv_idx = 2;
+  EXPECT_EQ(ir::evaluate(*mask, c), 0);
+  c.b = 1;
+  EXPECT_EQ(ir::evaluate(*mask, c), 1);
+}
+
+TEST(ScoreExpr, ErrorsNameTheColumnAndTheFix) {
+  struct Bad {
+    const char *text, *message;
+  };
+  for (const Bad &bad :
+       {Bad{"score + scroe", "column 9: unknown name 'scroe'"},
+        Bad{"score % 2", "'%' takes integers"},
+        Bad{"tanh(score", "expected ')' after the arguments of tanh"},
+        Bad{"score +", "expected a value, found the end"},
+        Bad{"q_idx >= kv_idx )", "unexpected ')'"}, Bad{"bias[h]", "unknown name 'bias'"},
+        Bad{"1e999", "not a number the kernels hold"}}) {
+    auto e = ir::parse_expr(bad.text, {}, "score_mod");
+    ASSERT_FALSE(e) << bad.text;
+    EXPECT_NE(e.status().message().find(bad.message), std::string::npos)
+        << bad.text << ": " << e.status().message();
+  }
+}
+
+TEST(ScoreModSpec, ValidationNamesTheField) {
+  AttentionSpec s = make_spec(1, 2, 2, 8, 8, 64, 64, DType::bf16);
+  s.softcap = -1;
+  EXPECT_NE(s.validate().message().find("softcap (-1)"), std::string::npos);
+  s.softcap = 0;
+  s.mask_mod = "score > 0";
+  EXPECT_NE(s.validate().message().find("mask_mod \"score > 0\" reads score"), std::string::npos)
+      << s.validate().message();
+  s.mask_mod = "q_idx >= kv_idx";
+  s.score_mod = "score * (1 + )";
+  EXPECT_NE(s.validate().message().find("score_mod, column 14"), std::string::npos)
+      << s.validate().message();
+}
+
+// ---- numeric cases -----------------------------------------------------------
+
+struct ModCase {
+  const char *name;
+  int64_t b, hq, hkv, sq, sk, d;
+  DType dtype;
+  bool causal;
+  Window window;
+  double softcap;
+  Alibi alibi;
+  const char *score_mod, *mask_mod;
+};
+
+void PrintTo(const ModCase &c, std::ostream *os) { *os << c.name; }
+
+constexpr Window kNoWindow{-1, -1};
+const ModCase kCases[] = {
+    {"softcap", 2, 4, 2, 70, 70, 64, DType::bf16, false, kNoWindow, 3.5, Alibi::none, "", ""},
+    {"softcap_causal_f16", 1, 4, 4, 33, 90, 80, DType::f16, true, kNoWindow, 0.8, Alibi::none, "",
+     ""},
+    {"alibi_heads_causal", 1, 8, 2, 40, 100, 64, DType::bf16, true, kNoWindow, 0, Alibi::heads, "",
+     ""},
+    {"alibi_batch_heads_window", 2, 4, 1, 50, 50, 72, DType::f16, false, Window{20, 5}, 0,
+     Alibi::batch_heads, "", ""},
+    {"softcap_alibi_score_mod", 1, 4, 2, 30, 64, 64, DType::bf16, true, kNoWindow, 5.0,
+     Alibi::heads, "score + 0.25 * (q_idx % 3) - 0.01 * (kv_idx - h)", ""},
+    {"document_mask", 2, 2, 2, 96, 96, 64, DType::bf16, false, kNoWindow, 0, Alibi::none, "",
+     "q_idx / 40 == kv_idx / 40"},
+    {"sliding_mask_mod", 1, 2, 1, 80, 80, 96, DType::f16, false, kNoWindow, 0, Alibi::none, "",
+     "q_idx >= kv_idx && q_idx - kv_idx < 17"},
+    {"mask_hides_every_key", 1, 2, 2, 20, 40, 64, DType::bf16, false, kNoWindow, 0, Alibi::none, "",
+     "kv_idx < 0"},
+    {"mask_hides_some_rows", 1, 2, 2, 20, 40, 64, DType::bf16, true, kNoWindow, 0, Alibi::none,
+     "score * 2", "q_idx % 2 == 0"},
+};
+
+AttentionSpec spec_of(const ModCase &c) {
+  AttentionSpec s = make_spec(c.b, c.hq, c.hkv, c.sq, c.sk, c.d, c.d, c.dtype);
+  s.causal = c.causal;
+  s.window = c.window;
+  s.softcap = c.softcap;
+  s.alibi = c.alibi;
+  s.score_mod = c.score_mod;
+  s.mask_mod = c.mask_mod;
+  s.lse = true;
+  return s;
+}
+
+class ScoreModInterpreter : public testing::TestWithParam<ModCase> {};
+
+TEST_P(ScoreModInterpreter, MatchesFloat64) {
+  const AttentionSpec spec = spec_of(GetParam());
+  ASSERT_TRUE(spec.validate()) << spec.validate().message();
+  ir::Config config;
+  config.block_m = 16;
+  config.block_n = 32;
+  auto p = ir::build_attention(spec, config);
+  ASSERT_TRUE(p) << p.status().message();
+  auto back = ir::parse(ir::print(*p)); // the function line round-trips
+  ASSERT_TRUE(back) << back.status().message();
+  EXPECT_EQ(ir::print(*back), ir::print(*p));
+  HostTensors t = make_random_inputs(spec, 5);
+  Status s = ir::interpret(*p, ir::bind_attention(spec), t);
+  ASSERT_TRUE(s) << s.message();
+  expect_matches_reference(spec, t);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, ScoreModInterpreter, testing::ValuesIn(kCases),
+                         [](const auto &info) { return std::string(info.param.name); });
+
+struct Lowering {
+  const char *arch;
+  lowering::RulesChoice choice;
+};
+constexpr auto automatic = lowering::RulesChoice::automatic;
+const Lowering kLowerings[] = {{"gfx1201", automatic}, {"gfx1100", automatic},
+                               {"gfx942", automatic},  {"gfx90a", automatic},
+                               {"gfx950", automatic},  {"gfx1201", lowering::RulesChoice::simt}};
+
+class ScoreModEmulator : public testing::TestWithParam<std::tuple<Lowering, ModCase>> {};
+
+TEST_P(ScoreModEmulator, MatchesFloat64) {
+  const auto &[how, c] = GetParam();
+  auto t = lowering::parse_target(how.arch);
+  ASSERT_TRUE(t) << t.status().message();
+  const AttentionSpec spec = spec_of(c);
+  auto program = ir::build_attention(spec, lowering::default_config(spec, *t, how.choice));
+  ASSERT_TRUE(program) << program.status().message();
+  auto kernel = lowering::lower(*program, *t, how.choice);
+  ASSERT_TRUE(kernel) << kernel.status().message();
+  HostTensors tensors = make_random_inputs(spec, 9);
+  Status s = runtime::emulate(*kernel, *t, spec, tensors, {.threads = 2});
+  ASSERT_TRUE(s) << s.message();
+  expect_matches_reference(spec, tensors);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, ScoreModEmulator,
+                         testing::Combine(testing::ValuesIn(kLowerings), testing::ValuesIn(kCases)),
+                         [](const auto &info) {
+                           const Lowering &l = std::get<0>(info.param);
+                           return fmt::format("{}{}_{}", l.arch,
+                                              l.choice == lowering::RulesChoice::simt ? "_simt"
+                                                                                      : "",
+                                              std::get<1>(info.param).name);
+                         });
+
+// Modifiers over a varlen batch: q_idx and kv_idx count from each sequence's start.
+TEST(ScoreModSequences, AlibiAndAMaskOverVarlenBatches) {
+  test::SeqInputs in = test::make_seq_inputs(test::seq_cases()[1], 3); // varlen, window, MQA
+  in.spec.alibi = Alibi::heads;
+  in.spec.mask_mod = "(q_idx + kv_idx) % 5 != 0";
+  in.tensors.alibi_slopes = {0.5f, 0.25f, 0.125f, 0.0625f};
+  auto t = lowering::parse_target("gfx942");
+  ASSERT_TRUE(t);
+  auto program = ir::build_attention(in.spec, lowering::default_config(in.spec, *t, automatic));
+  ASSERT_TRUE(program) << program.status().message();
+  auto kernel = lowering::lower(*program, *t, automatic);
+  ASSERT_TRUE(kernel) << kernel.status().message();
+  HostTensors interpreted = in.tensors;
+  ASSERT_TRUE(runtime::emulate(*kernel, *t, in.spec, in.tensors, {.threads = 2}));
+  expect_matches_reference(in.spec, in.tensors);
+  ASSERT_TRUE(ir::interpret(*program, ir::bind_attention(in.spec), interpreted));
+  expect_matches_reference(in.spec, interpreted);
+}
+
+// Through Attention: the slopes are per call; a call without them is refused.
+TEST(ScoreModAttention, SlopesArePerCallArguments) {
+  AttentionSpec spec = make_spec(2, 4, 2, 17, 45, 64, 64, DType::bf16);
+  spec.causal = true;
+  spec.softcap = 2.0;
+  spec.alibi = Alibi::batch_heads;
+  Options options;
+  options.compiler = "none";
+  options.cpu_threads = 2;
+  auto attn = Attention::create(spec, "emulator:gfx1201", options);
+  ASSERT_TRUE(attn) << attn.status().message();
+  for (double cap : {2.0, 30.0}) {
+    AttentionSpec shape = spec;
+    shape.softcap = cap; // a run-time value: the same kernel
+    HostTensors t = make_random_inputs(shape, uint64_t(cap));
+    std::vector<uint16_t> q(t.q.size()), k(t.k.size()), v(t.v.size()), o(t.o.size(), 0x7fff);
+    for (auto [from, to] : {std::pair{&t.q, &q}, std::pair{&t.k, &k}, std::pair{&t.v, &v}})
+      for (size_t i = 0; i < from->size(); ++i)
+        (*to)[i] = uint16_t(to_bits(shape.dtype, (*from)[i]));
+    AttentionTensors a{q.data(), k.data(), v.data(), o.data()};
+    a.alibi_slopes = t.alibi_slopes.data();
+    Status s = attn->forward(shape, a);
+    ASSERT_TRUE(s) << s.message();
+    for (size_t i = 0; i < o.size(); ++i)
+      t.o[i] = from_bits(shape.dtype, o[i]);
+    expect_matches_reference(shape, t);
+    a.alibi_slopes = nullptr;
+    s = attn->forward(shape, a);
+    ASSERT_FALSE(s);
+    EXPECT_NE(s.message().find("alibi_slopes is null but the spec has ALiBi: pass 8 f32 slopes"),
+              std::string::npos)
+        << s.message();
+  }
+  EXPECT_NE(attn->explain().find("2 forward calls"), std::string::npos) << attn->explain();
+}
+
+} // namespace
