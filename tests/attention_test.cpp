@@ -842,6 +842,58 @@ TEST(AttentionCuda, SplitKvDecodeMatchesTheReference) {
   }
 }
 
+// Runs `spec` on the GPU over `t` (inputs, index arrays, slopes uploaded; outputs
+// poisoned) and compares with the float64 reference.
+void gpu_matches_reference(runtime::GpuDriver &cuda, const AttentionSpec &spec, HostTensors &t) {
+  Options options;
+  options.synchronize = true;
+  auto attn = Attention::create(spec, "cuda:0", options);
+  ASSERT_TRUE(attn) << attn.status().message();
+  std::vector<uint16_t> q(t.q.size()), k(t.k.size()), v(t.v.size()), o(t.o.size(), 0x7fff);
+  for (auto [from, to] : {std::pair{&t.q, &q}, std::pair{&t.k, &k}, std::pair{&t.v, &v}})
+    for (size_t i = 0; i < from->size(); ++i)
+      (*to)[i] = uint16_t(to_bits(spec.dtype, (*from)[i]));
+  std::vector<void *> device;
+  auto upload = [&](const void *data, size_t bytes) -> void * {
+    if (bytes == 0)
+      return nullptr;
+    auto p = cuda.allocate(0, bytes);
+    EXPECT_TRUE(p) << p.status().message();
+    if (!p)
+      return nullptr;
+    device.push_back(*p);
+    EXPECT_TRUE(cuda.copy_to_device(0, *p, data, bytes));
+    return *p;
+  };
+  auto upload_ints = [&](const std::vector<int32_t> &a) {
+    return static_cast<const int32_t *>(upload(a.data(), a.size() * 4));
+  };
+  AttentionTensors a;
+  a.q = upload(q.data(), q.size() * 2);
+  a.k = upload(k.data(), k.size() * 2);
+  a.v = upload(v.data(), v.size() * 2);
+  a.out = upload(o.data(), o.size() * 2);
+  a.lse = static_cast<float *>(upload(t.lse.data(), t.lse.size() * 4));
+  a.cu_seqlens_q = upload_ints(t.cu_seqlens_q);
+  a.cu_seqlens_k = upload_ints(t.cu_seqlens_k);
+  a.seqused_k = upload_ints(t.seqused_k);
+  a.block_table = upload_ints(t.block_table);
+  a.alibi_slopes =
+      static_cast<const float *>(upload(t.alibi_slopes.data(), t.alibi_slopes.size() * 4));
+  Status s = attn->forward(spec, a);
+  ASSERT_TRUE(s) << s.message();
+  ASSERT_TRUE(cuda.copy_to_host(0, o.data(), a.out, o.size() * 2));
+  if (!t.lse.empty())
+    ASSERT_TRUE(cuda.copy_to_host(0, t.lse.data(), a.lse, t.lse.size() * 4));
+  for (size_t i = 0; i < o.size(); ++i)
+    t.o[i] = from_bits(spec.dtype, o[i]);
+  const Tolerance tol = tolerance_for(spec.dtype);
+  const ErrorStats e = compare(spec, t, reference_attention(spec, t));
+  EXPECT_TRUE(e.within(tol.abs, tol.rel)) << describe(e);
+  for (void *p : device)
+    EXPECT_TRUE(cuda.release(0, p));
+}
+
 // Sequences on the GPU: varlen batches, per-batch key counts and paged caches
 // (the emulator's cases, then longer ones: ragged prefill up to 1500 tokens and
 // paged decode over 4000 keys through split-KV), against the float64 reference.
@@ -853,59 +905,48 @@ TEST(AttentionCuda, SequencesMatchTheReference) {
   std::vector<test::SeqCase> cases = test::seq_cases();
   for (const test::SeqCase &c : test::long_seq_cases())
     cases.push_back(c);
-  for (const test::SeqCase &c : cases) {
+  for (const test::SeqCase &c : cases)
     for (int64_t splits : {int64_t{0}, int64_t{1}, int64_t{5}}) {
       test::SeqInputs in = test::make_seq_inputs(c, 77);
       in.spec.num_splits = in.spec.seqs.packed_q ? 1 : splits;
       SCOPED_TRACE(in.spec.summary());
-      Options options;
-      options.synchronize = true;
-      auto attn = Attention::create(in.spec, "cuda:0", options);
-      ASSERT_TRUE(attn) << attn.status().message();
-      HostTensors &t = in.tensors;
-      std::vector<uint16_t> q(t.q.size()), k(t.k.size()), v(t.v.size()), o(t.o.size(), 0x7fff);
-      for (auto [from, to] : {std::pair{&t.q, &q}, std::pair{&t.k, &k}, std::pair{&t.v, &v}})
-        for (size_t i = 0; i < from->size(); ++i)
-          (*to)[i] = uint16_t(to_bits(in.spec.dtype, (*from)[i]));
-      std::vector<void *> device;
-      auto upload = [&](const void *data, size_t bytes) -> void * {
-        if (bytes == 0)
-          return nullptr;
-        auto p = cuda->allocate(0, bytes);
-        EXPECT_TRUE(p) << p.status().message();
-        if (!p)
-          return nullptr;
-        device.push_back(*p);
-        EXPECT_TRUE(cuda->copy_to_device(0, *p, data, bytes));
-        return *p;
-      };
-      AttentionTensors a;
-      a.q = upload(q.data(), q.size() * 2);
-      a.k = upload(k.data(), k.size() * 2);
-      a.v = upload(v.data(), v.size() * 2);
-      a.out = upload(o.data(), o.size() * 2);
-      a.lse = static_cast<float *>(upload(t.lse.data(), t.lse.size() * 4));
-      a.cu_seqlens_q =
-          static_cast<const int32_t *>(upload(t.cu_seqlens_q.data(), t.cu_seqlens_q.size() * 4));
-      a.cu_seqlens_k =
-          static_cast<const int32_t *>(upload(t.cu_seqlens_k.data(), t.cu_seqlens_k.size() * 4));
-      a.seqused_k =
-          static_cast<const int32_t *>(upload(t.seqused_k.data(), t.seqused_k.size() * 4));
-      a.block_table =
-          static_cast<const int32_t *>(upload(t.block_table.data(), t.block_table.size() * 4));
-      Status s = attn->forward(in.spec, a);
-      ASSERT_TRUE(s) << s.message();
-      ASSERT_TRUE(cuda->copy_to_host(0, o.data(), a.out, o.size() * 2));
-      if (!t.lse.empty())
-        ASSERT_TRUE(cuda->copy_to_host(0, t.lse.data(), a.lse, t.lse.size() * 4));
-      for (size_t i = 0; i < o.size(); ++i)
-        t.o[i] = from_bits(in.spec.dtype, o[i]);
-      const Tolerance tol = tolerance_for(in.spec.dtype);
-      const ErrorStats e = compare(in.spec, t, reference_attention(in.spec, t));
-      EXPECT_TRUE(e.within(tol.abs, tol.rel)) << describe(e);
-      for (void *p : device)
-        EXPECT_TRUE(cuda->release(0, p));
+      gpu_matches_reference(*cuda, in.spec, in.tensors);
     }
+}
+
+// Score modifiers on the GPU: softcap, ALiBi, score_mod and mask_mod (a document
+// mask, a mask hiding whole rows), prefill and split-KV decode.
+TEST(AttentionCuda, ScoreModifiersMatchTheReference) {
+  std::string why;
+  runtime::GpuDriver *cuda = cuda_or_skip_reason(why);
+  if (!cuda)
+    GTEST_SKIP() << why;
+  struct Mod {
+    int64_t b, hq, hkv, sq, sk, d;
+    bool causal;
+    double softcap;
+    Alibi alibi;
+    const char *score_mod, *mask_mod;
+  };
+  const Mod mods[] = {
+      {2, 8, 2, 300, 300, 128, false, 30.0, Alibi::none, "", ""},
+      {1, 8, 8, 200, 513, 64, true, 0, Alibi::heads, "", ""},
+      {2, 4, 1, 1, 3000, 128, true, 50.0, Alibi::batch_heads, "", ""},
+      {1, 4, 2, 256, 256, 64, false, 0, Alibi::none, "score + 0.5 * (q_idx % 2)",
+       "q_idx / 64 == kv_idx / 64"},
+      {1, 2, 2, 100, 100, 96, true, 0, Alibi::none, "", "q_idx % 3 != 0"},
+  };
+  for (const Mod &m : mods) {
+    AttentionSpec spec = make_spec(m.b, m.hq, m.hkv, m.sq, m.sk, m.d, m.d, DType::bf16);
+    spec.causal = m.causal;
+    spec.softcap = m.softcap;
+    spec.alibi = m.alibi;
+    spec.score_mod = m.score_mod;
+    spec.mask_mod = m.mask_mod;
+    spec.lse = true;
+    SCOPED_TRACE(spec.summary());
+    HostTensors t = make_random_inputs(spec, 3);
+    gpu_matches_reference(*cuda, spec, t);
   }
 }
 
