@@ -233,6 +233,9 @@ Expected<std::string> score_function(const AttentionSpec &spec, const Program &p
 Expected<Program> build(const AttentionSpec &spec, const Config &config, bool split_kv) {
   FJ_RETURN_IF_ERROR(spec.validate());
   FJ_RETURN_IF_ERROR(validate(config));
+  if (split_kv && spec.sinks)
+    return Status::error("split-KV with attention sinks is not built: each split would count the "
+                         "sink; use num_splits = 1");
   if (split_kv && spec.seqs.packed_q)
     return Status::error("split-KV with packed queries (cu_seqlens_q) is not built: its "
                          "workspace and combine are dense in the query rows; use num_splits = 1");
@@ -311,6 +314,11 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, bool sp
       return f.status();
     p.functions.push_back({"score_mod", f.take()});
   }
+  if (spec.sinks) { // the running max and sum start from the sink's logit (log2 domain)
+    p.arrays.push_back("sinks");
+    p.functions.push_back({"sink_max", "(sinks[h] * 1.44269504)"});
+    p.functions.push_back({"sink_sum", "((sinks[h] > (-inf)) ? 1.0 : 0.0)"});
+  }
   const Extent num_splits = split_kv ? scalar("num_splits", ScalarType::i32) : Extent{};
   for (int i = 0; i < 4; ++i) {
     const TensorScalars names = tensor_scalars(kTensorPrefixes[i], sig.unit_dim[i]);
@@ -384,8 +392,10 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, bool sp
   Builder b{p};
   const ValueId q = b.emit(OpKind::Load, {q_block}, Type::tile(bm, dqk, dt, TileLayout::mma_a),
                            {{"tensor", Symbol{"Q"}}});
-  const ValueId m0 = b.emit(OpKind::Fill, {}, row, {{"value", -inf}});
-  const ValueId l0 = b.emit(OpKind::Fill, {}, row, {{"value", 0.0}});
+  const ValueId m0 = spec.sinks ? b.emit(OpKind::Fill, {}, row, {{"function", Symbol{"sink_max"}}})
+                                : b.emit(OpKind::Fill, {}, row, {{"value", -inf}});
+  const ValueId l0 = spec.sinks ? b.emit(OpKind::Fill, {}, row, {{"function", Symbol{"sink_sum"}}})
+                                : b.emit(OpKind::Fill, {}, row, {{"value", 0.0}});
   const ValueId acc0 = b.emit(OpKind::Fill, {}, acc_type, {{"value", 0.0}});
 
   // The loop over KV blocks; its results are the final m, l and acc.

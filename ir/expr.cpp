@@ -280,6 +280,13 @@ std::string print_expr(const Expr &e) {
   return "?";
 }
 
+bool uses_var(const Expr &e, std::string_view name) {
+  if (e.kind == Expr::Kind::var && e.name == name)
+    return true;
+  return std::any_of(e.args.begin(), e.args.end(),
+                     [&](const Expr &a) { return uses_var(a, name); });
+}
+
 Expr substitute_score(const Expr &e, const Expr &inner) {
   if (e.kind == Expr::Kind::var && e.name == "score")
     return inner;

@@ -49,6 +49,8 @@ struct ExprScope {
 Expected<Expr> parse_expr(std::string_view text, const ExprScope &scope, std::string_view what);
 /// The canonical text (parse(print(e)) == e), fully parenthesized.
 std::string print_expr(const Expr &e);
+/// Whether `e` reads the variable `name` (score, q_idx, ...).
+bool uses_var(const Expr &e, std::string_view name);
 /// `e` with every `score` replaced by `inner` (composing modifiers).
 Expr substitute_score(const Expr &e, const Expr &inner);
 

@@ -151,6 +151,22 @@ private:
     }
     return split_ * b.split_stride + rows + head * b.strides.head + col * b.strides.dim;
   }
+  // What score expressions read in this workgroup (positions set per element).
+  ExprContext expr_context() const {
+    ExprContext c;
+    c.f32 = true;
+    c.b = batch_;
+    c.h = head_;
+    c.seqlen_q = seq("Q");
+    c.seqlen_k = seq("K");
+    c.scalar = [this](const std::string &name) { return buffers_.args->real(name).value(); };
+    c.load = [this](const std::string &name, int64_t i) {
+      const std::vector<float> &a = *buffers_.arrays.at(name);
+      return i >= 0 && i < int64_t(a.size()) ? double(a[size_t(i)])
+                                             : std::numeric_limits<double>::quiet_NaN();
+    };
+    return c;
+  }
   // The rows of `t` this workgroup's batch has.
   int64_t seq(const TensorParam &t) const {
     auto it = t.seq.is_param() ? rows_.find(t.seq.param) : rows_.end();
@@ -194,7 +210,12 @@ private:
     }
     case OpKind::Fill: {
       TileValue r = make(op.results[0]);
-      std::fill(r.data.begin(), r.data.end(), float(op.float_attr("value")));
+      float value = 0;
+      if (op.attrs.count("function"))
+        value = float(evaluate(buffers_.functions.at(op.symbol_attr("function")), expr_context()));
+      else
+        value = float(op.float_attr("value"));
+      std::fill(r.data.begin(), r.data.end(), value);
       values_[op.results[0]] = std::move(r);
       break;
     }
@@ -221,18 +242,7 @@ private:
     case OpKind::ScoreMod: {
       const Expr &f = buffers_.functions.at(op.symbol_attr("function"));
       TileValue r = in(op, 0);
-      ExprContext c;
-      c.f32 = true;
-      c.b = batch_;
-      c.h = head_;
-      c.seqlen_q = seq("Q");
-      c.seqlen_k = seq("K");
-      c.scalar = [&](const std::string &name) { return buffers_.args->real(name).value(); };
-      c.load = [&](const std::string &name, int64_t i) {
-        const std::vector<float> &a = *buffers_.arrays.at(name);
-        return i >= 0 && i < int64_t(a.size()) ? double(a[size_t(i)])
-                                               : std::numeric_limits<double>::quiet_NaN();
-      };
+      ExprContext c = expr_context();
       const int64_t row0 = in(op, 1).index * r.rows, col0 = in(op, 2).index * r.cols;
       for (int64_t i = 0; i < r.rows; ++i)
         for (int64_t j = 0; j < r.cols; ++j) {
@@ -452,9 +462,9 @@ Status interpret(const Program &p, const Bindings &args, HostTensors &t) {
   }
   FJ_RETURN_IF_ERROR(check_indices(p, args, buffers));
   for (const std::string &name : p.arrays) {
-    if (name != "alibi_slopes")
+    if (name != "alibi_slopes" && name != "sinks")
       return Status::error("the interpreter has no buffer for array @{}", name);
-    buffers.arrays[name] = &t.alibi_slopes;
+    buffers.arrays[name] = name == "sinks" ? &t.sinks : &t.alibi_slopes;
   }
   for (const ScoreFunction &f : p.functions) {
     auto e = parse_expr(f.text, p.expr_scope(), fmt::format("function @{}", f.name));

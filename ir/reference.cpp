@@ -194,6 +194,13 @@ HostTensors make_random_inputs(const AttentionSpec &spec, uint64_t seed) {
     for (float &x : t.alibi_slopes)
       x = 0.05f + std::ldexp(static_cast<float>(rng() >> 40), -24) * 0.95f;
   }
+  if (spec.sinks) { // logits around the scores' range, so the sink matters
+    std::seed_seq s_seed{seed, uint64_t{4}};
+    std::mt19937_64 rng(stream(s_seed));
+    t.sinks.resize(size_t(s.heads));
+    for (float &x : t.sinks)
+      x = -2.0f + std::ldexp(static_cast<float>(rng() >> 40), -24) * 5.0f;
+  }
   poison_outputs(spec, t);
   return t;
 }
@@ -256,7 +263,7 @@ ReferenceResult reference_attention(const AttentionSpec &spec, const HostTensors
       for (int64_t i = 0; i < rows.q_len; ++i) {
         const int64_t row = (b * H + h) * Sq + i;
         const KeyRange keys = visible_keys(spec, i, rows.q_len, rows.k_len);
-        if (keys.lo == keys.hi)
+        if (keys.lo == keys.hi && !spec.sinks)
           continue; // fully masked: output 0, LSE -inf
         for (int64_t d = 0; d < Dqk; ++d)
           q[d] = in.q[q_offset(spec, spec.q, rows, b, h, i, d)];
@@ -268,9 +275,12 @@ ReferenceResult reference_attention(const AttentionSpec &spec, const HostTensors
           scores[j] = modified(scale * dot, b, h, i, j, rows.q_len, rows.k_len);
           max = std::max(max, scores[j]);
         }
+        // A sink joins the denominator with its logit and no value.
+        const double sink = spec.sinks ? double(in.sinks[size_t(h)]) : kNegInf;
+        max = std::max(max, sink);
         if (max == kNegInf)
           continue; // every key hidden by the modifiers: output 0, LSE -inf
-        double sum = 0;
+        double sum = sink == kNegInf ? 0 : std::exp(sink - max);
         double *out = &r.out[row * Dv];
         for (int64_t j = keys.lo; j < keys.hi; ++j) {
           if (scores[j] == kNegInf)

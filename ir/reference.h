@@ -19,6 +19,8 @@ struct HostTensors {
   std::vector<int32_t> cu_seqlens_q, cu_seqlens_k, seqused_k, block_table;
   /// ALiBi's slopes, [heads] or [batch, heads] (AttentionSpec::alibi); empty when unused.
   std::vector<float> alibi_slopes;
+  /// Attention sinks' logits, [heads] (AttentionSpec::sinks); empty when unused.
+  std::vector<float> sinks;
 };
 
 /// Fresh random Q/K/V (uniform in [-1, 1), rounded to the dtype, never all zero)

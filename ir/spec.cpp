@@ -263,6 +263,12 @@ Status AttentionSpec::validate() const {
 }
 
 Status AttentionSpec::validate_modifiers() const {
+  if (num_splits > 1 && (sinks || seqs.packed_q))
+    return Status::error("num_splits ({}) asks for split-KV, which does not run with {}: give "
+                         "num_splits 0 or 1",
+                         num_splits,
+                         sinks ? "attention sinks (each split would count the sink)"
+                               : "packed queries (cu_seqlens_q)");
   if (!std::isfinite(softcap) || softcap < 0 || (softcap > 0 && float(softcap) == 0.0f))
     return Status::error("softcap ({}) must be 0 (off) or a positive finite number (the scores "
                          "become softcap * tanh(score / softcap))",
@@ -336,6 +342,7 @@ KernelSignature AttentionSpec::signature() const {
   s.alibi = alibi;
   s.score_mod = score_mod;
   s.mask_mod = mask_mod;
+  s.sinks = sinks;
   s.packed_q = seqs.packed_q;
   s.packed_k = seqs.packed_k;
   s.used_k = seqs.used_k;
@@ -370,6 +377,8 @@ std::string KernelSignature::summary() const {
     s += fmt::format(" score_mod=\"{}\"", score_mod);
   if (!mask_mod.empty())
     s += fmt::format(" mask_mod=\"{}\"", mask_mod);
+  if (sinks)
+    s += " sinks";
   if (packed_q)
     s += " varlen-q";
   if (packed_k)
@@ -414,6 +423,8 @@ Status AttentionSpec::matches(const KernelSignature &want) const {
     return differ("score_mod", have.score_mod, want.score_mod);
   if (have.mask_mod != want.mask_mod)
     return differ("mask_mod", have.mask_mod, want.mask_mod);
+  if (have.sinks != want.sinks)
+    return differ("attention sinks", have.sinks, want.sinks);
   if (have.packed_q != want.packed_q)
     return differ("packed Q (cu_seqlens_q)", have.packed_q, want.packed_q);
   if (have.packed_k != want.packed_k)
@@ -455,6 +466,8 @@ std::string AttentionSpec::summary() const {
     s += fmt::format(" score_mod=\"{}\"", score_mod);
   if (!mask_mod.empty())
     s += fmt::format(" mask_mod=\"{}\"", mask_mod);
+  if (sinks)
+    s += " sinks";
   if (seqs.packed_q)
     s += fmt::format(" varlen-q(total={})", seqs.total_q);
   if (seqs.packed_k)

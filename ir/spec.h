@@ -74,6 +74,7 @@ struct KernelSignature {
   bool softcap = false;
   Alibi alibi = Alibi::none;
   std::string score_mod, mask_mod;
+  bool sinks = false;
   /// Sequences: packed Q (cu_seqlens_q), packed K/V (cu_seqlens_k), per-batch key
   /// counts (seqused_k), a paged KV cache.
   bool packed_q = false, packed_k = false, used_k = false, paged = false;
@@ -115,6 +116,11 @@ struct AttentionSpec {
   double softcap = 0;
   Alibi alibi = Alibi::none;
   std::string score_mod, mask_mod;
+  /// Attention sinks (gpt-oss): a learned logit per query head, f32 [heads] given
+  /// per call, that joins each row's softmax denominator (in the units of the
+  /// modified score) without a value: out = sum_j p_j v_j with p_j =
+  /// exp(s_j) / (exp(sink) + sum_k exp(s_k)); LSE includes it. Not with split-KV.
+  bool sinks = false;
   bool lse = false; // also write LSE, f32 [batch, heads, seqlen_q]
   /// Split-KV (flash-decoding): the keys of each query block are split over this
   /// many workgroups whose partial results a second kernel merges. 0: chosen

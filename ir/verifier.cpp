@@ -283,9 +283,27 @@ Status check_types(const OpChecker &c, const Op &op) {
     return check_load(c);
   case OpKind::Store:
     return check_store(c);
-  case OpKind::Fill:
-    FJ_RETURN_IF_ERROR(c.float_attr("value"));
+  case OpKind::Fill: {
+    const auto it = op.attrs.find("function");
+    if (it == op.attrs.end()) {
+      FJ_RETURN_IF_ERROR(c.float_attr("value"));
+      return c.tile(result(0));
+    }
+    const Symbol *f = std::get_if<Symbol>(&it->second);
+    const ScoreFunction *fn = f ? c.program().function(f->name) : nullptr;
+    if (!fn || op.attrs.count("value"))
+      return c.fail("attr `function` must name a function of the kernel (@name), in place of "
+                    "`value`");
+    auto e = parse_expr(fn->text, c.program().expr_scope(), "function @" + fn->name);
+    if (!e)
+      return e.status();
+    for (const char *per_element : {"score", "q_idx", "kv_idx"})
+      if (uses_var(*e, per_element))
+        return c.fail("function @{} reads {}, but a fill has one value per workgroup (b, h, "
+                      "seqlen_q, seqlen_k, scalars and arrays)",
+                      fn->name, per_element);
     return c.tile(result(0));
+  }
   case OpKind::MmaAB:
   case OpKind::MmaABt:
     return check_mma(c, op);

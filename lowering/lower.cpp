@@ -364,9 +364,29 @@ Status KernelEmitter::emit_op(const Op &op) {
     return emit_store(op);
   case OpKind::Fill: {
     const Type &t = type(op.results[0]);
+    std::string value;
+    if (op.attrs.count("function")) { // one value per workgroup (ir/expr.h)
+      const ir::ScoreFunction *f = p_.function(op.symbol_attr("function"));
+      auto e = ir::parse_expr(f->text, p_.expr_scope(), "function @" + f->name);
+      if (!e)
+        return e.status();
+      value = "float(" +
+              ir::emit_c(*e,
+                         [&](const std::string &var) -> std::string {
+                           if (var == "b")
+                             return name(p_.grid_arg(2));
+                           if (var == "h")
+                             return name(p_.grid_arg(1));
+                           return seq_const(*p_.tensor(var == "seqlen_q" ? "Q" : "K"));
+                         }) +
+              ")";
+      w_.line("// {}", f->text);
+    } else {
+      value = float_literal(op.float_attr("value"));
+    }
     w_.line("{};", declare(op.results[0]));
     const std::string dst = open_elements(t, name(op.results[0]));
-    w_.line("{} = {};", dst, float_literal(op.float_attr("value")));
+    w_.line("{} = {};", dst, value);
     close_elements(t);
     return Status::ok();
   }

@@ -137,6 +137,8 @@ Status run_on_host(const AttentionSpec &spec, const AttentionTensors &in,
     (t.*a.host).assign(a.pointer, a.pointer + a.entries);
   if (const int64_t n = alibi_slopes(spec))
     t.alibi_slopes.assign(in.alibi_slopes, in.alibi_slopes + n);
+  if (spec.sinks)
+    t.sinks.assign(in.sinks, in.sinks + spec.heads);
   FJ_RETURN_IF_ERROR(check_sequences(spec, t).with_context("forward"));
   FJ_RETURN_IF_ERROR(run(t));
   from_floats(t.o, spec, sh.o, in.out);
@@ -247,7 +249,8 @@ Status Attention::Impl::build(Failure *failure) {
 
 int64_t Attention::Impl::choose_splits(const AttentionSpec &shape) const {
   // Packed queries have no split kernels (ir::build_split_kv says why).
-  if (executor == Executor::interpreter || shape.num_splits == 1 || shape.seqs.packed_q)
+  if (executor == Executor::interpreter || shape.num_splits == 1 || shape.seqs.packed_q ||
+      shape.sinks)
     return 0;
   if (shape.num_splits > 1)
     return shape.num_splits;
@@ -409,6 +412,14 @@ Status Attention::Impl::check_arguments(const AttentionSpec &shape,
         "forward: alibi_slopes is {} but the spec {}", t.alibi_slopes ? "given" : "null",
         t.alibi_slopes ? "has no ALiBi: pass null, or set spec.alibi"
                        : fmt::format("has ALiBi: pass {} f32 slopes", alibi_slopes(shape)));
+  if (shape.sinks != (t.sinks != nullptr))
+    return Status::error("forward: sinks is {} but the spec {}", t.sinks ? "given" : "null",
+                         t.sinks
+                             ? "has no attention sinks: pass null, or set spec.sinks"
+                             : fmt::format("has attention sinks: pass {} f32 logits", shape.heads));
+  if (t.sinks && reinterpret_cast<uintptr_t>(t.sinks) % alignof(float) != 0)
+    return Status::error("forward: sinks ({}) is not aligned to 4 bytes",
+                         static_cast<const void *>(t.sinks));
   if (t.alibi_slopes && reinterpret_cast<uintptr_t>(t.alibi_slopes) % alignof(float) != 0)
     return Status::error("forward: alibi_slopes ({}) is not aligned to 4 bytes",
                          static_cast<const void *>(t.alibi_slopes));
@@ -472,7 +483,8 @@ Status Attention::Impl::run_gpu(const AttentionSpec &shape, const AttentionTenso
                                             {"cu_seqlens_k", t.cu_seqlens_k},
                                             {"seqused_k", t.seqused_k},
                                             {"block_table", t.block_table},
-                                            {"alibi_slopes", t.alibi_slopes}};
+                                            {"alibi_slopes", t.alibi_slopes},
+                                            {"sinks", t.sinks}};
   FJ_RETURN_IF_ERROR(launch(l, *kernel, ir::bind_attention(shape), pointers, stream));
   if (options.synchronize)
     FJ_RETURN_IF_ERROR(
@@ -530,6 +542,12 @@ Status Attention::Impl::run_interpreter(const AttentionSpec &shape, const Attent
     FJ_RETURN_IF_ERROR(driver->copy_to_host(device.index, slopes.data(), in.alibi_slopes,
                                             slopes.size() * sizeof(float)));
     host.alibi_slopes = slopes.data();
+  }
+  std::vector<float> sinks(shape.sinks ? size_t(shape.heads) : 0);
+  if (!sinks.empty()) {
+    FJ_RETURN_IF_ERROR(
+        driver->copy_to_host(device.index, sinks.data(), in.sinks, sinks.size() * sizeof(float)));
+    host.sinks = sinks.data();
   }
   FJ_RETURN_IF_ERROR(run_on_host(shape, host, interpret));
   FJ_RETURN_IF_ERROR(driver->copy_to_device(device.index, in.out, ho->data(), ho->size()));

@@ -89,6 +89,8 @@ struct AttentionTensors {
                 *block_table = nullptr;
   /// ALiBi's slopes, f32 [heads] or [batch, heads] (AttentionSpec::alibi); null otherwise.
   const float *alibi_slopes = nullptr;
+  /// Attention sinks' logits, f32 [heads] (AttentionSpec::sinks); null otherwise.
+  const float *sinks = nullptr;
 };
 
 namespace detail {

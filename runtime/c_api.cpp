@@ -152,6 +152,7 @@ void from_spec(const flashjit::AttentionSpec &s, fj_spec *out) {
   out->total_k = s.seqs.total_k;
   out->softcap = s.softcap;
   out->alibi = int32_t(s.alibi);
+  out->sinks = s.sinks;
   out->page_size = s.seqs.page_size;
   out->num_pages = s.seqs.num_pages;
   out->pages_per_seq = s.seqs.pages_per_seq;
@@ -168,11 +169,9 @@ fj_error to_spec(const fj_spec *in, flashjit::AttentionSpec *out) {
     return e;
   if (fj_error e = to_layout(in->layout, &out->layout); e != FJ_OK)
     return e;
-  const std::pair<const char *, int32_t> flags[] = {{"causal", in->causal},
-                                                    {"lse", in->lse},
-                                                    {"packed_q", in->packed_q},
-                                                    {"packed_k", in->packed_k},
-                                                    {"used_k", in->used_k}};
+  const std::pair<const char *, int32_t> flags[] = {
+      {"causal", in->causal},     {"lse", in->lse},       {"packed_q", in->packed_q},
+      {"packed_k", in->packed_k}, {"used_k", in->used_k}, {"sinks", in->sinks}};
   for (const auto &[name, value] : flags)
     if (value != 0 && value != 1)
       return fail(FJ_ERROR_INVALID_SPEC,
@@ -199,6 +198,7 @@ fj_error to_spec(const fj_spec *in, flashjit::AttentionSpec *out) {
   out->alibi = flashjit::Alibi(in->alibi);
   out->score_mod = in->score_mod ? in->score_mod : "";
   out->mask_mod = in->mask_mod ? in->mask_mod : "";
+  out->sinks = in->sinks != 0;
   out->q = to_strides(in->q);
   out->k = to_strides(in->k);
   out->v = to_strides(in->v);
@@ -481,16 +481,13 @@ fj_error fj_attention_forward_tensors(fj_attention *attention, const fj_spec *sh
     if (shape != nullptr)
       if (fj_error e = to_spec(shape, &s); e != FJ_OK)
         return e;
-    const flashjit::AttentionTensors t{tensors->q,
-                                       tensors->k,
-                                       tensors->v,
-                                       tensors->out,
-                                       tensors->lse,
-                                       tensors->cu_seqlens_q,
-                                       tensors->cu_seqlens_k,
-                                       tensors->seqused_k,
-                                       tensors->block_table,
-                                       tensors->alibi_slopes};
+    flashjit::AttentionTensors t{tensors->q,   tensors->k,   tensors->v,
+                                 tensors->out, tensors->lse, tensors->cu_seqlens_q};
+    t.cu_seqlens_k = tensors->cu_seqlens_k;
+    t.seqused_k = tensors->seqused_k;
+    t.block_table = tensors->block_table;
+    t.alibi_slopes = tensors->alibi_slopes;
+    t.sinks = tensors->sinks;
     Failure failure = Failure::none;
     Status status =
         flashjit::detail::AttentionAccess::forward(attention->attention, s, t, stream, &failure);

@@ -932,6 +932,9 @@ Status check_attention(const lowering::Lowered &k, const AttentionSpec &spec,
   if (tensors.alibi_slopes.size() != slopes)
     return Status::error("emulator: host alibi_slopes holds {} values; the spec needs {}",
                          tensors.alibi_slopes.size(), slopes);
+  if (tensors.sinks.size() != (spec.sinks ? size_t(spec.heads) : 0))
+    return Status::error("emulator: host sinks holds {} values; the spec needs {}",
+                         tensors.sinks.size(), spec.sinks ? spec.heads : 0);
   return check_sequences(spec, tensors).with_context("emulator");
 }
 
@@ -962,6 +965,9 @@ Status to_device_tensors(const AttentionSpec &spec, const HostTensors &tensors, 
     if (!array->empty())
       d.buffers.push_back(
           {name, const_cast<int32_t *>(array->data()), array->size() * 4, 4, false});
+  if (!tensors.sinks.empty())
+    d.buffers.push_back(
+        {"sinks", const_cast<float *>(tensors.sinks.data()), tensors.sinks.size() * 4, 4, false});
   if (!tensors.alibi_slopes.empty())
     d.buffers.push_back({"alibi_slopes", const_cast<float *>(tensors.alibi_slopes.data()),
                          tensors.alibi_slopes.size() * 4, 4, false});

@@ -880,6 +880,7 @@ void gpu_matches_reference(runtime::GpuDriver &cuda, const AttentionSpec &spec, 
   a.block_table = upload_ints(t.block_table);
   a.alibi_slopes =
       static_cast<const float *>(upload(t.alibi_slopes.data(), t.alibi_slopes.size() * 4));
+  a.sinks = static_cast<const float *>(upload(t.sinks.data(), t.sinks.size() * 4));
   Status s = attn->forward(spec, a);
   ASSERT_TRUE(s) << s.message();
   ASSERT_TRUE(cuda.copy_to_host(0, o.data(), a.out, o.size() * 2));
@@ -927,6 +928,7 @@ TEST(AttentionCuda, ScoreModifiersMatchTheReference) {
     double softcap;
     Alibi alibi;
     const char *score_mod, *mask_mod;
+    bool sinks = false;
   };
   const Mod mods[] = {
       {2, 8, 2, 300, 300, 128, false, 30.0, Alibi::none, "", ""},
@@ -935,6 +937,8 @@ TEST(AttentionCuda, ScoreModifiersMatchTheReference) {
       {1, 4, 2, 256, 256, 64, false, 0, Alibi::none, "score + 0.5 * (q_idx % 2)",
        "q_idx / 64 == kv_idx / 64"},
       {1, 2, 2, 100, 100, 96, true, 0, Alibi::none, "", "q_idx % 3 != 0"},
+      {2, 8, 1, 1, 2000, 64, true, 0, Alibi::none, "", "", true},
+      {1, 8, 2, 300, 300, 128, true, 20.0, Alibi::none, "", "", true},
   };
   for (const Mod &m : mods) {
     AttentionSpec spec = make_spec(m.b, m.hq, m.hkv, m.sq, m.sk, m.d, m.d, DType::bf16);
@@ -943,6 +947,7 @@ TEST(AttentionCuda, ScoreModifiersMatchTheReference) {
     spec.alibi = m.alibi;
     spec.score_mod = m.score_mod;
     spec.mask_mod = m.mask_mod;
+    spec.sinks = m.sinks;
     spec.lse = true;
     SCOPED_TRACE(spec.summary());
     HostTensors t = make_random_inputs(spec, 3);

@@ -90,6 +90,11 @@ TEST(ScoreModSpec, ValidationNamesTheField) {
   EXPECT_NE(s.validate().message().find("mask_mod \"score > 0\" reads score"), std::string::npos)
       << s.validate().message();
   s.mask_mod = "q_idx >= kv_idx";
+  s.sinks = true;
+  s.num_splits = 4;
+  EXPECT_NE(s.validate().message().find("does not run with attention sinks"), std::string::npos)
+      << s.validate().message();
+  s.num_splits = 0;
   s.score_mod = "score * (1 + )";
   EXPECT_NE(s.validate().message().find("score_mod, column 14"), std::string::npos)
       << s.validate().message();
@@ -106,6 +111,7 @@ struct ModCase {
   double softcap;
   Alibi alibi;
   const char *score_mod, *mask_mod;
+  bool sinks = false;
 };
 
 void PrintTo(const ModCase &c, std::ostream *os) { *os << c.name; }
@@ -129,6 +135,12 @@ const ModCase kCases[] = {
      "kv_idx < 0"},
     {"mask_hides_some_rows", 1, 2, 2, 20, 40, 64, DType::bf16, true, kNoWindow, 0, Alibi::none,
      "score * 2", "q_idx % 2 == 0"},
+    {"sinks_causal_gqa", 2, 8, 2, 37, 80, 64, DType::bf16, true, kNoWindow, 0, Alibi::none, "", "",
+     true},
+    {"sinks_softcap_window_f16", 1, 4, 4, 50, 50, 80, DType::f16, false, Window{8, 8}, 4.0,
+     Alibi::none, "", "", true},
+    {"sinks_every_key_hidden", 1, 2, 1, 20, 40, 64, DType::bf16, false, kNoWindow, 0, Alibi::none,
+     "", "kv_idx < 0", true},
 };
 
 AttentionSpec spec_of(const ModCase &c) {
@@ -139,6 +151,7 @@ AttentionSpec spec_of(const ModCase &c) {
   s.alibi = c.alibi;
   s.score_mod = c.score_mod;
   s.mask_mod = c.mask_mod;
+  s.sinks = c.sinks;
   s.lse = true;
   return s;
 }

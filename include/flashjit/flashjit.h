@@ -122,6 +122,10 @@ typedef struct fj_spec {
   double softcap;
   int32_t alibi;
   const char *score_mod, *mask_mod;
+  /* Attention sinks (gpt-oss), 0 or 1: a learned logit per query head, f32
+   * [heads] given per call (fj_tensors.sinks), joins each row's softmax
+   * denominator without a value. Split-KV does not run with sinks. */
+  int32_t sinks;
 } fj_spec;
 
 /* The defaults of flashjit::AttentionSpec: all sizes 1, head dims 64, bf16, BSHD. */
@@ -213,6 +217,7 @@ typedef struct fj_tensors {
   float *lse;
   const int32_t *cu_seqlens_q, *cu_seqlens_k, *seqused_k, *block_table;
   const float *alibi_slopes; /* f32 [heads] or [batch, heads] when spec.alibi is 1 or 2 */
+  const float *sinks;        /* f32 [heads] when spec.sinks is 1 */
 } fj_tensors;
 
 /* The general call: the shapes of `shape` (NULL: the handle's spec) over

@@ -41,6 +41,7 @@ class Spec(ctypes.Structure):
         # Score modifiers (the texts are bytes, NULL when None).
         ("softcap", ctypes.c_double), ("alibi", ctypes.c_int32),
         ("score_mod", ctypes.c_char_p), ("mask_mod", ctypes.c_char_p),
+        ("sinks", ctypes.c_int32),
     ]
 
 
@@ -51,7 +52,7 @@ class Tensors(ctypes.Structure):
         ("out", ctypes.c_void_p), ("lse", ctypes.c_void_p),
         ("cu_seqlens_q", ctypes.c_void_p), ("cu_seqlens_k", ctypes.c_void_p),
         ("seqused_k", ctypes.c_void_p), ("block_table", ctypes.c_void_p),
-        ("alibi_slopes", ctypes.c_void_p),
+        ("alibi_slopes", ctypes.c_void_p), ("sinks", ctypes.c_void_p),
     ]
 
 
