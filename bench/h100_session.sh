@@ -6,6 +6,7 @@
 #                                  before run-time shapes, `git archive` of the last commit)
 #   bench/h100_session.sh split    split-KV correctness: the CUDA ctest cases, the torch tests
 #   bench/h100_session.sh decode   bench/bench_decode.py (DECODE_ARGS adds its arguments)
+#   bench/h100_session.sh sequences bench/bench_sequences.py (varlen prefill, paged decode)
 # Logs go to $OUT (or ./h100-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -68,5 +69,12 @@ decode)
   FLASHJIT_CACHE_DIR=$(mktemp -d) FLASHJIT_LIBRARY=/tmp/fj/runtime/libflashjit.so \
     PYTHONUNBUFFERED=1 python3 bench/bench_decode.py --out "$out" ${DECODE_ARGS:-} 2>&1 |
     tail -80
+  ;;
+sequences)
+  # Varlen prefill against dense, paged decode against dense and SDPA.
+  build . /tmp/fj flashjit_shared || { tail -50 "$out/build-fj.log"; exit 1; }
+  FLASHJIT_CACHE_DIR=$(mktemp -d) FLASHJIT_LIBRARY=/tmp/fj/runtime/libflashjit.so \
+    PYTHONUNBUFFERED=1 python3 bench/bench_sequences.py --out "$out" 2>&1 | tee "$out/sequences.log" |
+    tail -40
   ;;
 esac
