@@ -48,6 +48,7 @@ def parse_args(argv=None):
     p.add_argument("--peak-gbps", type=float, default=3350.0)
     p.add_argument("--prefill-lengths", default="512,2048")
     p.add_argument("--prefill-batch", type=int, default=8)
+    p.add_argument("--prefill-dims", default="128")
     p.add_argument("--decode-batches", default="8,32")
     p.add_argument("--decode-keys", default="4096,32768")
     p.add_argument("--pages", default="16,256")
@@ -114,7 +115,12 @@ def bshd_strides(t):
 
 
 def prefill(torch, fj, args, rows, day, gpu):
-    H, HKV, D, B = 32, 8, 128, args.prefill_batch
+    for D in (int(x) for x in args.prefill_dims.split(",")):
+        prefill_dim(torch, fj, args, rows, day, gpu, D)
+
+
+def prefill_dim(torch, fj, args, rows, day, gpu, D):
+    H, HKV, B = 32, 8, args.prefill_batch
     for L in (int(x) for x in args.prefill_lengths.split(",")):
         for ragged in (False, True):
             rng = random.Random(L)
@@ -152,7 +158,7 @@ def prefill(torch, fj, args, rows, day, gpu):
                                  tflops=f"{flops / t / 1e6:.1f}", gbps="", hbm_fraction="",
                                  vs_dense=f"{t_dense / t:.3f}" if t_dense else "",
                                  max_abs_diff=f"{diff:.2e}" if diff is not None else ""))
-                print(f"prefill{' ragged' if ragged else ''} B={B} L={L}: {name} {t:.1f} us "
+                print(f"prefill{' ragged' if ragged else ''} D={D} B={B} L={L}: {name} {t:.1f} us "
                       f"{flops / t / 1e6:.1f} TFLOP/s"
                       + (f" ({t_dense / t:.3f}x dense)" if t_dense else ""), flush=True)
 
@@ -268,11 +274,11 @@ def plot(rows, path):
     a.set_title("decode, GQA 32:8, D=128, bf16 (L2 flushed)")
     a.legend(fontsize=7)
     pre = [r for r in rows if r["bench"].startswith("prefill")]
-    labels = [f"{r['bench']} L={r['seqlen']}\n{r['contender']}" for r in pre]
+    labels = [f"{r['bench']} D={r['head_dim']} L={r['seqlen']}\n{r['contender']}" for r in pre]
     b.bar(range(len(pre)), [float(r["tflops"]) for r in pre])
     b.set_xticks(range(len(pre)), labels, fontsize=6, rotation=60)
     b.set_ylabel("TFLOP/s")
-    b.set_title("causal prefill, B=8, GQA 32:8, D=128")
+    b.set_title("causal prefill, B=8, GQA 32:8")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"wrote {path}")

@@ -74,7 +74,7 @@ sequences)
   # Varlen prefill against dense, paged decode against dense and SDPA.
   build . /tmp/fj flashjit_shared || { tail -50 "$out/build-fj.log"; exit 1; }
   FLASHJIT_CACHE_DIR=$(mktemp -d) FLASHJIT_LIBRARY=/tmp/fj/runtime/libflashjit.so \
-    PYTHONUNBUFFERED=1 python3 bench/bench_sequences.py --out "$out" 2>&1 | tee "$out/sequences.log" |
+    PYTHONUNBUFFERED=1 python3 bench/bench_sequences.py --out "$out" ${SEQUENCES_ARGS:-} 2>&1 | tee "$out/sequences.log" |
     tail -40
   ;;
 esac

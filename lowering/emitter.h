@@ -165,6 +165,7 @@ private:
 
   Status declare_params();
   void emit_sequences();
+  int nvidia_min_blocks() const;
   // Adds a named constant once (the loop body is emitted twice, see emit_for).
   void add_constant(std::string decl, std::string comment) {
     for (const auto &c : constants_)

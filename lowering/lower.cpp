@@ -11,6 +11,7 @@
 #include "lowering/emitter.h"
 
 #include "ir/expr.h"
+#include "lowering/resources.h"
 
 #include "templates/templates.h"
 
@@ -231,7 +232,12 @@ Expected<Lowered> KernelEmitter::run() {
     params.push_back({array, KernelParam::Kind::tensor, ir::ScalarType::i64, "const float *"});
   for (const ir::ScalarParam &sp : p_.scalars)
     params.push_back({sp.name, KernelParam::Kind::scalar, sp.type, c_scalar_type(sp.type)});
-  w_.line("FJ_GLOBAL FJ_WORKGROUP_SIZE({})", waves_ * target_.wave_size);
+  if (const int blocks = nvidia_min_blocks(); blocks > 1)
+    w_.line("FJ_GLOBAL FJ_WORKGROUP_SIZE_MIN_BLOCKS({}, {}) // {} blocks per SM, as without "
+            "sequences",
+            waves_ * target_.wave_size, blocks, blocks);
+  else
+    w_.line("FJ_GLOBAL FJ_WORKGROUP_SIZE({})", waves_ * target_.wave_size);
   w_.line("void {}(", p_.name);
   w_.indent(2);
   for (size_t i = 0; i < params.size(); ++i) {
@@ -283,6 +289,36 @@ Expected<Lowered> KernelEmitter::run() {
   // Rows are addressed by a 32-bit offset within a block (row_offset).
   out.max_row_stride = int64_t(UINT32_MAX) / std::max(block_m_, block_n_);
   return out;
+}
+
+// NVIDIA, programs with sequences: the blocks per SM that the resource model
+// gives the loop's registers and the LDS (0: no bound). The per-batch starts and
+// lengths live across the KV loop; without a bound ptxas gives them registers of
+// their own and a block of occupancy goes (sm_90, d=128: 192 registers against
+// 168, 2 blocks per SM against 3). With the bound they cost a few bytes of spill.
+// Not for paged tensors: their page lookups need the registers (the bound made
+// paged decode 1.1-1.15x slower on the H100, bench/results/README.md).
+int KernelEmitter::nvidia_min_blocks() const {
+  const bool paged = std::any_of(p_.tensors.begin(), p_.tensors.end(),
+                                 [](const ir::TensorParam &t) { return !t.pages.table.empty(); });
+  if (!target_.is_nvidia() || p_.sequences.empty() || paged)
+    return 0;
+  AttentionSpec spec;
+  spec.head_dim_qk = p_.tensor("Q")->dim;
+  spec.head_dim_v = p_.tensor("V")->dim;
+  ir::Config c;
+  c.block_m = block_m_;
+  c.block_n = block_n_;
+  c.waves = waves_;
+  c.pad_k = pad_k_;
+  c.q_in_lds = q_in_lds_;
+  const ResourceEstimate e = estimate_resources(spec, c, rules_);
+  constexpr int64_t kRegistersPerSm = 65536, kGranule = 8, kReservedLdsPerBlock = 1024;
+  const int64_t regs = (e.loop_regs() + kReservedRegs + kGranule - 1) / kGranule * kGranule;
+  const int64_t threads = waves_ * target_.wave_size;
+  const int64_t by_regs = kRegistersPerSm / (regs * threads);
+  const int64_t by_lds = target_.lds_bytes_per_cu / (lds_bytes_ + kReservedLdsPerBlock);
+  return int(std::max<int64_t>(1, std::min(by_regs, by_lds)));
 }
 
 // This batch's rows of each sequence (ir::Sequence, clamps included), then an

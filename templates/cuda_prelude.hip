@@ -5,6 +5,8 @@
 #define FJ_DEVICE static __device__ __forceinline__
 #define FJ_INF __int_as_float(0x7f800000) // +infinity, as a float expression
 #define FJ_WORKGROUP_SIZE(n) __launch_bounds__(n)
+// At least b blocks of n threads resident per SM: ptxas caps the registers to fit.
+#define FJ_WORKGROUP_SIZE_MIN_BLOCKS(n, b) __launch_bounds__(n, b)
 // The kernel's shared memory is dynamic (static stops at 48 KiB): each array is a
 // slice at a 16-byte aligned byte offset; the launch passes the total.
 extern __shared__ __align__(16) unsigned char fj_dynamic_lds[];
