@@ -36,6 +36,7 @@ tests)
   # The torch suites (the NumPy ones need the emulator, which needs LLVM).
   FLASHJIT_CACHE_DIR=$(mktemp -d) timeout 300 python3 -m pytest -q -x \
     python/tests/test_torch_cuda.py python/tests/test_torch_matrix.py \
+    python/tests/test_torch_sequences.py \
     >"$out/torch_tests.log" 2>&1
   tail -3 "$out/torch_tests.log"
   ;;
@@ -60,6 +61,7 @@ split)
   tail -8 "$out/ctest_cuda.log"
   FLASHJIT_CACHE_DIR=$(mktemp -d) timeout 300 python3 -m pytest -q -x \
     python/tests/test_torch_cuda.py python/tests/test_torch_matrix.py \
+    python/tests/test_torch_sequences.py \
     >"$out/torch_tests.log" 2>&1
   tail -3 "$out/torch_tests.log"
   ;;

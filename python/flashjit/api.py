@@ -185,6 +185,86 @@ def _spec(b, sq, sk, hq, hkv, d, dv, dtype, scale, causal, window, lse, strides)
                      q=q, k=k, v=v, o=o)
 
 
+def _modifiers(spec, kind, device_of, batch, heads, softcap, alibi_slopes, score_mod, mask_mod,
+               sinks):
+    """Sets the spec's score modifiers (docs/masks.md) and returns (signature part, the
+    pointers of alibi_slopes and sinks, arrays to keep alive until the call returns)."""
+    try:
+        cap = float(softcap)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"flashjit: softcap must be a number (0: off), got {softcap!r}") from None
+    if not cap >= 0.0 or cap == float("inf"):
+        raise ValueError(f"flashjit: softcap ({softcap}) must be 0 (off) or a positive finite "
+                         "number")
+    spec.softcap = cap
+    keep = []
+    slopes_ptr = sinks_ptr = None
+    alibi = 0
+    if alibi_slopes is not None:
+        shape = tuple(alibi_slopes.shape)
+        if shape == (heads,):
+            alibi = 1
+        elif shape == (batch, heads):
+            alibi = 2
+        else:
+            raise ValueError(f"flashjit: alibi_slopes must be float32 [heads] = ({heads},) or "
+                             f"[batch, heads] = ({batch}, {heads}), got shape {shape}")
+        slopes_ptr, held = _array(alibi_slopes, kind, device_of, "alibi_slopes", "float32")
+        keep.append(held)
+    spec.alibi = alibi
+    texts = []
+    for name, text in (("score_mod", score_mod), ("mask_mod", mask_mod)):
+        if text is None:
+            texts.append(None)
+            continue
+        c = _c_str(name, text)
+        keep.append(c)
+        setattr(spec, name, c)
+        texts.append(text)
+    if sinks is not None:
+        if tuple(sinks.shape) != (heads,):
+            raise ValueError(f"flashjit: sinks must be float32 [heads] = ({heads},), got shape "
+                             f"{tuple(sinks.shape)}")
+        sinks_ptr, held = _array(sinks, kind, device_of, "sinks", "float32")
+        keep.append(held)
+        spec.sinks = 1
+    return (cap > 0, alibi, texts[0], texts[1], sinks is not None), slopes_ptr, sinks_ptr, keep
+
+
+def _array(x, kind, device_of, name, dtype):
+    """(pointer, object to keep alive) of a small array flashjit reads as `dtype`
+    (int32 or float32): same kind and device as q, contiguous, that dtype."""
+    if _kind(x) != kind:
+        raise TypeError(f"flashjit: {name} must be of the inputs' kind ({kind}), got "
+                        f"{type(x).__name__}")
+    if kind == "numpy":
+        import numpy as np
+        if str(x.dtype) != dtype:
+            raise TypeError(f"flashjit: {name} must be {dtype}, got {x.dtype}: pass "
+                            f"{name}.astype(np.{dtype})")
+        held = np.ascontiguousarray(x)
+        return held.ctypes.data, held
+    if str(x.dtype).replace("torch.", "") != dtype:
+        raise TypeError(f"flashjit: {name} must be {dtype}, got {x.dtype}")
+    if str(x.device) != device_of:
+        raise ValueError(f"flashjit: {name} is on {x.device} but the inputs are on {device_of}")
+    if kind == "torch" and not x.is_contiguous():
+        raise ValueError(f"flashjit: {name} must be contiguous: pass {name}.contiguous()")
+    return _ptr(x, kind), x
+
+
+def _forward(handle, spec, kind, stream, q, k, v, out, lse, **pointers):
+    """fj_attention_forward_tensors with the tensors' pointers and the named arrays'."""
+    t = _lib.Tensors(q=_ptr(q, kind), k=_ptr(k, kind), v=_ptr(v, kind), out=_ptr(out, kind),
+                     lse=_ptr(lse, kind) if lse is not None else None)
+    for name, pointer in pointers.items():
+        if pointer is not None:
+            setattr(t, name, pointer)
+    _lib.check(_lib.lib.fj_attention_forward_tensors(
+        handle, ctypes.byref(spec), ctypes.byref(t), ctypes.c_void_p(stream) if stream else None),
+        "fj_attention_forward_tensors")
+
+
 def _signature(dtype, d, dv, causal, window, lse, strides):
     """What the kernel specializes on (AttentionSpec::signature): dtype, head dims,
     causal, window on/off, lse, which head dims are contiguous and the rows'
@@ -256,7 +336,7 @@ def _attention(signature, spec, device, config=None, kind=None):
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
                     return_attn_probs=False, *, return_lse=False, arch=None, config=None,
-                    num_splits=0):
+                    num_splits=0, score_mod=None, mask_mod=None, sinks=None):
     """Attention with FlashAttention 2's signature and conventions.
 
     q: [batch, seqlen_q, heads, head_dim]; k: [batch, seqlen_k, kv_heads, head_dim];
@@ -266,10 +346,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     `arch` (float16 as f16; float32 as bf16, rounded to nearest even, with a float32
     result). Any strides work. softmax_scale None means 1/sqrt(head_dim). causal is
     bottom-right aligned when seqlen_q != seqlen_k; window_size = (left, right), -1
-    unbounded. Not built yet, each raising NotImplementedError: dropout_p != 0 (issue
-    15), softcap != 0 and alibi_slopes (issue 14), and inputs that require grad while
-    torch's grad mode is on (no backward yet, issue 15). The forward is deterministic,
-    so `deterministic` changes nothing.
+    unbounded. softcap > 0 caps the scaled scores (cap * tanh(score / cap));
+    alibi_slopes, float32 [heads] or [batch, heads], adds FlashAttention's ALiBi bias.
+    Not built yet, each raising NotImplementedError: dropout_p != 0 (issue 15) and
+    inputs that require grad while torch's grad mode is on (no backward yet, issue
+    15). The forward is deterministic, so `deterministic` changes nothing.
 
     Returns out; with return_attn_probs, FlashAttention's (out, softmax_lse, S_dmask):
     softmax_lse [batch, heads, seqlen_q] float32 (natural log), +inf where a query
@@ -282,17 +363,16 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     block_m, block_n and waves (with optional stages, q_in_lds, pad_k) replace the
     whole config; num_splits, split-KV (flash-decoding, as in FlashAttention's
     flash_attn_with_kvcache): 0 chooses per call from the device's compute units, 1
-    turns it off, n in 2..128 splits each query block's keys over n workgroups.
+    turns it off, n in 2..128 splits each query block's keys over n workgroups;
+    score_mod and mask_mod, expressions compiled into the kernel (docs/masks.md):
+    score_mod of score, b, h, q_idx, kv_idx, seqlen_q, seqlen_k gives the new score,
+    mask_mod of the same names but score hides a key where it is 0 (e.g.
+    mask_mod="q_idx / 512 == kv_idx / 512"); sinks, float32 [heads], gpt-oss's attention
+    sinks (a logit per head in each row's softmax denominator).
     """
     if dropout_p != 0.0:
         raise NotImplementedError("flashjit: dropout is not implemented yet (issue 15): pass "
                                   "dropout_p=0.0")
-    if softcap != 0.0:
-        raise NotImplementedError("flashjit: softcap is not implemented yet (issue 14): pass "
-                                  "softcap=0.0")
-    if alibi_slopes is not None:
-        raise NotImplementedError("flashjit: alibi_slopes is not implemented yet (issue 14): pass "
-                                  "alibi_slopes=None")
     if return_attn_probs and return_lse:
         raise ValueError("flashjit: return_attn_probs and return_lse both ask for the LSE: pass "
                          "one (return_attn_probs gives FlashAttention's (out, softmax_lse, None))")
@@ -365,14 +445,13 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     strides = [_strides(x, kind) for x in ins] + [_strides(out16, kind)]
     spec = _spec(b, sq, sk, hq, hkv, d, dv, dtype, scale, causal, window, want_lse, strides)
     spec.num_splits = num_splits
-    signature = _signature(dtype, d, dv, causal, window, want_lse, strides)
+    mods, slopes, sink_ptr, keep = _modifiers(
+        spec, kind, None if kind == "numpy" else str(q.device), b, hq, softcap, alibi_slopes,
+        score_mod, mask_mod, sinks)
+    signature = _signature(dtype, d, dv, causal, window, want_lse, strides) + mods
     handle = _attention(signature, spec, device, config, kind)  # creating one validates the spec
-    lse_ptr = ctypes.cast(ctypes.c_void_p(_ptr(lse, kind)), ctypes.POINTER(ctypes.c_float)) \
-        if want_lse else None
-    _lib.check(_lib.lib.fj_attention_forward_shape(
-        handle, ctypes.byref(spec), *(ctypes.c_void_p(_ptr(x, kind)) for x in ins),
-        ctypes.c_void_p(_ptr(out16, kind)), lse_ptr, ctypes.c_void_p(stream) if stream else None),
-        "fj_attention_forward_shape")
+    _forward(handle, spec, kind, stream, *ins, out16, lse, alibi_slopes=slopes, sinks=sink_ptr)
+    del keep
     out = out16
     if kind == "numpy" and dtype == "bf16":
         out = (out16.astype("uint32") << 16).view("float32")

@@ -4,7 +4,10 @@ import math
 import numpy as np
 
 
-def attention(q, k, v, causal=False, window_size=(-1, -1), softmax_scale=None):
+def attention(q, k, v, causal=False, window_size=(-1, -1), softmax_scale=None, softcap=0.0,
+              alibi_slopes=None, mask=None, sinks=None):
+    """mask: bool [sq, sk] (False hides); alibi_slopes [h] or [b, h]; sinks [h] (a logit
+    per head in the denominator, without a value)."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     b, sq, hq, d = q.shape
     _, sk, hkv, dv = v.shape
@@ -16,6 +19,12 @@ def attention(q, k, v, causal=False, window_size=(-1, -1), softmax_scale=None):
     i = np.arange(sq)[:, None]
     j = np.arange(sk)[None, :]
     diag = i + sk - sq
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    if alibi_slopes is not None:
+        slopes = np.asarray(alibi_slopes, dtype=np.float64)
+        slopes = np.broadcast_to(slopes, (b, hq)) if slopes.ndim == 1 else slopes
+        s = s - slopes[:, :, None, None] * np.abs(diag - j)[None, None]
     visible = np.ones((sq, sk), dtype=bool)
     if causal:
         visible &= j <= diag
@@ -23,11 +32,18 @@ def attention(q, k, v, causal=False, window_size=(-1, -1), softmax_scale=None):
         visible &= j >= diag - window_size[0]
     if window_size[1] >= 0:
         visible &= j <= diag + window_size[1]
+    if mask is not None:
+        visible &= mask
     s = np.where(visible, s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
+    if sinks is not None:
+        sink = np.asarray(sinks, dtype=np.float64)[None, :, None, None]
+        m = np.maximum(m, sink)
     m = np.where(np.isinf(m), 0.0, m)
     p = np.exp(s - m)
     l = p.sum(axis=-1, keepdims=True)
+    if sinks is not None:
+        l = l + np.exp(sink - m)
     o = np.einsum("bhqk,bkhd->bhqd", p, v)
     o = np.where(l > 0, o / np.where(l > 0, l, 1), 0.0)
     lse = np.where(l[..., 0] > 0, (m + np.log(np.where(l > 0, l, 1)))[..., 0], -np.inf)

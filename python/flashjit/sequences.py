@@ -1,0 +1,325 @@
+"""flash_attn_varlen_func and flash_attn_with_kvcache: FlashAttention's varlen and KV-cache
+calls over flashjit's sequences (docs/sequences.md). One kernel per signature serves every
+batch of lengths; the lengths, block tables and cache counts are per-call arrays."""
+
+from . import _lib
+from .api import (_attention, _bf16_bits, _device, _dtype_name, _forward, _int, _kind,
+                  _modifiers, _refuse_grad, _scale, _signature, _spec, _strides, _window)
+
+
+def _common(q, k, v, arrays, arch):
+    """kind, dtype, device, stream of the inputs; every array of one kind and device."""
+    kinds = {_kind(x) for x in (q, k, v)}
+    if len(kinds) != 1:
+        raise TypeError(f"flashjit: q, k and v must be of one kind, got {sorted(kinds)}")
+    kind = kinds.pop()
+    if kind == "cupy":
+        raise TypeError("flashjit: the varlen and KV-cache calls take torch tensors or NumPy "
+                        "arrays")
+    if kind == "torch":
+        import torch
+        _refuse_grad((("q", q), ("k", k), ("v", v)), torch.is_grad_enabled)
+    dtypes = {_dtype_name(x, kind) for x in (q, k, v)}
+    if None in dtypes or len(dtypes) != 1:
+        raise TypeError(f"flashjit: q, k and v must share one dtype, bf16 or f16 (NumPy: "
+                        f"float32 as bf16 or float16); got {[str(x.dtype) for x in (q, k, v)]}")
+    device, stream = _device(q, kind, arch)
+    if kind == "torch":
+        devs = {str(x.device) for x in (q, k, v)}
+        if len(devs) != 1:
+            raise ValueError(f"flashjit: q, k and v are on different devices: {sorted(devs)}")
+    for name, a in arrays.items():
+        if a is not None and _kind(a) != kind:
+            raise TypeError(f"flashjit: {name} must be of the inputs' kind ({kind}), got "
+                            f"{type(a).__name__}")
+    return kind, dtypes.pop(), device, stream
+
+
+def _int32(x, kind, device_of, name, shape):
+    """(pointer, keep-alive) of an int32 array of `shape`."""
+    from .api import _array
+    if tuple(x.shape) != shape:
+        raise ValueError(f"flashjit: {name} must have shape {shape}, got {tuple(x.shape)}")
+    return _array(x, kind, device_of, name, "int32")
+
+
+def _bits(x, kind, dtype):
+    return _bf16_bits(x) if kind == "numpy" and dtype == "bf16" else x
+
+
+def _outputs(kind, dtype, shape, lse_shape, like, want_lse):
+    if kind == "numpy":
+        import numpy as np
+        out = np.full(shape, 0x7FC0, dtype=np.uint16) if dtype == "bf16" else \
+            np.full(shape, np.nan, dtype=np.float16)
+        lse = np.full(lse_shape, np.nan, dtype=np.float32) if want_lse else None
+        return out, lse
+    import torch
+    out = torch.empty(shape, dtype=like.dtype, device=like.device)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=like.device) if want_lse else None
+    return out, lse
+
+
+def _finish(out, lse, kind, dtype, fa_lse):
+    if kind == "numpy" and dtype == "bf16":
+        out = (out.astype("uint32") << 16).view("float32")
+    if lse is not None and fa_lse:  # FlashAttention writes +inf for a query that sees no key
+        if kind == "torch":
+            lse.masked_fill_(lse == float("-inf"), float("inf"))
+        else:
+            lse[lse == float("-inf")] = float("inf")
+    return out, lse
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                           softcap=0.0, alibi_slopes=None, deterministic=False,
+                           return_attn_probs=False, block_table=None, *, seqused_k=None,
+                           return_lse=False, arch=None, config=None, score_mod=None,
+                           mask_mod=None, sinks=None):
+    """FlashAttention 2's flash_attn_varlen_func: q [total_q, heads, d], k and v [total_k,
+    kv_heads, d] packed, cu_seqlens_q / cu_seqlens_k int32 [batch + 1]; with block_table
+    (int32 [batch, max_blocks]) k and v are a paged cache [num_blocks, page_size, kv_heads,
+    d] and each batch's key count is cu_seqlens_k's difference. Causal and windows are
+    bottom-right aligned per sequence. Returns out [total_q, heads, dv]; with
+    return_attn_probs (out, softmax_lse [heads, total_q], None), +inf where a query sees
+    no key. Keyword-only extras as flash_attn_func's, and seqused_k (int32 [batch]: batch
+    b attends to its first seqused_k[b] keys). dropout_p != 0 raises NotImplementedError
+    (issue 15). NumPy inputs run on the emulator of `arch`; there every array entry is
+    checked (a bad one is an error naming it)."""
+    if dropout_p != 0.0:
+        raise NotImplementedError("flashjit: dropout is not implemented yet (issue 15): pass "
+                                  "dropout_p=0.0")
+    if return_attn_probs and return_lse:
+        raise ValueError("flashjit: return_attn_probs and return_lse both ask for the LSE: pass "
+                         "one")
+    want_lse = bool(return_attn_probs or return_lse)
+    window, scale = _window(window_size), _scale(softmax_scale)
+    paged = block_table is not None
+    kind, dtype, device, stream = _common(q, k, v, {"cu_seqlens_q": cu_seqlens_q,
+                                                    "cu_seqlens_k": cu_seqlens_k,
+                                                    "block_table": block_table,
+                                                    "seqused_k": seqused_k}, arch)
+    if len(q.shape) != 3 or len(k.shape) != (4 if paged else 3) or len(v.shape) != len(k.shape):
+        raise ValueError(f"flashjit: q must be [total_q, heads, d] and k, v "
+                         f"{'[num_blocks, page_size, kv_heads, d] (paged)' if paged else '[total_k, kv_heads, d]'}; "
+                         f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    total_q, hq, d = q.shape
+    hkv, dv = v.shape[-2], v.shape[-1]
+    if k.shape[-1] != d or k.shape[:-1] != v.shape[:-1] or hkv == 0 or hq % hkv:
+        raise ValueError(f"flashjit: q {tuple(q.shape)}, k {tuple(k.shape)} and v "
+                         f"{tuple(v.shape)} do not fit: head dims of q and k, and k's and v's "
+                         "rows and heads, must agree; heads a multiple of kv_heads")
+    batch = _int("len(cu_seqlens_q) - 1", cu_seqlens_q.shape[0] - 1, 1)
+    max_q = _int("max_seqlen_q", max_seqlen_q, 1)
+    max_k = _int("max_seqlen_k", max_seqlen_k, 1)
+    dev = None if kind == "numpy" else str(q.device)
+    keep = []
+    pointers = {}
+    p, held = _int32(cu_seqlens_q, kind, dev, "cu_seqlens_q", (batch + 1,))
+    pointers["cu_seqlens_q"] = p
+    keep.append(held)
+    if paged:
+        if seqused_k is None:  # the keys per batch: cu_seqlens_k's differences
+            seqused_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1])
+            seqused_k = seqused_k.astype("int32") if kind == "numpy" else \
+                seqused_k.to(cu_seqlens_k.dtype)
+        _int32(cu_seqlens_k, kind, dev, "cu_seqlens_k", (batch + 1,))
+    else:
+        p, held = _int32(cu_seqlens_k, kind, dev, "cu_seqlens_k", (batch + 1,))
+        pointers["cu_seqlens_k"] = p
+        keep.append(held)
+    if seqused_k is not None:
+        p, held = _int32(seqused_k, kind, dev, "seqused_k", (batch,))
+        pointers["seqused_k"] = p
+        keep.append(held)
+    if paged:
+        if len(block_table.shape) != 2 or block_table.shape[0] != batch:
+            raise ValueError(f"flashjit: block_table must be int32 [batch, max_blocks] = "
+                             f"[{batch}, ...], got {tuple(block_table.shape)}")
+        p, held = _int32(block_table, kind, dev, "block_table", tuple(block_table.shape))
+        pointers["block_table"] = p
+        keep.append(held)
+
+    ins = tuple(_bits(x, kind, dtype) for x in (q, k, v))
+    out, lse = _outputs(kind, dtype, (total_q, hq, dv), (hq, total_q), q, want_lse)
+    st = [_strides(x, kind) for x in ins] + [_strides(out, kind)]
+    packed = lambda s: (0, s[0], s[1], s[2])  # noqa: E731  (batch, seq, head, dim)
+    paged_s = lambda s: (s[0], s[1], s[2], s[3])  # noqa: E731  pages as the batch
+    strides = [packed(st[0]), *(paged_s(s) if paged else packed(s) for s in st[1:3]),
+               packed(st[3])]
+    spec = _spec(batch, max_q, max_k, hq, hkv, d, dv, dtype, scale, causal, window, want_lse,
+                 strides)
+    spec.packed_q, spec.total_q = 1, total_q
+    if paged:
+        spec.used_k = 1
+        spec.page_size, spec.num_pages, spec.pages_per_seq = k.shape[1], k.shape[0], \
+            block_table.shape[1]
+    else:
+        spec.packed_k, spec.total_k = 1, k.shape[0]
+        spec.used_k = int(seqused_k is not None)
+    mods, slopes, sink_ptr, held = _modifiers(spec, kind, dev, batch, hq, softcap, alibi_slopes,
+                                              score_mod, mask_mod, sinks)
+    keep += held
+    signature = _signature(dtype, d, dv, causal, window, want_lse, strides) + mods + (
+        "varlen", paged, spec.packed_k, spec.used_k)
+    handle = _attention(signature, spec, device, config, kind)
+    _forward(handle, spec, kind, stream, *ins, out, lse, alibi_slopes=slopes, sinks=sink_ptr,
+             **pointers)
+    del keep
+    out, lse = _finish(out, lse, kind, dtype, return_attn_probs)
+    if return_attn_probs:
+        return out, lse, None
+    return (out, lse) if return_lse else out
+
+
+def _rotary(x, cos, sin, positions, interleaved, kind):
+    """x [B, S, H, D] rotated in its first 2 * cos.shape[1] dims at positions [B, S]."""
+    rd = 2 * cos.shape[1]
+    if kind == "torch":
+        xf, c, s = x.float(), cos[positions.long()].float(), sin[positions.long()].float()
+        out = xf.clone()
+    else:
+        import numpy as np
+        xf = x.astype(np.float32)
+        c, s = cos[positions].astype(np.float32), sin[positions].astype(np.float32)
+        out = xf.copy()
+    c, s = c[:, :, None, :], s[:, :, None, :]
+    if interleaved:
+        x1, x2 = xf[..., 0:rd:2], xf[..., 1:rd:2]
+        out[..., 0:rd:2] = x1 * c - x2 * s
+        out[..., 1:rd:2] = x1 * s + x2 * c
+    else:
+        x1, x2 = xf[..., :rd // 2], xf[..., rd // 2:rd]
+        out[..., :rd // 2] = x1 * c - x2 * s
+        out[..., rd // 2:rd] = x1 * s + x2 * c
+    if kind == "torch":
+        return out.to(x.dtype)
+    from .api import _bf16_bits
+    if str(x.dtype) == "float32":  # a bf16 array: keep its values representable
+        return (_bf16_bits(out).astype("uint32") << 16).view("float32")
+    return out.astype(x.dtype)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                            cache_leftpad=None, block_table=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False, *, arch=None, config=None, score_mod=None,
+                            mask_mod=None, sinks=None):
+    """FlashAttention 2's flash_attn_with_kvcache: q [batch, seqlen_q, heads, d] attends to
+    a KV cache, dense [batch_cache, seqlen_cache, kv_heads, d] (rows chosen by
+    cache_batch_idx, int32 [batch]) or paged [num_blocks, page_size, kv_heads, d] through
+    block_table (int32 [batch, max_blocks]). cache_seqlens (int or int32 [batch]; None:
+    the whole cache) counts each batch's keys. New k and v [batch, seqlen_new, kv_heads,
+    d] are written into the caller's cache in place at cache_seqlens, then attended.
+    rotary_cos / rotary_sin [seqlen_ro, rotary_dim / 2] rotate q and the new k
+    (interleaved or half-split): k at cache_seqlens + i; q at cache_seqlens + i when
+    causal or local, else at cache_seqlens. The append and rotary run as torch / NumPy
+    operations before the kernel (not fused yet). Split-KV (num_splits) applies. Returns
+    out, and softmax_lse [batch, heads, seqlen_q] with return_softmax_lse. cache_leftpad
+    raises NotImplementedError (not built yet)."""
+    if cache_leftpad is not None:
+        raise NotImplementedError("flashjit: cache_leftpad is not implemented yet (issue 13): "
+                                  "pass None")
+    if (k is None) != (v is None):
+        raise ValueError("flashjit: k and v are appended together: pass both or neither")
+    if cache_batch_idx is not None and block_table is not None:
+        raise ValueError("flashjit: cache_batch_idx and block_table both choose the cache rows: "
+                         "pass one (FlashAttention refuses the pair too)")
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("flashjit: rotary_cos and rotary_sin go together")
+    window = _window(window_size)
+    paged = block_table is not None
+    kind, dtype, device, stream = _common(q, k_cache, v_cache, {
+        "k": k, "v": v, "cache_batch_idx": cache_batch_idx, "block_table": block_table}, arch)
+    if len(q.shape) != 4 or len(k_cache.shape) != 4 or k_cache.shape[:-1] != v_cache.shape[:-1]:
+        raise ValueError(f"flashjit: q must be [batch, seqlen_q, heads, d] and the caches "
+                         f"[batch or blocks, rows, kv_heads, d]; got {tuple(q.shape)}, "
+                         f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+    batch, sq, hq, d = q.shape
+    rows, hkv, dv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
+    xp = __import__("torch") if kind == "torch" else __import__("numpy")
+    dev = None if kind == "numpy" else str(q.device)
+
+    def int32(x, shape, name):
+        if kind == "torch":
+            return xp.as_tensor(x, dtype=xp.int32, device=q.device).reshape(shape)
+        return xp.asarray(x, dtype=xp.int32).reshape(shape)
+    capacity = block_table.shape[1] * rows if paged else rows
+    if cache_seqlens is None:
+        seqlens = int32([capacity - (0 if k is None else k.shape[1])] * batch, (batch,), "")
+    elif isinstance(cache_seqlens, int):
+        seqlens = int32([cache_seqlens] * batch, (batch,), "")
+    else:
+        _int32(cache_seqlens, kind, dev, "cache_seqlens", (batch,))
+        seqlens = cache_seqlens
+    if paged:
+        _int32(block_table, kind, dev, "block_table", (batch, block_table.shape[1]))
+        table = block_table
+    elif cache_batch_idx is not None:  # a paged cache of one page per sequence
+        _int32(cache_batch_idx, kind, dev, "cache_batch_idx", (batch,))
+        table = cache_batch_idx.reshape(batch, 1)
+    else:
+        table = None
+    new = 0 if k is None else k.shape[1]
+    if kind == "numpy":
+        import numpy as np
+        if np.any(seqlens < 0) or np.any(seqlens + new > capacity):
+            raise ValueError(f"flashjit: cache_seqlens + the {new} new keys must stay within "
+                             f"the cache's {capacity} rows per sequence, got {seqlens}")
+    positions = seqlens.reshape(batch, 1) + (xp.arange(max(new, sq), device=q.device)
+                                            if kind == "torch" else xp.arange(max(new, sq)))
+    if rotary_cos is not None:
+        q_pos = positions[:, :sq] if (causal or window != (-1, -1)) else \
+            seqlens.reshape(batch, 1) + 0 * positions[:, :sq]
+        q = _rotary(q, rotary_cos, rotary_sin, q_pos, rotary_interleaved, kind)
+        if k is not None:
+            k = _rotary(k, rotary_cos, rotary_sin, positions[:, :new], rotary_interleaved, kind)
+    if k is not None:  # append in place
+        pos = positions[:, :new]
+        if table is not None:
+            idx = pos // rows
+            rows_of = xp.arange(batch, device=q.device) if kind == "torch" else xp.arange(batch)
+            page = table[rows_of.reshape(batch, 1), idx.long() if kind == "torch" else idx]
+            r = pos % rows
+            if kind == "torch":
+                page, r = page.long(), r.long()
+            k_cache[page, r] = k
+            v_cache[page, r] = v
+        else:
+            b_idx = xp.arange(batch).reshape(batch, 1)
+            if kind == "torch":
+                b_idx, pos = b_idx.to(q.device), pos.long()
+            k_cache[b_idx, pos] = k
+            v_cache[b_idx, pos] = v
+    used = (seqlens + new).astype(xp.int32) if kind == "numpy" else (seqlens + new).to(xp.int32)
+
+    want_lse = bool(return_softmax_lse)
+    ins = tuple(_bits(x, kind, dtype) for x in (q, k_cache, v_cache))
+    out, lse = _outputs(kind, dtype, (batch, sq, hq, dv), (batch, hq, sq), q, want_lse)
+    strides = [_strides(x, kind) for x in ins] + [_strides(out, kind)]
+    spec = _spec(batch, sq, capacity, hq, hkv, d, dv, dtype, _scale(softmax_scale), causal,
+                 window, want_lse, strides)
+    spec.used_k = 1
+    spec.num_splits = _int("num_splits", num_splits, 0, 128)
+    keep = [used]
+    pointers = {"seqused_k": _int32(used, kind, dev, "cache_seqlens", (batch,))[0]}
+    if table is not None:
+        table = table.contiguous() if kind == "torch" else xp.ascontiguousarray(table)
+        keep.append(table)
+        spec.page_size, spec.num_pages, spec.pages_per_seq = rows, k_cache.shape[0], \
+            table.shape[1]
+        pointers["block_table"] = _int32(table, kind, dev, "block_table", tuple(table.shape))[0]
+    mods, slopes, sink_ptr, held = _modifiers(spec, kind, dev, batch, hq, softcap, alibi_slopes,
+                                              score_mod, mask_mod, sinks)
+    keep += held
+    signature = _signature(dtype, d, dv, causal, window, want_lse, strides) + mods + (
+        "kvcache", table is not None)
+    handle = _attention(signature, spec, device, config, kind)
+    _forward(handle, spec, kind, stream, *ins, out, lse, alibi_slopes=slopes, sinks=sink_ptr,
+             **pointers)
+    del keep
+    out, lse = _finish(out, lse, kind, dtype, False)
+    return (out, lse) if return_softmax_lse else out

@@ -1,0 +1,162 @@
+"""flash_attn_varlen_func and flash_attn_with_kvcache on NumPy inputs (the CPU emulator),
+each sequence checked against the float64 reference of reference.py run on that
+sequence alone. Outputs start as NaN (the package fills them). Tolerances: bf16 abs
+3e-2, f16 abs 4e-3; LSE 1e-3."""
+import numpy as np
+import pytest
+
+import flashjit
+from reference import attention, bf16_round
+
+TOL = {"bf16": 3e-2, "f16": 4e-3}
+
+
+def make(rng, shape, dtype):
+    x = rng.uniform(-1, 1, size=shape).astype(np.float32)
+    return x.astype(np.float16) if dtype == "f16" else bf16_round(x)
+
+
+@pytest.mark.parametrize("arch", ["gfx1201", "gfx942"])
+@pytest.mark.parametrize("lens_q,lens_k,causal,window,dtype,hq,hkv", [
+    ([5, 0, 37, 1], [5, 0, 37, 1], True, (-1, -1), "bf16", 8, 2),
+    ([3, 40, 1], [100, 7, 65], False, (16, 3), "f16", 4, 1),
+])
+def test_varlen_matches_each_sequence(arch, lens_q, lens_k, causal, window, dtype, hq, hkv):
+    rng = np.random.default_rng(sum(lens_q))
+    d = 64
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    q = make(rng, (cu_q[-1], hq, d), dtype)
+    k = make(rng, (cu_k[-1], hkv, d), dtype)
+    v = make(rng, (cu_k[-1], hkv, d), dtype)
+    out, lse, _ = flashjit.flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal, window_size=window,
+        return_attn_probs=True, arch=arch)
+    assert out.shape == q.shape[:2] + (d,) and lse.shape == (hq, cu_q[-1])
+    for b in range(len(lens_q)):
+        qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        if lens_q[b] == 0:
+            continue
+        ref, ref_lse = attention(q[None, qs], k[None, ks], v[None, ks], causal=causal,
+                                 window_size=window)
+        assert np.abs(out[qs].astype(np.float64) - ref[0]).max() <= TOL[dtype]
+        want = np.where(np.isneginf(ref_lse[0]), np.inf, ref_lse[0])  # FA: +inf when empty
+        got = lse[:, qs]
+        assert np.array_equal(np.isinf(got), np.isinf(want))
+        assert np.abs(got[np.isfinite(want)] - want[np.isfinite(want)]).max(initial=0) <= 1e-3
+
+
+@pytest.mark.parametrize("page", [16, 64, 256])
+def test_varlen_over_a_paged_cache(page):
+    rng = np.random.default_rng(page)
+    lens_q, lens_k, hq, hkv, d = [1, 16, 4], [600, 16, 300], 4, 2, 64
+    per_seq = (max(lens_k) + page - 1) // page
+    blocks = len(lens_q) * per_seq + 3
+    table = rng.permutation(blocks)[:len(lens_q) * per_seq].reshape(len(lens_q), per_seq)
+    table = table.astype(np.int32)
+    kc, vc = make(rng, (blocks, page, hkv, d), "bf16"), make(rng, (blocks, page, hkv, d), "bf16")
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    q = make(rng, (cu_q[-1], hq, d), "bf16")
+    out = flashjit.flash_attn_varlen_func(q, kc, vc, cu_q, cu_k, max(lens_q), per_seq * page,
+                                          causal=True, block_table=table, arch="gfx1201")
+    for b in range(3):
+        rows = table[b].repeat(page) * page + np.tile(np.arange(page), per_seq)
+        keys = rows[:lens_k[b]]
+        kb = kc.reshape(-1, hkv, d)[keys][None]
+        vb = vc.reshape(-1, hkv, d)[keys][None]
+        ref, _ = attention(q[None, cu_q[b]:cu_q[b + 1]], kb, vb, causal=True)
+        assert np.abs(out[cu_q[b]:cu_q[b + 1]].astype(np.float64) - ref[0]).max() <= TOL["bf16"]
+
+
+def rotate(x, cos, sin, pos, interleaved):
+    """The float64 rotary embedding of the reference."""
+    rd = 2 * cos.shape[1]
+    x = x.astype(np.float64).copy()
+    c, s = cos[pos][:, :, None, :].astype(np.float64), sin[pos][:, :, None, :].astype(np.float64)
+    if interleaved:
+        a, b = x[..., 0:rd:2].copy(), x[..., 1:rd:2].copy()
+        x[..., 0:rd:2], x[..., 1:rd:2] = a * c - b * s, a * s + b * c
+    else:
+        a, b = x[..., :rd // 2].copy(), x[..., rd // 2:rd].copy()
+        x[..., :rd // 2], x[..., rd // 2:rd] = a * c - b * s, a * s + b * c
+    return x
+
+
+@pytest.mark.parametrize("paged,rotary,interleaved,splits", [
+    (False, False, True, 0), (True, False, True, 1), (False, True, True, 0),
+    (True, True, False, 3)])
+def test_kvcache_append_then_attend(paged, rotary, interleaved, splits):
+    rng = np.random.default_rng(11)
+    batch, sq, hq, hkv, d, cap, new = 3, 2, 8, 2, 64, 128, 2
+    seqlens = np.array([0, 50, 125], dtype=np.int32)
+    if paged:
+        page = 16
+        per_seq = cap // page
+        table = rng.permutation(batch * per_seq).reshape(batch, per_seq).astype(np.int32)
+        kc = make(rng, (batch * per_seq, page, hkv, d), "bf16")
+        vc = make(rng, (batch * per_seq, page, hkv, d), "bf16")
+        dense = lambda c: c[table.reshape(-1)].reshape(batch, cap, hkv, d)  # noqa: E731
+    else:
+        table = None
+        kc, vc = make(rng, (batch, cap, hkv, d), "bf16"), make(rng, (batch, cap, hkv, d), "bf16")
+        dense = lambda c: c  # noqa: E731
+    q = make(rng, (batch, sq, hq, d), "bf16")
+    k, v = make(rng, (batch, new, hkv, d), "bf16"), make(rng, (batch, new, hkv, d), "bf16")
+    cos = sin = None
+    if rotary:
+        angles = rng.uniform(0, 3, size=(cap, 16)).astype(np.float32)
+        cos, sin = np.cos(angles), np.sin(angles)
+    before_k = dense(kc).copy()
+    out, lse = flashjit.flash_attn_with_kvcache(
+        q, kc, vc, k, v, rotary_cos=cos, rotary_sin=sin, cache_seqlens=seqlens,
+        block_table=table, causal=True, rotary_interleaved=interleaved, num_splits=splits,
+        return_softmax_lse=True, arch="gfx942")
+    pos = seqlens[:, None] + np.arange(new)[None]
+    k_ref = rotate(k, cos, sin, pos, interleaved) if rotary else k.astype(np.float64)
+    q_ref = rotate(q, cos, sin, pos[:, :sq], interleaved) if rotary else q.astype(np.float64)
+    for b in range(batch):  # the new keys were written in place, the rest left alone
+        s = seqlens[b]
+        assert np.abs(dense(kc)[b, s:s + new] - k_ref[b]).max() <= 1e-2
+        assert np.array_equal(dense(kc)[b, :s], before_k[b, :s])
+        n = s + new
+        ref, ref_lse = attention(q_ref[b:b + 1], dense(kc)[b:b + 1, :n], dense(vc)[b:b + 1, :n],
+                                 causal=True)
+        assert np.abs(out[b].astype(np.float64) - ref[0]).max() <= TOL["bf16"]
+        assert np.abs(lse[b] - ref_lse[0]).max() <= 1e-2
+
+
+def test_cache_batch_idx_picks_the_rows():
+    rng = np.random.default_rng(12)
+    kc, vc = make(rng, (5, 40, 2, 32, ), "f16"), make(rng, (5, 40, 2, 32), "f16")
+    q = make(rng, (2, 1, 4, 32), "f16")
+    idx = np.array([4, 1], dtype=np.int32)
+    out = flashjit.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=np.array([40, 7], np.int32),
+                                           cache_batch_idx=idx, arch="gfx1201")
+    for b, n in ((0, 40), (1, 7)):
+        ref, _ = attention(q[b:b + 1], kc[idx[b]:idx[b] + 1, :n], vc[idx[b]:idx[b] + 1, :n])
+        assert np.abs(out[b].astype(np.float64) - ref[0]).max() <= TOL["f16"]
+
+
+@pytest.mark.parametrize("mutate,error,message", [
+    (lambda a: a.update(cu_q=a["cu_q"].astype(np.int64)), TypeError, "cu_seqlens_q must be int32"),
+    (lambda a: a.update(cu_q=np.array([0, 4, 2, 10], np.int32)), flashjit.FlashJitError,
+     "not nondecreasing"),
+    (lambda a: a.update(max_q=2), flashjit.FlashJitError, "max_seqlen_q"),
+])
+def test_bad_varlen_arguments_are_refused(mutate, error, message):
+    a = dict(cu_q=np.array([0, 4, 6, 10], np.int32), max_q=4)
+    mutate(a)
+    q = np.ones((10, 2, 16), np.float16)
+    with pytest.raises(error, match=message):
+        flashjit.flash_attn_varlen_func(q, q, q, a["cu_q"], a["cu_q"], a["max_q"], 4,
+                                        arch="gfx1201")
+
+
+def test_block_table_entry_outside_the_cache_is_refused():
+    kc = np.ones((4, 16, 1, 16), np.float16)
+    q = np.ones((2, 1, 2, 16), np.float16)
+    table = np.array([[0], [9]], np.int32)
+    with pytest.raises(flashjit.FlashJitError, match=r"block_table\[1\]\[0\] is 9"):
+        flashjit.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=np.array([3, 5], np.int32),
+                                         block_table=table, arch="gfx1201")
