@@ -8,6 +8,7 @@
 #include <charconv>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 namespace flashjit::ir {
 
@@ -38,6 +39,29 @@ private:
   Status error(std::string_view message) const {
     return Status::error("{}, column {}: {} (in \"{}\")", what_, pos_ + 1, message, s_);
   }
+
+  // Any text is parsed without exhausting the stack: the parser recurses on
+  // nesting (parentheses, calls, indices, ?:, prefix operators), and printing,
+  // evaluating and freeing the tree recurse on its depth, which a chain of
+  // binary operators makes as deep as it is long. No score needs more of either.
+  static constexpr int kMaxNesting = 64;
+  static constexpr int kMaxOperators = 1024;
+  /// Counts one level of nesting for as long as it lives.
+  class Nest {
+  public:
+    explicit Nest(int &depth) : depth_(++depth) {}
+    ~Nest() { --depth_; }
+
+  private:
+    int &depth_;
+  };
+  Status check_depth() const {
+    if (depth_ <= kMaxNesting)
+      return Status::ok();
+    return error(fmt::format("nested more than {} deep (parentheses, calls, '?:', prefix "
+                             "operators): simplify the expression",
+                             kMaxNesting));
+  }
   void skip() {
     while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n'))
       ++pos_;
@@ -53,6 +77,15 @@ private:
     pos_ += op.size();
     return true;
   }
+  /// A node's operands, moved in: a braced list would copy every subtree (the
+  /// elements of an initializer_list are const), and a chain of n operators
+  /// would then cost n^2 copies.
+  template <typename... E> static std::vector<Expr> operands(E &&...e) {
+    std::vector<Expr> v;
+    v.reserve(sizeof...(e));
+    (v.push_back(std::forward<E>(e)), ...);
+    return v;
+  }
   static Expr binary(std::string op, Expr a, Expr b) {
     Expr e;
     e.kind = Expr::Kind::binary;
@@ -60,11 +93,13 @@ private:
                          op == "!=" || op == "&&" || op == "||";
     e.is_int = logical || (a.is_int && b.is_int);
     e.name = std::move(op);
-    e.args = {std::move(a), std::move(b)};
+    e.args = operands(std::move(a), std::move(b));
     return e;
   }
 
   Status ternary(Expr &out) {
+    Nest nest(depth_);
+    FJ_RETURN_IF_ERROR(check_depth());
     FJ_RETURN_IF_ERROR(logical_or(out));
     if (!take("?"))
       return Status::ok();
@@ -76,7 +111,7 @@ private:
     Expr e;
     e.kind = Expr::Kind::select;
     e.is_int = yes.is_int && no.is_int;
-    e.args = {std::move(out), std::move(yes), std::move(no)};
+    e.args = operands(std::move(out), std::move(yes), std::move(no));
     out = std::move(e);
     return Status::ok();
   }
@@ -93,6 +128,8 @@ private:
         }
       if (found.empty())
         return Status::ok();
+      if (++operators_ > kMaxOperators)
+        return error(fmt::format("more than {} operators: simplify the expression", kMaxOperators));
       const size_t at = pos_;
       Expr rhs;
       FJ_RETURN_IF_ERROR((this->*next)(rhs));
@@ -113,13 +150,15 @@ private:
   Status unary(Expr &out) {
     for (std::string_view op : {"-", "!"})
       if (take(op)) {
+        Nest nest(depth_);
+        FJ_RETURN_IF_ERROR(check_depth());
         Expr inner;
         FJ_RETURN_IF_ERROR(unary(inner));
         out = Expr{};
         out.kind = Expr::Kind::unary;
         out.is_int = op == "!" || inner.is_int;
         out.name = std::string(op);
-        out.args = {std::move(inner)};
+        out.args = operands(std::move(inner));
         return Status::ok();
       }
     return primary(out);
@@ -188,7 +227,7 @@ private:
       if (!take("]"))
         return error("expected ']'");
       out.kind = Expr::Kind::load;
-      out.args = {std::move(index)};
+      out.args = operands(std::move(index));
       return Status::ok();
     }
     pos_ = start;
@@ -233,6 +272,8 @@ private:
   const ExprScope &scope_;
   std::string_view what_;
   size_t pos_ = 0;
+  int depth_ = 0;     // of nesting, as Nest counts it
+  int operators_ = 0; // binary operators so far
 };
 
 std::string number_text(const Expr &e) {
@@ -290,9 +331,11 @@ bool uses_var(const Expr &e, std::string_view name) {
 Expr substitute_score(const Expr &e, const Expr &inner) {
   if (e.kind == Expr::Kind::var && e.name == "score")
     return inner;
-  Expr out = e;
-  for (Expr &a : out.args)
-    a = substitute_score(a, inner);
+  // Each node copied once (copying `e` whole at every level was quadratic in its depth).
+  Expr out{e.kind, e.is_int, e.value, e.name, {}};
+  out.args.reserve(e.args.size());
+  for (const Expr &a : e.args)
+    out.args.push_back(substitute_score(a, inner));
   if (out.kind == Expr::Kind::binary || out.kind == Expr::Kind::select ||
       out.kind == Expr::Kind::call || out.kind == Expr::Kind::unary) {
     // Types follow the operands (score is float, so only ever int -> float).

@@ -7,6 +7,7 @@
 // of op 5. Values are spelled as print() spells them.
 #include "ir/ir.h"
 
+#include "ir/build.h"
 #include "ir/expr.h"
 
 #include <algorithm>
@@ -576,9 +577,7 @@ private:
                              p_.grid[i].divisor);
     }
     FJ_RETURN_IF_ERROR(check_extent(p_.group, "group"));
-    for (const auto &[key, attr] : p_.config)
-      if (!std::holds_alternative<int64_t>(attr))
-        return Status::error("config {} is {}, expected an integer", key, attr_kind(attr));
+    FJ_RETURN_IF_ERROR(check_config());
     for (size_t v = 0; v < p_.values.size(); ++v) {
       const ValueDef &d = p_.values[v];
       if (!d.name.empty() && !is_identifier(d.name))
@@ -590,6 +589,34 @@ private:
                              value(static_cast<ValueId>(v)), to_string(d.type));
     }
     return Status::ok();
+  }
+
+  /// The config holds knobs of ir::Config only (the lowering would ignore any
+  /// other), as integers in the ranges ir::validate(Config) accepts: the lowering
+  /// sizes its tiles and divides by them.
+  Status check_config() const {
+    Config c;
+    const std::pair<std::string_view, int64_t *> knobs[] = {
+        {"block_m", &c.block_m}, {"block_n", &c.block_n}, {"waves", &c.waves},
+        {"stages", &c.stages},   {"pad_k", &c.pad_k},     {"mma_m", &c.mma_m}};
+    for (const auto &[key, attr] : p_.config) {
+      if (!std::holds_alternative<int64_t>(attr))
+        return Status::error("config {} is {}, expected an integer", key, attr_kind(attr));
+      const int64_t v = std::get<int64_t>(attr);
+      if (key == "q_in_lds") {
+        if (v != 0 && v != 1)
+          return Status::error("config q_in_lds = {}, expected 0 or 1", v);
+        continue;
+      }
+      auto knob = std::find_if(std::begin(knobs), std::end(knobs),
+                               [&](const auto &k) { return k.first == key; });
+      if (knob == std::end(knobs))
+        return Status::error("config {} is not a knob of the kernels (block_m, block_n, waves, "
+                             "stages, q_in_lds, pad_k, mma_m)",
+                             key);
+      *knob->second = v;
+    }
+    return validate(c);
   }
 
   /// Records where each value is defined; a value defined twice is an error.

@@ -283,7 +283,10 @@ Expected<Array> read(const std::string &path) {
   if (file.result == compiler::FileRead::Result::refused)
     return Status::error("cannot read {}: {}; give a .npy file saved by numpy.save", path,
                          file.why);
-  const std::string_view bytes = file.bytes;
+  return parse(file.bytes, path);
+}
+
+Expected<Array> parse(std::string_view bytes, const std::string &path) {
   const std::string fix = "save the array again with numpy.save";
   if (bytes.size() < 10 || bytes.substr(0, 6) != "\x93NUMPY")
     return Status::error("{} is not a .npy file (bad magic): {}", path, fix);

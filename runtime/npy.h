@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace flashjit::npy {
@@ -33,6 +34,9 @@ Status write(const std::string &path, const Array &a, bool force = false);
 /// more data than the file holds, bytes after the data, a FIFO or device (never
 /// opened for a blocking read). What is allocated is bounded by the file's size.
 Expected<Array> read(const std::string &path);
+/// The same checks on the bytes of a whole .npy file held in memory (read()
+/// is this after reading the file); `path` only names it in messages.
+Expected<Array> parse(std::string_view bytes, const std::string &path);
 
 /// The .npy shape of a spec's tensor in its named layout: bshd [B,S,H,D],
 /// bhsd [B,H,S,D], interleaved [B,S,H*D].

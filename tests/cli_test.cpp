@@ -307,6 +307,25 @@ TEST(Json, Issue18Finding13NumbersFollowJsonsGrammar) {
     EXPECT_FALSE(json::integer_text(bad)) << bad;
 }
 
+/// Finding 13 (seen while writing the manifest fuzzer): "\u 41 ", "\u+041"
+/// and "\u00zz" were read with strtoul (the last as a NUL), "\q" as "q".
+TEST(Json, Issue18Finding13EscapesFollowJsonsGrammar) {
+  for (const char *bad : {R"(["\u 41 "])", R"(["\u+041"])", R"(["\u00zz"])", R"(["\u-001"])",
+                          R"(["\u0x41"])", R"(["\u41"])"}) {
+    std::string error;
+    EXPECT_FALSE(json::parse(bad, &error)) << bad;
+    EXPECT_HAS(error, "a \\u escape needs four hex digits, like \\u0041");
+  }
+  std::string error;
+  EXPECT_FALSE(json::parse(R"(["\q"])", &error));
+  EXPECT_HAS(error, "unknown escape '\\q'");
+  EXPECT_FALSE(json::parse(R"(["\u00e9"])", &error));
+  EXPECT_HAS(error, "non-ASCII \\u escape");
+  auto v = json::parse(R"(["\u0041\u004a\"\\\/\b\f\n\r\t"])", &error);
+  ASSERT_TRUE(v) << error;
+  EXPECT_EQ(v->items[0].string, "AJ\"\\/\b\f\n\r\t");
+}
+
 TEST_F(TempDir, Issue18Finding13ManifestIntegerFieldsAreStrict) {
   const std::pair<const char *, const char *> cases[] = {
       {R"("seqlen_q": 1e15)",

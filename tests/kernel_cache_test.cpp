@@ -1,8 +1,12 @@
 // KernelCache (memory + disk), its file format's defences, and the pieces it
-// stands on: SHA-256, KeyParts::hash, the knob registry.
+// stands on: SHA-256, KeyParts::hash, the knob registry; Attention::create from
+// many threads through the process's cache (also run under ThreadSanitizer by
+// scripts/sanitize.sh).
 #include "compiler/kernel_cache.h"
 #include "compiler/knobs.h"
 #include "compiler/sha256.h"
+#include "runtime/attention.h"
+#include "runtime/emulator.h"
 
 #include <gtest/gtest.h>
 
@@ -17,6 +21,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <latch>
 #include <map>
 #include <set>
 #include <sstream>
@@ -875,6 +880,77 @@ TEST_F(CacheTest, Issue18Finding14MemoryHitRenewsTheEntry) {
   EXPECT_EQ(o, CacheOutcome::memory_hit);
   EXPECT_GT(mtime(), 1000000000) << "due: renewed";
   EXPECT_EQ(calls.load(), 1);
+}
+
+// ---- Attention::create from many threads ------------------------------------
+
+/// The process's cache (KernelCache::global(), which Attention::create uses) in
+/// a fresh user-only directory, set before anything reads the knobs.
+class PrivateCacheDirEnvironment : public ::testing::Environment {
+public:
+  void SetUp() override {
+    char pattern[] = "/tmp/flashjit-kernel-cache-test-XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+    setenv("FLASHJIT_CACHE_DIR", dir_.c_str(), 1);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+private:
+  std::string dir_;
+};
+const auto *const kPrivateCacheDir =
+    ::testing::AddGlobalTestEnvironment(new PrivateCacheDirEnvironment);
+
+/// Eight threads create Attention objects for two signatures at once on the
+/// emulator, all through the one cache directory: each kernel is compiled
+/// once, the other six creates are memory hits with the same code object, and
+/// the directory holds one entry per kernel.
+TEST(AttentionThreads, EightThreadsSharingOneCacheDirCompileEachKernelOnce) {
+  if (!runtime::emulator_available())
+    GTEST_SKIP() << "this build has no emulator (FLASHJIT_WITH_LLVM=OFF)";
+  KernelCache &cache = KernelCache::global();
+  ASSERT_EQ(cache.directory(), std::getenv("FLASHJIT_CACHE_DIR"));
+  const CacheStats before = cache.stats();
+  const AttentionSpec specs[] = {make_spec(1, 2, 1, 16, 16, 32, 32, DType::bf16),
+                                 make_spec(1, 2, 1, 16, 16, 32, 32, DType::f16)};
+  Options options;
+  options.compiler = "llvm";
+  constexpr int kThreads = 8;
+  std::latch start(kThreads);
+  std::vector<std::string> errors(kThreads), explains(kThreads);
+  std::vector<std::vector<uint8_t>> code(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      start.arrive_and_wait();
+      auto attn = Attention::create(specs[t % 2], "emulator:gfx1201", options);
+      if (!attn) {
+        errors[t] = attn.status().message();
+        return;
+      }
+      explains[t] = attn->explain();
+      code[t] = attn->code_object();
+    });
+  for (std::thread &t : threads)
+    t.join();
+  int compiled[2] = {0, 0};
+  for (int t = 0; t < kThreads; ++t) {
+    ASSERT_EQ(errors[t], "") << "thread " << t;
+    EXPECT_FALSE(code[t].empty()) << "thread " << t;
+    EXPECT_EQ(code[t], code[t % 2]) << "thread " << t << " got another code object";
+    compiled[t % 2] += explains[t].find("cache:    compiled") != std::string::npos;
+  }
+  EXPECT_NE(code[0], code[1]) << "two signatures, two kernels";
+  EXPECT_EQ(compiled[0], 1) << explains[0];
+  EXPECT_EQ(compiled[1], 1) << explains[1];
+  const CacheStats after = cache.stats();
+  EXPECT_EQ(after.compiles - before.compiles, 2);
+  EXPECT_EQ(after.memory_hits - before.memory_hits, kThreads - 2);
+  int entries = 0;
+  for (const auto &e : fs::directory_iterator(cache.directory()))
+    entries += e.path().extension() == ".fjk";
+  EXPECT_EQ(entries, 2);
 }
 
 // ---- knobs -----------------------------------------------------------------

@@ -81,6 +81,30 @@ TEST(ScoreExpr, ErrorsNameTheColumnAndTheFix) {
   }
 }
 
+TEST(ScoreExpr, FuzzDeepNestingAndLongChainsAreRefused) {
+  // Found by tests/fuzz/fuzz_spec_flags: `--score-mod` with a few hundred '('
+  // (or '-') overflowed the stack of the recursive parser; a long chain of
+  // binary operators would do the same to the printer and the evaluator.
+  for (const std::string &deep :
+       {std::string(100000, '(') + "score", std::string(100000, '-') + "score",
+        std::string(65, '(') + "score" + std::string(65, ')'), "abs(" + std::string(64, '(')}) {
+    auto e = ir::parse_expr(deep, {}, "score_mod");
+    ASSERT_FALSE(e);
+    EXPECT_NE(e.status().message().find("nested more than 64 deep"), std::string::npos)
+        << e.status().message().substr(0, 200);
+  }
+  std::string chain = "score";
+  for (int i = 0; i < 1025; ++i)
+    chain += " + 1";
+  auto e = ir::parse_expr(chain, {}, "score_mod");
+  ASSERT_FALSE(e);
+  EXPECT_NE(e.status().message().find("more than 1024 operators"), std::string::npos);
+  // What a score needs still parses.
+  EXPECT_TRUE(ir::parse_expr(std::string(60, '(') + "score" + std::string(60, ')'), {}, "s"));
+  chain.resize(chain.size() - 4);
+  EXPECT_TRUE(ir::parse_expr(chain, {}, "score_mod"));
+}
+
 TEST(ScoreModSpec, ValidationNamesTheField) {
   AttentionSpec s = make_spec(1, 2, 2, 8, 8, 64, 64, DType::bf16);
   s.softcap = -1;

@@ -589,6 +589,33 @@ TEST(Verifier, ConfigValuesAreIntegers) {
   EXPECT_EQ(rejection(" config {block_m = 64, block_n = 64}", ""), "ok");
 }
 
+TEST(Verifier, FuzzConfigKnobsAreKnownAndInRange) {
+  // Found by tests/fuzz/fuzz_ir_text: a config whose block sizes were misspelt
+  // (`block_nblock_m = 43, block_c = 64`) verified, and the lowering, reading
+  // neither, divided by a block size of 0. Every knob must be one of ir::Config's,
+  // in the range ir::validate(Config) accepts.
+  const std::string good = "config {block_m = 64, block_n = 64}";
+  std::string m = rejection(good, "config {block_nblock_m = 43, block_c = 64}");
+  EXPECT_TRUE(has(m, "config block_c is not a knob of the kernels (block_m, block_n, waves, "
+                     "stages, q_in_lds, pad_k, mma_m)"))
+      << m;
+  m = rejection(good, "config {block_m = 0, block_n = 64}");
+  EXPECT_TRUE(has(m, "config block_m = 0 is out of range: expected 1..4096")) << m;
+  m = rejection(good, "config {block_m = 64, block_n = -64}");
+  EXPECT_TRUE(has(m, "config block_n = -64 is out of range")) << m;
+  m = rejection(good, "config {block_m = 64, block_n = 64, waves = 100000}");
+  EXPECT_TRUE(has(m, "config waves = 100000 is out of range")) << m;
+  m = rejection(good, "config {block_m = 64, block_n = 64, stages = 3}");
+  EXPECT_TRUE(has(m, "config stages = 3 is not a pipeline the kernels have")) << m;
+  m = rejection(good, "config {block_m = 64, block_n = 64, mma_m = 8}");
+  EXPECT_TRUE(has(m, "config mma_m = 8 is not a matrix-instruction tile")) << m;
+  m = rejection(good, "config {block_m = 64, block_n = 64, q_in_lds = 2}");
+  EXPECT_TRUE(has(m, "config q_in_lds = 2, expected 0 or 1")) << m;
+  EXPECT_EQ(rejection(good, "config {block_m = 128, block_n = 32, mma_m = 32, pad_k = 16, "
+                            "q_in_lds = 1, stages = 2, waves = 8}"),
+            "ok");
+}
+
 TEST(Verifier, NamesMustPrintAndParse) {
   Program p = valid();
   p.values[p.body[0].results[0]].name = "1q";

@@ -159,18 +159,28 @@ private:
           c = '\f';
           break;
         case 'u': {
-          if (pos_ + 4 > text_.size())
-            return (fail("short \\u escape"), false);
-          unsigned long code =
-              std::strtoul(std::string(text_.substr(pos_, 4)).c_str(), nullptr, 16);
+          // Exactly four hex digits: no sign, space or "0x" (strtoul took " +7f").
+          unsigned code = 0;
+          const char *digits = text_.data() + pos_;
+          const bool four = pos_ + 4 <= text_.size() &&
+                            std::from_chars(digits, digits + 4, code, 16).ptr == digits + 4;
+          if (!four)
+            return (fail("a \\u escape needs four hex digits, like \\u0041"), false);
           if (code > 0x7f)
             return (fail("non-ASCII \\u escape"), false);
           c = static_cast<char>(code);
           pos_ += 4;
           break;
         }
+        case '"':
+        case '\\':
+        case '/':
+          c = e;
+          break;
         default:
-          c = e; // \" \\ \/
+          return (fail(std::string("unknown escape '\\") + e +
+                       "' (JSON has \\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX)"),
+                  false);
         }
       }
       out += c;

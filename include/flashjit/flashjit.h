@@ -40,9 +40,18 @@
 extern "C" {
 #endif
 
+/* The enums below are ints in C; in C++ they are given `int` as their fixed
+ * underlying type (the same ABI), so that a C caller's out-of-range value,
+ * which the library refuses by name, is a valid value of the C++ type too. */
+#ifdef __cplusplus
+#define FJ_ENUM(name) enum name : int
+#else
+#define FJ_ENUM(name) enum name
+#endif
+
 /* ---- errors ------------------------------------------------------------ */
 
-typedef enum fj_error {
+typedef FJ_ENUM(fj_error) {
   FJ_OK = 0,
   FJ_ERROR_INVALID_ARGUMENT = 1, /* a NULL or misaligned pointer, a bad enum, name or option */
   FJ_ERROR_INVALID_SPEC = 2,     /* the spec fails validation; the message names the field */
@@ -65,11 +74,11 @@ FJ_API void fj_free(void *pointer);
 
 /* ---- the attention spec ------------------------------------------------ */
 
-typedef enum fj_dtype { FJ_DTYPE_BF16 = 0, FJ_DTYPE_F16 = 1, FJ_DTYPE_F32 = 2 } fj_dtype;
+typedef FJ_ENUM(fj_dtype) { FJ_DTYPE_BF16 = 0, FJ_DTYPE_F16 = 1, FJ_DTYPE_F32 = 2 } fj_dtype;
 
 /* The named layouts the helpers below compute strides for; strides can also be
  * set directly (the layout field is then only a label, used for .npy files). */
-typedef enum fj_layout {
+typedef FJ_ENUM(fj_layout) {
   FJ_LAYOUT_BSHD = 0,       /* [batch, seq, heads, dim] */
   FJ_LAYOUT_BHSD = 1,       /* [batch, heads, seq, dim] */
   FJ_LAYOUT_INTERLEAVED = 2 /* fused QKV projection: [batch, seq, Hq*Dqk + Hkv*Dqk + Hkv*Dv] */

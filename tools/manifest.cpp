@@ -1,0 +1,159 @@
+#include "tools/manifest.h"
+
+#include "tools/json.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace flashjit::cli {
+namespace {
+
+Expected<int64_t> integer(const json::Value &v, std::string_view field) {
+  if (v.kind != json::Value::Kind::number)
+    return Status::error("'{}' must be an integer, like 128", field);
+  auto i = json::integer_text(v.text);
+  if (!i)
+    return Status::error(
+        "'{}' must be an integer written in digits, like 128; got {}{}", field, v.text,
+        v.text.find_first_of(".eE") == std::string::npos ? " (past the 64-bit range)" : "");
+  return *i;
+}
+
+Expected<WarmupItem> parse_item(const json::Value &item) {
+  if (!item.is_object())
+    return Status::error("each item must be an object like {{\"arch\": \"gfx1201\", "
+                         "\"head_dim\": 128}}");
+  static const std::vector<std::string_view> known = {
+      "arch",     "compiler",   "batch",   "heads",  "kv_heads", "seqlen_q", "seqlen_k",
+      "head_dim", "head_dim_v", "dtype",   "layout", "causal",   "window",   "scale",
+      "lse",      "block_m",    "block_n", "waves",  "mma_m"};
+  for (const std::string &key : item.keys)
+    if (std::find(known.begin(), known.end(), key) == known.end()) {
+      std::string list;
+      for (std::string_view k : known)
+        list += (list.empty() ? "" : ", ") + std::string(k);
+      return Status::error("unknown field '{}' (known: {})", key, list);
+    }
+  WarmupItem w;
+  auto str = [&](const char *field, std::string &out) -> Status {
+    if (const json::Value *v = item.find(field)) {
+      if (v->kind != json::Value::Kind::string)
+        return Status::error("'{}' must be a string", field);
+      out = v->string;
+    }
+    return Status::ok();
+  };
+  auto num = [&](const char *field, int64_t fallback) -> Expected<int64_t> {
+    const json::Value *v = item.find(field);
+    return v ? integer(*v, field) : Expected<int64_t>(fallback);
+  };
+  auto boolean = [&](const char *field, bool &out) -> Status {
+    if (const json::Value *v = item.find(field)) {
+      if (v->kind != json::Value::Kind::boolean)
+        return Status::error("'{}' must be true or false", field);
+      out = v->boolean;
+    }
+    return Status::ok();
+  };
+  FJ_RETURN_IF_ERROR(str("arch", w.arch));
+  if (w.arch.empty())
+    return Status::error("'arch' is required (e.g. \"gfx1201\")");
+  FJ_RETURN_IF_ERROR(str("compiler", w.compiler));
+
+  AttentionSpec &s = w.spec;
+  struct IntField {
+    const char *name;
+    int64_t *out;
+    const int64_t *fallback; // another field, or nullptr for `value`
+    int64_t value;
+  };
+  const IntField ints[] = {{"batch", &s.batch, nullptr, 1},
+                           {"heads", &s.heads, nullptr, 1},
+                           {"kv_heads", &s.kv_heads, &s.heads, 0},
+                           {"seqlen_q", &s.seqlen_q, nullptr, 128},
+                           {"seqlen_k", &s.seqlen_k, &s.seqlen_q, 0},
+                           {"head_dim", &s.head_dim_qk, nullptr, 64},
+                           {"head_dim_v", &s.head_dim_v, &s.head_dim_qk, 0}};
+  for (const IntField &f : ints) {
+    auto v = num(f.name, f.fallback ? *f.fallback : f.value);
+    if (!v)
+      return v.status();
+    *f.out = *v;
+  }
+  std::string dtype = "bf16", layout = "bshd";
+  FJ_RETURN_IF_ERROR(str("dtype", dtype));
+  FJ_RETURN_IF_ERROR(str("layout", layout));
+  auto dt = parse_dtype(dtype);
+  if (!dt)
+    return dt.status().with_context("'dtype'");
+  s.dtype = *dt;
+  auto lay = parse_layout(layout);
+  if (!lay)
+    return lay.status().with_context("'layout'");
+  FJ_RETURN_IF_ERROR(boolean("causal", s.causal));
+  FJ_RETURN_IF_ERROR(boolean("lse", s.lse));
+  if (const json::Value *v = item.find("scale")) {
+    if (v->kind != json::Value::Kind::number || !(v->number > 0) || !std::isfinite(v->number))
+      return Status::error("'scale' must be a finite positive number, like 0.125");
+    s.scale = v->number;
+  }
+  if (const json::Value *v = item.find("window")) {
+    if (!v->is_array() || v->items.size() != 2)
+      return Status::error("'window' must be [left, right] (-1 = unbounded)");
+    auto l = integer(v->items[0], "window[0]"), r = integer(v->items[1], "window[1]");
+    if (!l)
+      return l.status();
+    if (!r)
+      return r.status();
+    s.window = Window{*l, *r};
+  }
+  s.set_layout(*lay);
+  FJ_RETURN_IF_ERROR(s.validate());
+  for (auto [field, out] : {std::pair{"block_m", &w.block_m}, std::pair{"block_n", &w.block_n},
+                            std::pair{"waves", &w.waves}, std::pair{"mma_m", &w.mma_m}})
+    if (item.find(field)) {
+      auto v = num(field, 0);
+      if (!v)
+        return v.status();
+      *out = *v;
+    }
+  return w;
+}
+
+/// The items of a parsed manifest (`path` names it in messages).
+Expected<std::vector<WarmupItem>> manifest_items(const json::Value &root, const std::string &path) {
+  if (!root.is_array())
+    return Status::error("{}: the manifest must be a JSON list of kernels, e.g. [{{\"arch\": "
+                         "\"gfx1201\", \"head_dim\": 128}}]",
+                         path);
+  std::vector<WarmupItem> items;
+  for (size_t i = 0; i < root.items.size(); ++i) {
+    auto item = parse_item(root.items[i]);
+    if (!item)
+      return item.status().with_context(fmt::format("{}: item {}", path, i));
+    items.push_back(item.take());
+  }
+  return items;
+}
+
+} // namespace
+
+Expected<std::vector<WarmupItem>> parse_manifest(std::string_view text, const std::string &path) {
+  std::string error;
+  auto root = json::parse(text, &error);
+  if (!root)
+    return Status::error("cannot read the manifest {}: {}", path, error);
+  return manifest_items(*root, path);
+}
+
+Expected<std::vector<WarmupItem>> read_manifest(const std::string &path) {
+  std::string error;
+  auto root = json::parse_file(path, &error);
+  if (!root)
+    return Status::error("cannot read the manifest {}", error);
+  return manifest_items(*root, path);
+}
+
+} // namespace flashjit::cli
