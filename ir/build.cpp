@@ -83,6 +83,27 @@ BlockRange kv_block_range(int64_t qb, int64_t block_m, int64_t block_n, int64_t 
   return {lo / block_n, hi / block_n + 1};
 }
 
+BlockRange q_block_range(int64_t kb, int64_t block_m, int64_t block_n, int64_t seqlen_q,
+                         int64_t seqlen_k, bool causal, Window w) {
+  const int64_t first = kb * block_m;
+  const int64_t last = std::min(first + block_m, seqlen_k) - 1;
+  if (last < first || seqlen_q < 1)
+    return {0, 0};
+  const int64_t off = seqlen_k - seqlen_q;
+  // Query i sees the keys [lo(i), hi(i)], both nondecreasing in i: it sees a key
+  // of [first, last] when hi(i) >= first and lo(i) <= last.
+  int64_t lo = 0, hi = seqlen_q - 1;
+  if (causal)
+    lo = std::max(lo, first - off);
+  if (w.right >= 0)
+    lo = std::max(lo, first - off - w.right);
+  if (w.left >= 0)
+    hi = std::min(hi, last - off + w.left);
+  if (hi < lo)
+    return {0, 0};
+  return {lo / block_n, hi / block_n + 1};
+}
+
 BlockRange split_range(BlockRange r, int64_t split, int64_t splits) {
   const int64_t chunk = (r.end - r.begin + splits - 1) / splits;
   const int64_t begin = std::min(r.begin + split * chunk, r.end);

@@ -64,10 +64,34 @@ struct BlockRange {
 };
 BlockRange kv_block_range(int64_t qb, int64_t block_m, int64_t block_n, int64_t seqlen_q,
                           int64_t seqlen_k, bool causal, Window window);
+/// The transposed range (the backward's dK/dV loop): the query blocks of
+/// `block_n` queries [begin, end) that hold at least one query seeing a key of
+/// KV block `kb` of `block_m` keys.
+BlockRange q_block_range(int64_t kb, int64_t block_m, int64_t block_n, int64_t seqlen_q,
+                         int64_t seqlen_k, bool causal, Window window);
 /// Split `split` of `splits` of a block range (split-KV): the range cut into
 /// `splits` runs of ceil(n / splits) blocks; the last ones may be empty.
 BlockRange split_range(BlockRange r, int64_t split, int64_t splits);
 /// Whether query row i may see key j (bounds, bottom-right causal, window).
 bool visible(int64_t i, int64_t j, int64_t seqlen_q, int64_t seqlen_k, bool causal, Window window);
+
+/// The backward pass (ir/build_backward.cpp): what it cannot take, by name.
+Status validate_backward(const AttentionSpec &spec);
+/// The dQ program: a workgroup per query block, looping over the KV blocks.
+Expected<Program> build_backward_dq(const AttentionSpec &spec, const Config &config);
+/// The dK/dV program: a workgroup per (KV block, query head), rows are keys,
+/// looping over the query blocks (a transposed `for`); writes f32 per query head.
+Expected<Program> build_backward_dkdv(const AttentionSpec &spec, const Config &config);
+/// The scalar parameters of both backward programs for `spec`'s shapes.
+Bindings bind_backward(const AttentionSpec &spec);
+
+/// The backward's f32 workspace, one buffer: L and D (dense [batch, heads,
+/// seqlen_q] each, L first), then dK and dV per query head (dense [batch, heads,
+/// seqlen_k, dim]), which a reduce kernel sums over each group into dK and dV.
+struct BackwardWorkspace {
+  int64_t d_offset = 0, dk_offset = 0, dv_offset = 0, elements = 0;
+  Strides dk, dv; // of the per-query-head dK and dV
+};
+BackwardWorkspace backward_workspace(const AttentionSpec &spec);
 
 } // namespace flashjit::ir

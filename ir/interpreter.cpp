@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numbers>
 #include <thread>
 #include <tuple>
 
@@ -186,10 +187,13 @@ private:
       const TensorParam &t = *p_.tensor(op.symbol_attr("tensor"));
       TileValue r = make(op.results[0]);
       const int64_t row0 = in(op, 0).index * r.rows;
-      for (int64_t i = 0; i < r.rows; ++i)
+      for (int64_t i = 0; i < r.rows; ++i) {
+        if (r.cols == 0 && row0 + i < seq(t)) // a vector: one value per row
+          r.data[i] = bound(t).data[offset(t, row0 + i, 0)];
         for (int64_t j = 0; j < r.cols; ++j)
           if (row0 + i < seq(t) && j < t.dim)
             r.at(i, j) = bound(t).data[offset(t, row0 + i, j)];
+      }
       values_[op.results[0]] = std::move(r);
       break;
     }
@@ -258,12 +262,16 @@ private:
       const int64_t seqlen_q = seq("Q"), seqlen_k = seq("K");
       const Window w = window(op);
       const bool causal = op.int_attr("causal") != 0;
+      const bool transposed = op.int_attr("transposed") != 0; // rows are keys
       TileValue r = in(op, 0);
       const int64_t row0 = in(op, 1).index * r.rows, col0 = in(op, 2).index * r.cols;
       for (int64_t i = 0; i < r.rows; ++i)
-        for (int64_t j = 0; j < r.cols; ++j)
-          if (!visible(row0 + i, col0 + j, seqlen_q, seqlen_k, causal, w))
+        for (int64_t j = 0; j < r.cols; ++j) {
+          const int64_t query = transposed ? col0 + j : row0 + i;
+          const int64_t key = transposed ? row0 + i : col0 + j;
+          if (!visible(query, key, seqlen_q, seqlen_k, causal, w))
             r.at(i, j) = kNegInf;
+        }
       values_[op.results[0]] = std::move(r);
       break;
     }
@@ -311,6 +319,15 @@ private:
     case OpKind::DivRow:
       with_row(op, [](float x, float r) { return r == 0.0f ? 0.0f : x / r; });
       break;
+    case OpKind::SubCol: {
+      TileValue r = make(op.results[0]);
+      const TileValue &x = in(op, 0), &c = in(op, 1);
+      for (int64_t i = 0; i < r.rows; ++i)
+        for (int64_t j = 0; j < r.cols; ++j)
+          r.at(i, j) = x.at(i, j) - c.data[j];
+      values_[op.results[0]] = std::move(r);
+      break;
+    }
     case OpKind::Convert: {
       const DType t = p_.type_of(op.results[0]).dtype;
       elementwise(op, [t](float a, float) { return round_to(t, a); });
@@ -320,9 +337,10 @@ private:
       values_[op.results[0]] = in(op, 0);
       break;
     case OpKind::For: {
-      BlockRange range =
-          kv_block_range(in(op, 0).index, op.int_attr("block_m"), op.int_attr("block_n"), seq("Q"),
-                         seq("K"), op.int_attr("causal") != 0, window(op));
+      const bool transposed = op.int_attr("transposed") != 0; // over query blocks
+      BlockRange range = (transposed ? q_block_range : kv_block_range)(
+          in(op, 0).index, op.int_attr("block_m"), op.int_attr("block_n"), seq("Q"), seq("K"),
+          op.int_attr("causal") != 0, window(op));
       if (op.attrs.count("splits"))
         range = split_range(range, split_, int_value(op, "splits", *buffers_.args, 1));
       for (size_t i = 1; i < op.operands.size(); ++i)
@@ -430,6 +448,32 @@ Status check_indices(const Program &p, const Bindings &args, const Buffers &buff
 } // namespace
 
 Status interpret(const Program &p, const Bindings &args, HostTensors &t) {
+  return interpret(p, args, t, {});
+}
+
+void backward_preprocess(const AttentionSpec &spec, const HostTensors &t, std::vector<float> &l,
+                         std::vector<float> &d) {
+  const int64_t rows = spec.batch * spec.heads * spec.seqlen_q;
+  l.assign(size_t(rows), 0.0f);
+  d.assign(size_t(rows), 0.0f);
+  for (int64_t b = 0; b < spec.batch; ++b)
+    for (int64_t h = 0; h < spec.heads; ++h)
+      for (int64_t i = 0; i < spec.seqlen_q; ++i) {
+        const int64_t row = (b * spec.heads + h) * spec.seqlen_q + i;
+        float dot = 0;
+        for (int64_t c = 0; c < spec.head_dim_v; ++c) {
+          const int64_t at = b * spec.o.batch + h * spec.o.head + i * spec.o.seq + c * spec.o.dim;
+          dot += t.dout[size_t(at)] * t.o[size_t(at)];
+        }
+        const float lse = t.lse[size_t(row)];
+        l[size_t(row)] = lse == kNegInf ? std::numeric_limits<float>::infinity()
+                                        : lse * float(std::numbers::log2e);
+        d[size_t(row)] = dot;
+      }
+}
+
+Status interpret(const Program &p, const Bindings &args, HostTensors &t,
+                 const std::map<std::string, std::vector<float> *> &workspace) {
   FJ_RETURN_IF_ERROR(verify(p));
   FJ_RETURN_IF_ERROR(check_bindings(p, args));
   Buffers buffers;
@@ -473,7 +517,9 @@ Status interpret(const Program &p, const Bindings &args, HostTensors &t) {
     buffers.functions[f.name] = e.take();
   }
   std::map<std::string, std::vector<float> *> named = {
-      {"Q", &t.q}, {"K", &t.k}, {"V", &t.v}, {"O", &t.o}, {"LSE", &t.lse}};
+      {"Q", &t.q},     {"K", &t.k},     {"V", &t.v},  {"O", &t.o},
+      {"LSE", &t.lse}, {"dO", &t.dout}, {"dQ", &t.dq}};
+  named.insert(workspace.begin(), workspace.end());
   for (const TensorParam &param : p.tensors) {
     auto it = named.find(param.name);
     if (it == named.end())

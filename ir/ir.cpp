@@ -31,6 +31,8 @@ std::string_view tile_layout_name(TileLayout l) {
     return "mma_acc";
   case TileLayout::rows:
     return "rows";
+  case TileLayout::cols:
+    return "cols";
   }
   return "?";
 }

@@ -49,7 +49,9 @@ struct OpInfo {
 };
 const OpInfo &op_info(OpKind k);
 
-enum class TileLayout { blocked, mma_a, mma_b, mma_acc, rows };
+/// rows: a per-row vector of an #mma_acc tile (one value per row); cols: a
+/// per-column vector of one (the backward's per-query values when rows are keys).
+enum class TileLayout { blocked, mma_a, mma_b, mma_acc, rows, cols };
 std::string_view tile_layout_name(TileLayout l);
 
 /// index (a block number), or tile<RxCxT, #layout>, or a vector tile<RxT, #layout> (cols == 0).

@@ -24,7 +24,7 @@ bool is_number(std::string_view s) {
 
 std::optional<TileLayout> layout_from_name(std::string_view name) {
   for (TileLayout l : {TileLayout::blocked, TileLayout::mma_a, TileLayout::mma_b,
-                       TileLayout::mma_acc, TileLayout::rows})
+                       TileLayout::mma_acc, TileLayout::rows, TileLayout::cols})
     if (tile_layout_name(l) == name)
       return l;
   return std::nullopt;

@@ -9,6 +9,7 @@
 #include <limits>
 #include <optional>
 #include <random>
+#include <utility>
 
 namespace flashjit {
 
@@ -106,6 +107,70 @@ int64_t kv_offset(const AttentionSpec &spec, const HostTensors &in, const Stride
   return s.packed_k ? offset(st, 0, h, r.k_start + j, d) : offset(st, b, h, j, d);
 }
 
+/// The seed of one tensor's generator stream: Q, K, V, the slopes, the sinks and dO
+/// each have their own, so the values of one do not depend on the size of another.
+uint64_t stream_seed(uint64_t seed, uint64_t stream) {
+  std::seed_seq seq{seed, stream};
+  std::array<uint32_t, 2> words;
+  seq.generate(words.begin(), words.end());
+  return (uint64_t{words[0]} << 32) | words[1];
+}
+
+/// A scaled score after softcap and ALiBi (FlashAttention's order), and its
+/// derivative with respect to the scaled score: the backward's chain rule
+/// through the cap (ALiBi only adds a constant).
+struct ModifiedScore {
+  double value, derivative;
+};
+
+ModifiedScore softcap_and_alibi(const AttentionSpec &spec, const HostTensors &in, double s,
+                                int64_t b, int64_t h, int64_t i, int64_t j, int64_t sq,
+                                int64_t sk) {
+  double derivative = 1;
+  if (spec.softcap > 0) {
+    const double t = std::tanh(s / spec.softcap);
+    s = spec.softcap * t;
+    derivative = 1 - t * t;
+  }
+  if (spec.alibi != Alibi::none) {
+    const double slope =
+        in.alibi_slopes[size_t(spec.alibi == Alibi::heads ? h : b * spec.heads + h)];
+    s -= slope * double(std::abs(i + sk - sq - j));
+  }
+  return {s, derivative};
+}
+
+/// A buffer's element, or NaN past its end: an element missing from a
+/// too-short buffer was never written.
+double element_or_poison(const std::vector<float> &buf, int64_t i) {
+  return i < static_cast<int64_t>(buf.size()) ? double(buf[i]) : double(kPoison);
+}
+
+/// Sums the errors of (result, reference) element pairs into ErrorStats.
+class ErrorSums {
+public:
+  void add(double got, double want) {
+    ref2_ += want * want;
+    if (!std::isfinite(got)) {
+      ++stats_.nonfinite;
+      return;
+    }
+    const double diff = got - want;
+    stats_.max_abs = std::max(stats_.max_abs, std::abs(diff));
+    err2_ += diff * diff;
+  }
+  /// rel_l2 falls back to the absolute norm when the reference is all zero.
+  ErrorStats stats() const {
+    ErrorStats e = stats_;
+    e.rel_l2 = ref2_ > 0 ? std::sqrt(err2_ / ref2_) : std::sqrt(err2_);
+    return e;
+  }
+
+private:
+  ErrorStats stats_;
+  double err2_ = 0, ref2_ = 0;
+};
+
 } // namespace
 
 Status check_sequences(const AttentionSpec &spec, const HostTensors &t) {
@@ -172,31 +237,22 @@ Status check_sequences(const AttentionSpec &spec, const HostTensors &t) {
 }
 
 HostTensors make_random_inputs(const AttentionSpec &spec, uint64_t seed) {
-  // One stream per tensor, so the values of K do not depend on the size of Q.
-  std::seed_seq q_seed{seed, uint64_t{0}}, k_seed{seed, uint64_t{1}}, v_seed{seed, uint64_t{2}};
-  auto stream = [](std::seed_seq &seq) {
-    std::array<uint32_t, 2> words;
-    seq.generate(words.begin(), words.end());
-    return (uint64_t{words[0]} << 32) | words[1];
-  };
   const AttentionSpec &s = spec;
   HostTensors t;
   t.q = random_tensor(s.q, s.q_batches(), s.heads, s.q_rows(), s.head_dim_qk, s.dtype,
-                      stream(q_seed));
+                      stream_seed(seed, 0));
   t.k = random_tensor(s.k, s.kv_batches(), s.kv_heads, s.kv_rows(), s.head_dim_qk, s.dtype,
-                      stream(k_seed));
+                      stream_seed(seed, 1));
   t.v = random_tensor(s.v, s.kv_batches(), s.kv_heads, s.kv_rows(), s.head_dim_v, s.dtype,
-                      stream(v_seed));
+                      stream_seed(seed, 2));
   if (spec.alibi != Alibi::none) { // positive slopes, as ALiBi's geometric ones are
-    std::seed_seq a_seed{seed, uint64_t{3}};
-    std::mt19937_64 rng(stream(a_seed));
+    std::mt19937_64 rng(stream_seed(seed, 3));
     t.alibi_slopes.resize(size_t(spec.alibi == Alibi::heads ? s.heads : s.batch * s.heads));
     for (float &x : t.alibi_slopes)
       x = 0.05f + std::ldexp(static_cast<float>(rng() >> 40), -24) * 0.95f;
   }
   if (spec.sinks) { // logits around the scores' range, so the sink matters
-    std::seed_seq s_seed{seed, uint64_t{4}};
-    std::mt19937_64 rng(stream(s_seed));
+    std::mt19937_64 rng(stream_seed(seed, 4));
     t.sinks.resize(size_t(s.heads));
     for (float &x : t.sinks)
       x = -2.0f + std::ldexp(static_cast<float>(rng() >> 40), -24) * 5.0f;
@@ -208,6 +264,15 @@ HostTensors make_random_inputs(const AttentionSpec &spec, uint64_t seed) {
 void poison_outputs(const AttentionSpec &spec, HostTensors &t) {
   t.o.assign(static_cast<size_t>(spec.o_elements()), kPoison);
   t.lse.assign(spec.lse ? static_cast<size_t>(spec.lse_elements()) : 0, kPoison);
+}
+
+void make_random_grad(const AttentionSpec &spec, HostTensors &t, uint64_t seed) {
+  // dO is shaped as O; stream 5 follows make_random_inputs' Q, K, V, slopes and sinks.
+  t.dout = random_tensor(spec.o, spec.q_batches(), spec.heads, spec.q_rows(), spec.head_dim_v,
+                         spec.dtype, stream_seed(seed, 5));
+  t.dq.assign(static_cast<size_t>(spec.q_elements()), kPoison);
+  t.dk.assign(static_cast<size_t>(spec.k_elements()), kPoison);
+  t.dv.assign(static_cast<size_t>(spec.v_elements()), kPoison);
 }
 
 ReferenceResult reference_attention(const AttentionSpec &spec, const HostTensors &in) {
@@ -232,13 +297,7 @@ ReferenceResult reference_attention(const AttentionSpec &spec, const HostTensors
     mask_mod = ir::parse_expr(spec.mask_mod, builtins, "mask_mod").value();
   auto modified = [&](double s, int64_t b, int64_t h, int64_t i, int64_t j, int64_t sq,
                       int64_t sk) {
-    if (spec.softcap > 0)
-      s = spec.softcap * std::tanh(s / spec.softcap);
-    if (spec.alibi != Alibi::none) {
-      const double slope =
-          in.alibi_slopes[size_t(spec.alibi == Alibi::heads ? h : b * spec.heads + h)];
-      s -= slope * double(std::abs(i + sk - sq - j));
-    }
+    s = softcap_and_alibi(spec, in, s, b, h, i, j, sq, sk).value;
     ir::ExprContext c{s, b, h, i, j, sq, sk, {}, {}, false};
     if (score_mod)
       s = ir::evaluate(*score_mod, c);
@@ -299,34 +358,121 @@ ReferenceResult reference_attention(const AttentionSpec &spec, const HostTensors
   return r;
 }
 
+Expected<ReferenceGrads> reference_attention_backward(const AttentionSpec &spec,
+                                                      const HostTensors &in) {
+  // What the backward kernels do not take has no float64 gradient here either,
+  // so a test cannot check a kernel against semantics nobody wrote down.
+  const std::pair<bool, const char *> unsupported[] = {
+      {spec.seqs.any(), "sequences (varlen, seqused_k, a paged KV cache)"},
+      {!spec.score_mod.empty(), "score_mod"},
+      {!spec.mask_mod.empty(), "mask_mod"},
+      {spec.sinks, "sinks"},
+  };
+  for (const auto &[used, feature] : unsupported)
+    if (used)
+      return Status::error("{} has no backward yet: the float64 reference gradients cover dense "
+                           "or strided layouts, GQA/MQA, causal, windows, ALiBi and softcap",
+                           feature);
+
+  const int64_t B = spec.batch, H = spec.heads, KVH = spec.kv_heads;
+  const int64_t Sq = spec.seqlen_q, Sk = spec.seqlen_k;
+  const int64_t Dqk = spec.head_dim_qk, Dv = spec.head_dim_v;
+  assert(static_cast<int64_t>(in.q.size()) >= spec.q_elements());
+  assert(static_cast<int64_t>(in.k.size()) >= spec.k_elements());
+  assert(static_cast<int64_t>(in.v.size()) >= spec.v_elements());
+  assert(static_cast<int64_t>(in.dout.size()) >= spec.o_elements());
+  const double scale = spec.softmax_scale();
+
+  ReferenceGrads g;
+  g.dq.assign(static_cast<size_t>(B * H * Sq * Dqk), 0.0);
+  g.dk.assign(static_cast<size_t>(B * KVH * Sk * Dqk), 0.0);
+  g.dv.assign(static_cast<size_t>(B * KVH * Sk * Dv), 0.0);
+
+  // Dense float64 copies of one head's K and V, and of one query row's Q and
+  // dO; p and dscore hold the row's probabilities and d(modified)/d(scaled).
+  std::vector<double> k(static_cast<size_t>(Sk * Dqk)), v(static_cast<size_t>(Sk * Dv));
+  std::vector<double> q(static_cast<size_t>(Dqk)), dout(static_cast<size_t>(Dv));
+  std::vector<double> p(static_cast<size_t>(Sk)), dscore(static_cast<size_t>(Sk));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t kvh = h / spec.group();
+      for (int64_t j = 0; j < Sk; ++j) {
+        for (int64_t d = 0; d < Dqk; ++d)
+          k[j * Dqk + d] = in.k[offset(spec.k, b, kvh, j, d)];
+        for (int64_t d = 0; d < Dv; ++d)
+          v[j * Dv + d] = in.v[offset(spec.v, b, kvh, j, d)];
+      }
+      // A kv head's dK and dV sum over the query heads of its group.
+      double *dk = &g.dk[((b * KVH + kvh) * Sk) * Dqk];
+      double *dv = &g.dv[((b * KVH + kvh) * Sk) * Dv];
+      for (int64_t i = 0; i < Sq; ++i) {
+        const KeyRange keys = visible_keys(spec, i, Sq, Sk);
+        if (keys.lo == keys.hi)
+          continue; // no key: O is the constant 0, so every gradient of the row is 0
+        for (int64_t d = 0; d < Dqk; ++d)
+          q[d] = in.q[offset(spec.q, b, h, i, d)];
+        for (int64_t d = 0; d < Dv; ++d)
+          dout[d] = in.dout[offset(spec.o, b, h, i, d)];
+
+        // The forward again, as reference_attention computes it: P over the visible keys.
+        double max = kNegInf;
+        for (int64_t j = keys.lo; j < keys.hi; ++j) {
+          double dot = 0;
+          for (int64_t d = 0; d < Dqk; ++d)
+            dot += q[d] * k[j * Dqk + d];
+          const ModifiedScore s = softcap_and_alibi(spec, in, scale * dot, b, h, i, j, Sq, Sk);
+          p[j] = s.value;
+          dscore[j] = s.derivative;
+          max = std::max(max, s.value);
+        }
+        double sum = 0;
+        for (int64_t j = keys.lo; j < keys.hi; ++j)
+          sum += p[j] = std::exp(p[j] - max);
+        for (int64_t j = keys.lo; j < keys.hi; ++j)
+          p[j] /= sum;
+        // delta = rowsum(dO * O), with O recomputed in float64 (not the stored one).
+        double delta = 0;
+        for (int64_t d = 0; d < Dv; ++d) {
+          double o = 0;
+          for (int64_t j = keys.lo; j < keys.hi; ++j)
+            o += p[j] * v[j * Dv + d];
+          delta += dout[d] * o;
+        }
+
+        // dS = P * (dO V^T - delta) through the modifiers; then the products.
+        double *dq = &g.dq[((b * H + h) * Sq + i) * Dqk];
+        for (int64_t j = keys.lo; j < keys.hi; ++j) {
+          double dp = 0;
+          for (int64_t d = 0; d < Dv; ++d)
+            dp += dout[d] * v[j * Dv + d];
+          const double ds = p[j] * (dp - delta) * dscore[j];
+          for (int64_t d = 0; d < Dqk; ++d) {
+            dq[d] += scale * ds * k[j * Dqk + d];
+            dk[j * Dqk + d] += scale * ds * q[d];
+          }
+          for (int64_t d = 0; d < Dv; ++d)
+            dv[j * Dv + d] += p[j] * dout[d];
+        }
+      }
+    }
+  }
+  return g;
+}
+
 ErrorStats compare(const AttentionSpec &spec, const HostTensors &result,
                    const ReferenceResult &ref) {
   const int64_t B = spec.batch, H = spec.heads, Sq = spec.seqlen_q, Dv = spec.head_dim_v;
-  ErrorStats e;
-  double err2 = 0, ref2 = 0;
-  // Elements missing from a too-short buffer count as non-finite: never written.
-  auto at = [](const std::vector<float> &buf, int64_t i) {
-    return i < static_cast<int64_t>(buf.size()) ? double(buf[i]) : double(kPoison);
-  };
   // Only the rows each batch has (all of them unless Q is packed).
   std::vector<BatchRows> rows(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b)
     rows[b] = batch_rows(spec, result, b);
+  ErrorSums sums;
   for_each_element(B, H, Sq, Dv, [&](int64_t b, int64_t h, int64_t i, int64_t d) {
-    if (i >= rows[b].q_len)
-      return;
-    double want = ref.out[((b * H + h) * Sq + i) * Dv + d];
-    double got = at(result.o, q_offset(spec, spec.o, rows[b], b, h, i, d));
-    ref2 += want * want;
-    if (!std::isfinite(got)) {
-      ++e.nonfinite;
-      return;
-    }
-    double diff = got - want;
-    e.max_abs = std::max(e.max_abs, std::abs(diff));
-    err2 += diff * diff;
+    if (i < rows[b].q_len)
+      sums.add(element_or_poison(result.o, q_offset(spec, spec.o, rows[b], b, h, i, d)),
+               ref.out[((b * H + h) * Sq + i) * Dv + d]);
   });
-  e.rel_l2 = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
+  ErrorStats e = sums.stats();
 
   if (spec.lse) {
     for (int64_t row = 0; row < B * H * Sq; ++row) {
@@ -335,8 +481,8 @@ ErrorStats compare(const AttentionSpec &spec, const HostTensors &result,
         continue;
       double want = ref.lse[row];
       // LSE is [batch, heads, seqlen_q], or [heads, total_q] when Q is packed.
-      double got =
-          at(result.lse, spec.seqs.packed_q ? h * spec.seqs.total_q + rows[b].q_start + i : row);
+      double got = element_or_poison(
+          result.lse, spec.seqs.packed_q ? h * spec.seqs.total_q + rows[b].q_start + i : row);
       if (std::isinf(want) && want < 0) {
         e.nonfinite += got != want;
         continue;
@@ -349,6 +495,23 @@ ErrorStats compare(const AttentionSpec &spec, const HostTensors &result,
     }
   }
   return e;
+}
+
+GradErrorStats compare_grads(const AttentionSpec &spec, const HostTensors &result,
+                             const ReferenceGrads &ref) {
+  // The backward has no Sequences, so every batch has all its rows at its batch stride.
+  auto one = [&](const Strides &st, const std::vector<float> &got, const std::vector<double> &want,
+                 int64_t heads, int64_t rows, int64_t dim) {
+    ErrorSums sums;
+    for_each_element(spec.batch, heads, rows, dim, [&](int64_t b, int64_t h, int64_t n, int64_t d) {
+      sums.add(element_or_poison(got, offset(st, b, h, n, d)),
+               want[size_t(((b * heads + h) * rows + n) * dim + d)]);
+    });
+    return sums.stats();
+  };
+  return {.dq = one(spec.q, result.dq, ref.dq, spec.heads, spec.seqlen_q, spec.head_dim_qk),
+          .dk = one(spec.k, result.dk, ref.dk, spec.kv_heads, spec.seqlen_k, spec.head_dim_qk),
+          .dv = one(spec.v, result.dv, ref.dv, spec.kv_heads, spec.seqlen_k, spec.head_dim_v)};
 }
 
 Tolerance tolerance_for(DType t) {

@@ -21,6 +21,9 @@ struct HostTensors {
   std::vector<float> alibi_slopes;
   /// Attention sinks' logits, [heads] (AttentionSpec::sinks); empty when unused.
   std::vector<float> sinks;
+  /// The backward pass: dout, the gradient of O, in O's strides (spec.o); dq,
+  /// dk, dv, the gradients of Q, K and V, in their tensors' strides. Empty when unused.
+  std::vector<float> dout, dq, dk, dv;
 };
 
 /// Fresh random Q/K/V (uniform in [-1, 1), rounded to the dtype, never all zero)
@@ -42,6 +45,22 @@ struct ReferenceResult {
 /// masked row gives output 0 and LSE -inf.
 ReferenceResult reference_attention(const AttentionSpec &spec, const HostTensors &in);
 
+/// Fresh random dO (uniform in [-1, 1), rounded to the dtype, in O's strides)
+/// and dQ, dK, dV poisoned with NaN, for a backward test.
+void make_random_grad(const AttentionSpec &spec, HostTensors &t, uint64_t seed);
+
+/// The float64 gradients of O = attention(Q, K, V) against dO (HostTensors::dout):
+/// dense [batch, heads, seqlen, dim] arrays (dk, dv over kv_heads: a kv head's
+/// gradient sums its group of query heads). Rows that see no key have zero
+/// gradient. Covers what the backward kernels do: dense or strided layouts,
+/// GQA/MQA, causal (bottom-right), windows, ALiBi, softcap; anything else (sequences,
+/// score_mod, mask_mod, sinks) is an error naming the feature.
+struct ReferenceGrads {
+  std::vector<double> dq, dk, dv;
+};
+Expected<ReferenceGrads> reference_attention_backward(const AttentionSpec &spec,
+                                                      const HostTensors &in);
+
 struct ErrorStats {
   double max_abs = 0;    // max |out - ref| over O (and LSE where finite)
   double rel_l2 = 0;     // ||out - ref||_2 / ||ref||_2 over O
@@ -52,6 +71,17 @@ struct ErrorStats {
 };
 ErrorStats compare(const AttentionSpec &spec, const HostTensors &result,
                    const ReferenceResult &ref);
+
+/// A result's dQ, dK and dV (in the spec's strides) against the reference's.
+struct GradErrorStats {
+  ErrorStats dq, dk, dv;
+  bool within(double tol_abs, double tol_rel) const {
+    return dq.within(tol_abs, tol_rel) && dk.within(tol_abs, tol_rel) &&
+           dv.within(tol_abs, tol_rel);
+  }
+};
+GradErrorStats compare_grads(const AttentionSpec &spec, const HostTensors &result,
+                             const ReferenceGrads &ref);
 
 /// The tolerances stated for a dtype: bf16 (8 bits of mantissa) is looser than f16.
 struct Tolerance {

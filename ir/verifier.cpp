@@ -256,9 +256,50 @@ Status check_load(const OpChecker &c) {
   if (tr.dtype != t->dtype)
     return c.fail("result 0 has dtype {}, but @{} is {} {}", dtype_name(tr.dtype), t->name,
                   dtype_name(t->dtype), c.what(r));
-  if (!tr.is_vector() && tr.cols < t->dim)
+  if (tr.is_vector()) {
+    if (t->dim != 0)
+      return c.fail("loads a vector from @{}, which has dim = {}; a vector comes from a tensor "
+                    "with dim = 0 (one value per row, such as @LSE) {}",
+                    t->name, t->dim, c.what(r));
+    if (tr.layout != TileLayout::rows && tr.layout != TileLayout::cols)
+      return c.fail("result 0 has layout {}, expected #rows or #cols for a vector {}",
+                    layout_text(tr.layout), c.what(r));
+    return Status::ok();
+  }
+  if (t->dim == 0)
+    return c.fail("loads a 2D tile from @{}, which has dim = 0 (a vector tensor) {}", t->name,
+                  c.what(r));
+  if (tr.cols < t->dim)
     return c.fail("result 0 has {} columns, fewer than the dim = {} of @{} {}", tr.cols, t->dim,
                   t->name, c.what(r));
+  return Status::ok();
+}
+
+/// sub_col: x[i][j] - v[j], v a #cols vector with one value per column of x.
+Status check_col_broadcast(const OpChecker &c) {
+  Slot x = operand(0), v = operand(1);
+  FJ_RETURN_IF_ERROR(c.matrix(x));
+  FJ_RETURN_IF_ERROR(c.dtype(x, DType::f32));
+  FJ_RETURN_IF_ERROR(c.layout(x, TileLayout::mma_acc));
+  FJ_RETURN_IF_ERROR(c.vector(v));
+  FJ_RETURN_IF_ERROR(c.dtype(v, DType::f32));
+  FJ_RETURN_IF_ERROR(c.layout(v, TileLayout::cols));
+  const Type &tx = c.type(x), &tv = c.type(v);
+  if (tv.rows != tx.cols)
+    return c.fail("operand 1 has {} entries, expected {} (the columns of operand 0) {}", tv.rows,
+                  tx.cols, c.what(v));
+  return c.type_is(result(0), tx, "the type of operand 0");
+}
+
+/// An optional 0/1 attr, such as `transposed`.
+Status flag_attr(const OpChecker &c, const Op &op, const std::string &key) {
+  auto it = op.attrs.find(key);
+  if (it == op.attrs.end())
+    return Status::ok();
+  FJ_RETURN_IF_ERROR(c.int_attr(key));
+  const int64_t v = std::get<int64_t>(it->second);
+  if (v != 0 && v != 1)
+    return c.fail("attr `{}` is {}, expected 0 or 1", key, v);
   return Status::ok();
 }
 
@@ -329,6 +370,7 @@ Status check_types(const OpChecker &c, const Op &op) {
     FJ_RETURN_IF_ERROR(c.index(operand(1)));
     FJ_RETURN_IF_ERROR(c.index(operand(2)));
     FJ_RETURN_IF_ERROR(c.int_attr("causal"));
+    FJ_RETURN_IF_ERROR(flag_attr(c, op, "transposed"));
     for (const char *key : {"window_left", "window_right"})
       FJ_RETURN_IF_ERROR(c.value_attr(key, true, false));
     return c.type_is(result(0), c.type(operand(0)), "the type of operand 0");
@@ -358,6 +400,8 @@ Status check_types(const OpChecker &c, const Op &op) {
   case OpKind::MulRow:
   case OpKind::DivRow:
     return check_row_broadcast(c);
+  case OpKind::SubCol:
+    return check_col_broadcast(c);
   case OpKind::Convert: {
     FJ_RETURN_IF_ERROR(c.tile(operand(0)));
     FJ_RETURN_IF_ERROR(c.tile(result(0)));
@@ -549,9 +593,10 @@ private:
         return Status::error("tensor @{} has align = {}, expected 2, 4, 8 or 16 (bytes)", t.name,
                              t.row_align);
     }
-    for (const char *required : {"Q", "K", "V", "O"})
+    // Masks, loops and head dims are defined over Q's and K's rows and V's dim.
+    for (const char *required : {"Q", "K", "V"})
       if (!p_.tensor(required))
-        return Status::error("missing tensor @{} (a kernel needs @Q, @K, @V and @O)", required);
+        return Status::error("missing tensor @{} (a kernel needs @Q, @K and @V)", required);
     if (p_.grid.size() != 3 && p_.grid.size() != 4)
       return Status::error("the grid has {} arguments, expected 3 (q block, head, batch) or 4 "
                            "(and the KV split)",
@@ -688,8 +733,11 @@ private:
     FJ_RETURN_IF_ERROR(c.index(operand(0)));
     for (const char *key : {"block_m", "block_n", "causal"})
       FJ_RETURN_IF_ERROR(c.int_attr(key));
+    FJ_RETURN_IF_ERROR(flag_attr(c, op, "transposed"));
     for (const char *key : {"window_left", "window_right"})
       FJ_RETURN_IF_ERROR(c.value_attr(key, true, false));
+    if (op.attrs.count("splits") && op.int_attr("transposed") != 0)
+      return c.fail("splits a transposed loop (over query blocks); only the KV loop splits");
     if (op.attrs.count("splits")) {
       FJ_RETURN_IF_ERROR(c.value_attr("splits", true, true));
       if (p_.grid.size() != 4)

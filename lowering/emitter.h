@@ -159,8 +159,9 @@ private:
     return fmt::format("{}, {}, {}, {}", seq_const(*p_.tensor("Q")), seq_const(*p_.tensor("K")),
                        window_expr("window_left"), window_expr("window_right"));
   }
-  static std::string dim_const(const ir::TensorParam &t) {
-    return t.name == "Q" || t.name == "K" ? "kDimQK" : "kDimV";
+  // The head dim constant of a tensor: Q's (K, dQ, dK) or V's (O, dO, dV).
+  std::string dim_const(const ir::TensorParam &t) const {
+    return t.dim == p_.tensor("Q")->dim ? "kDimQK" : "kDimV";
   }
 
   Status declare_params();
@@ -178,6 +179,7 @@ private:
   Status emit_ops(const std::vector<Op> &body);
   Status emit_op(const Op &op);
   Status emit_load(const Op &op);
+  Status emit_vector_load(const Op &op);
   std::string register_lds(const Op &op);
   void emit_stage_issue(const Op &op, const std::string &idx);
   void finish_stage(const Op &op, const std::string &buf);
@@ -219,6 +221,9 @@ private:
   std::map<std::string, std::string> lds_role_;    // buffer -> "rows" | "transposed"
   std::map<std::string, std::string> lds_strides_; // buffer -> its stride constant
   std::set<std::string> read_since_barrier_;
+  // Staged buffer -> the block index (its C name) it holds, within one loop
+  // iteration (emit_for clears it: the index names the loop variable).
+  std::map<std::string, std::string> staged_;
   std::map<ValueId, const Op *> def_of_;
   std::vector<std::pair<std::string, std::string>> constants_; // emitted before the kernel
   std::vector<std::string> lds_decls_;                         // emitted at the top of the body

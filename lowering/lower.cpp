@@ -12,8 +12,9 @@
 
 #include "ir/expr.h"
 #include "lowering/resources.h"
-
 #include "templates/templates.h"
+
+#include <functional>
 
 namespace flashjit::lowering::emit {
 
@@ -220,8 +221,18 @@ Expected<Lowered> KernelEmitter::run() {
   }
   // The parameters: the tensors, then the run-time shapes (IR scalars).
   std::vector<KernelParam> params;
+  // Tensors that a store writes; every other one is read only.
+  std::set<std::string> stored;
+  std::function<void(const std::vector<Op> &)> find_stores = [&](const std::vector<Op> &ops) {
+    for (const Op &op : ops) {
+      if (op.kind == OpKind::Store)
+        stored.insert(op.symbol_attr("tensor"));
+      find_stores(op.body);
+    }
+  };
+  find_stores(p_.body);
   for (const ir::TensorParam &t : p_.tensors) {
-    const bool output = t.name == "O" || t.name == "LSE";
+    const bool output = stored.count(t.name) > 0;
     const char *element = t.dtype == DType::f32 ? "float" : "fj_bits";
     params.push_back({t.name, KernelParam::Kind::tensor, ir::ScalarType::i64,
                       fmt::format("{}{} *", output ? "" : "const ", element)});
@@ -533,6 +544,20 @@ Status KernelEmitter::emit_op(const Op &op) {
   }
   case OpKind::Mask: {
     const Type &t = type(op.results[0]);
+    if (op.int_attr("transposed") != 0) {
+      // The backward's S^T: rows are keys of KV block %op1, columns queries of
+      // query block %op2.
+      w_.line("{};", declare(op.results[0]));
+      w_.line("const bool {}_full = fj_block_unmasked_t({}, {}, {});", name(op.results[0]),
+              name(op.operands[1]), name(op.operands[2]), mask_args());
+      const std::string dst = open_elements(t, name(op.results[0]));
+      w_.line("const int query = {} * kBlockN + c * kNTile + {};", name(op.operands[2]),
+              rules_.acc_col("e"));
+      w_.line("{} = ({}_full | fj_visible(query, query_row(qt, {}), {})) ? {}[qt][c][e] : -FJ_INF;",
+              dst, name(op.results[0]), rules_.acc_row("e"), mask_args(), name(op.operands[0]));
+      close_elements(t);
+      return Status::ok();
+    }
     w_.line("{};", declare(op.results[0]));
     w_.line("const bool {}_full = fj_block_unmasked({}, {}, {});", name(op.results[0]),
             name(op.operands[1]), name(op.operands[2]), mask_args());
@@ -602,6 +627,20 @@ Status KernelEmitter::emit_op(const Op &op) {
     return elementwise("{0} * {1}");
   case OpKind::DivRow:
     return elementwise("{1} == 0.0f ? 0.0f : {0} * fj_rcp({1})");
+  case OpKind::SubCol: {
+    // The per-column vector lives in LDS (emit_load): each element reads its column's.
+    auto it = lds_of_.find(op.operands[1]);
+    if (it == lds_of_.end())
+      return unsupported("expects the #cols vector loaded into LDS by `load`");
+    const Type &t = type(op.results[0]);
+    w_.line("{};", declare(op.results[0]));
+    const std::string dst = open_elements(t, name(op.results[0]));
+    w_.line("{} = {}[qt][c][e] - {}[c * kNTile + {}];", dst, name(op.operands[0]), it->second,
+            rules_.acc_col("e"));
+    close_elements(t);
+    read_since_barrier_.insert(it->second);
+    return Status::ok();
+  }
   case OpKind::Convert: {
     const Type &t = type(op.results[0]);
     if (t.dtype == DType::f32 || type(op.operands[0]).dtype != DType::f32)

@@ -84,6 +84,22 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
                                       std::string_view name = {});
 ir::Bindings bind_split_combine(const AttentionSpec &spec, int64_t splits);
 
+/// The backward pass's kernels beside its two tile-IR programs
+/// (ir::build_backward_dq / build_backward_dkdv), written directly
+/// (lowering/backward_kernels.cpp): the preprocess (L and D per query row) and
+/// the reduce (dK and dV summed over each group of query heads, converted).
+Expected<Lowered> lower_backward_preprocess(const AttentionSpec &spec, const Target &target);
+Expected<Lowered> lower_backward_reduce(const AttentionSpec &spec, const Target &target);
+/// The config of the backward's dQ (dkdv false) or dK/dV program on `target`,
+/// from the forward's `config`: 16-row matrix tiles, and the largest loop block
+/// (64, 32 or 16 rows) whose LDS tiles fit the target's workgroup LDS, with the
+/// register operands (Q and dO, or K and V) kept in LDS where they fit beside a
+/// block of 32 or more (fewer registers, more workgroups per compute unit).
+ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::Config config,
+                           bool dkdv);
+/// The scalars of all four backward kernels for `spec`'s shapes.
+ir::Bindings bind_backward_kernels(const AttentionSpec &spec);
+
 /// Whether kernel `k` can run the shapes of `shape` (its row strides within
 /// Lowered::max_row_stride); an error names the stride and the limit.
 Status check_launch(const Lowered &k, const AttentionSpec &shape);

@@ -49,16 +49,21 @@ Status KernelEmitter::emit_for(const Op &op) {
   std::string res;
   for (ValueId r : op.results)
     res += (res.empty() ? "%" : ", %") + name(r);
-  w_.line("// IR: {} = for %{} over the KV blocks visible to %{} (loop-carried: running max, sum, "
-          "output)",
-          res, name(op.region_args[0]), name(op.operands[0]));
+  const bool transposed = op.int_attr("transposed") != 0;
+  if (transposed)
+    w_.line("// IR: {} = for %{} over the query blocks that see a key of %{}", res,
+            name(op.region_args[0]), name(op.operands[0]));
+  else
+    w_.line("// IR: {} = for %{} over the KV blocks visible to %{}", res, name(op.region_args[0]),
+            name(op.operands[0]));
   // Loop-carried tiles live in the region arguments' variables.
   for (size_t i = 1; i < op.region_args.size(); ++i) {
     w_.line("{};", declare(op.region_args[i]));
     emit_copy(op.region_args[i], name(op.region_args[i]), op.operands[i]);
   }
   w_.line("int kv_begin, kv_end;");
-  w_.line("fj_kv_range({}, {}, &kv_begin, &kv_end);", name(op.operands[0]), mask_args());
+  w_.line("{}({}, {}, &kv_begin, &kv_end);", transposed ? "fj_q_range" : "fj_kv_range",
+          name(op.operands[0]), mask_args());
   if (op.attrs.count("splits")) {
     const ir::Attr &splits = op.attrs.at("splits");
     w_.line("// IR: splits = {}: this workgroup visits split %{} of those blocks only",
@@ -81,11 +86,14 @@ Status KernelEmitter::emit_for(const Op &op) {
   const HipWriter saved = w_;
   const int saved_scales = scale_constants_;
   const std::set<std::string> at_entry = read_since_barrier_;
+  staged_.clear();
   FJ_RETURN_IF_ERROR(emit_ops(op.body));
   w_ = saved;
   scale_constants_ = saved_scales;
   read_since_barrier_.insert(at_entry.begin(), at_entry.end());
+  staged_.clear();
   FJ_RETURN_IF_ERROR(emit_ops(op.body));
+  staged_.clear();
   const Op &y = op.body.back();
   w_.line("// IR: yield");
   for (size_t i = 0; i < y.operands.size(); ++i)

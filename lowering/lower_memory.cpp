@@ -11,6 +11,8 @@ Status KernelEmitter::emit_load(const Op &op) {
   const Type &ty = type(op.results[0]);
   const std::string idx = name(op.operands[0]);
   const std::string base = head_base(t);
+  if (ty.is_vector())
+    return emit_vector_load(op);
   if (ty.layout == TileLayout::mma_a && q_in_lds_) {
     // Q staged once into LDS; the products read its fragments from there.
     const std::string buf = register_lds(op);
@@ -71,9 +73,74 @@ Status KernelEmitter::emit_load(const Op &op) {
   }
   if (buf.empty())
     return Status::error("{} rules: a #mma_b tile must feed mma_ab or mma_abt", rules_.name());
+  if (auto it = staged_.find(buf); it != staged_.end() && it->second == idx) {
+    // The buffer already holds this block, staged the same way (the backward
+    // reads Q, K and dO both as B^T and as B): read it again.
+    w_.line("// IR: block {} of @{} is already in {}", idx, t.name, buf);
+    lds_of_[op.results[0]] = buf;
+    return Status::ok();
+  }
   barrier_if_read(buf);
   emit_stage_issue(op, idx);
   finish_stage(op, buf);
+  staged_[buf] = idx;
+  return Status::ok();
+}
+
+// A vector of one f32 per row of a dim = 0 tensor (the backward's L and D). As
+// #rows (one value per row of the workgroup's accumulators) each lane loads its
+// row slots; as #cols (one per column of an accumulator, i.e. per row of the
+// loop's block) the workgroup stages it into LDS, where sub_col reads it.
+Status KernelEmitter::emit_vector_load(const Op &op) {
+  const ir::TensorParam &t = *p_.tensor(op.symbol_attr("tensor"));
+  const Type &ty = type(op.results[0]);
+  const std::string v = name(op.results[0]), idx = name(op.operands[0]);
+  if (ty.layout == TileLayout::rows) {
+    if (ty.rows != block_m_)
+      return Status::error("{} rules: a #rows vector has the workgroup's {} rows, not {}",
+                           rules_.name(), block_m_, ty.rows);
+    w_.line("{};", declare(op.results[0]));
+    w_.line("const float *{}_src = {};", v, block_base(t, head_base(t), idx, "kBlockM"));
+    w_.line("#pragma unroll");
+    w_.open("for (int qt = 0; qt < kQTiles; ++qt) {{");
+    w_.line("#pragma unroll");
+    w_.open("for (int s = 0; s < kRowSlots; ++s) {{");
+    const std::string local = fmt::format("local_row(qt, {})", rules_.slot_row("s"));
+    w_.line("const int row = query_row(qt, {});", rules_.slot_row("s"));
+    w_.line("{}[qt][s] = row < {} ? {}_src[{}] : 0.0f;", v, seq_const(t), v, row_offset(t, local));
+    w_.close();
+    w_.close();
+    return Status::ok();
+  }
+  if (ty.layout != TileLayout::cols)
+    return Status::error("{} rules cannot load a vector into #{}", rules_.name(),
+                         tile_layout_name(ty.layout));
+  std::string lower = t.name;
+  std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
+  const std::string buf = "lds_" + lower + "_cols";
+  if (!lds_role_.count(buf)) {
+    lds_role_[buf] = "cols";
+    const std::string what = fmt::format("// @{}: {} f32, one per column", t.name, ty.rows);
+    if (rules_.dynamic_lds())
+      lds_decls_.push_back(fmt::format("FJ_DYNAMIC_LDS_ARRAY(float, {}, {}, {}); {}", buf, ty.rows,
+                                       lds_bytes_, what));
+    else
+      lds_decls_.push_back(fmt::format("FJ_LDS_ARRAY(float, {}, {}); {}", buf, ty.rows, what));
+    lds_bytes_ += int((ty.rows * 4 + 15) / 16 * 16);
+  }
+  const std::string rows = ty.rows == block_n_ ? "kBlockN" : std::to_string(ty.rows);
+  barrier_if_read(buf);
+  w_.line("// IR: stage block {} of @{} into {}", idx, t.name, buf);
+  w_.open("{{");
+  w_.line("const float *src = {};", block_base(t, head_base(t), "(" + idx + ")", rows));
+  w_.open("for (int i = fj_thread_id(); i < {}; i += kThreads) {{", rows);
+  w_.line("const int row = ({}) * {} + i;", idx, rows);
+  w_.line("{}[i] = row < {} ? src[{}] : 0.0f;", buf, seq_const(t), row_offset(t, "i"));
+  w_.close();
+  w_.close();
+  w_.line("fj_barrier(); // the {} vector is complete before any wave reads it", t.name);
+  read_since_barrier_.clear();
+  lds_of_[op.results[0]] = buf;
   return Status::ok();
 }
 

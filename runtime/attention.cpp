@@ -24,6 +24,7 @@
 #include <functional>
 #include <limits>
 #include <mutex>
+#include <tuple>
 
 #ifndef FLASHJIT_VERSION
 #error "FLASHJIT_VERSION must be defined by the build (runtime/CMakeLists.txt)"
@@ -176,6 +177,21 @@ struct Attention::Impl {
   };
   mutable std::mutex split_mutex;
   std::unique_ptr<SplitKv> split;
+
+  /// The backward pass's four kernels (pipeline::KernelKind's backward_*, in
+  /// launch order), built on the first backward() call.
+  struct Backward {
+    static constexpr int kKernels = 4;
+    Generated generated[kKernels];
+    std::optional<Compiled> code[kKernels];
+    std::unique_ptr<runtime::GpuKernel> kernel[kKernels];
+  };
+  mutable std::mutex backward_mutex;
+  std::unique_ptr<Backward> backward_plan;
+  Expected<const Backward *> backward_kernels(Failure *failure);
+  Status check_backward(const AttentionSpec &shape, const BackwardTensors &t) const;
+  Status run_backward(const Backward &b, const AttentionSpec &shape, const BackwardTensors &t,
+                      void *stream);
   std::string split_failure; // why split-KV could not be built, if it was tried and failed
   std::atomic<int64_t> split_launches{0};
 
@@ -197,6 +213,10 @@ struct Attention::Impl {
                        const AttentionTensors &t, void *stream);
   Status prepare_fallback(const Status &why);
   Status check_arguments(const AttentionSpec &shape, const AttentionTensors &t) const;
+  /// On a GPU: every buffer reachable by the device and as long as the shapes
+  /// need, and the stream the device's (where the driver can tell).
+  Status check_device_buffers(const AttentionSpec &shape, const AttentionTensors &t,
+                              void *stream) const;
   /// One kernel launch: the grid from `shapes` (within CUDA's y/z limits), the
   /// arguments from `shapes` and `pointers`.
   Status launch(const lowering::Lowered &l, runtime::GpuKernel &k, const ir::Bindings &shapes,
@@ -448,6 +468,199 @@ Status Attention::Impl::check_arguments(const AttentionSpec &shape,
   return Status::ok();
 }
 
+Expected<const Attention::Impl::Backward *> Attention::Impl::backward_kernels(Failure *failure) {
+  std::lock_guard<std::mutex> lock(backward_mutex);
+  if (backward_plan)
+    return backward_plan.get();
+  if (executor == Executor::interpreter)
+    return failed(failure, Failure::unsupported,
+                  Status::error("backward: this handle runs the IR interpreter fallback ({}), "
+                                "which has no backward; create it where its kernel generates",
+                                fallback_reason));
+  auto made = std::make_unique<Backward>();
+  using pipeline::KernelKind;
+  const KernelKind kinds[Backward::kKernels] = {KernelKind::backward_preprocess,
+                                                KernelKind::backward_dq, KernelKind::backward_dkdv,
+                                                KernelKind::backward_reduce};
+  for (int i = 0; i < Backward::kKernels; ++i) {
+    auto g = pipeline::generate(spec, device.arch, options, failure, kinds[i]);
+    if (!g)
+      return g.status().with_context("backward");
+    made->generated[i] = g.take();
+    if (options.compiler != "none") {
+      auto c =
+          pipeline::compile(made->generated[i], options, compiler::KernelCache::global(), failure);
+      if (!c)
+        return c.status().with_context("backward");
+      made->code[i] = c.take();
+    }
+    if (executor == Executor::emulator) { // FLASHJIT_OVERRIDE_DIR, as for the attention kernel
+      auto emulated = pipeline::emulated_kernel(made->generated[i]);
+      if (!emulated)
+        return failed(failure, Failure::compile, emulated.status());
+      made->generated[i].lowered = emulated.take();
+    } else {
+      auto k = driver->load_kernel(device.index, made->code[i]->code.bytes,
+                                   made->generated[i].lowered.kernel_name);
+      if (!k)
+        return failed(failure, Failure::runtime, k.status().with_context("backward"));
+      made->kernel[i] = k.take();
+    }
+  }
+  backward_plan = std::move(made);
+  return backward_plan.get();
+}
+
+Status Attention::Impl::check_backward(const AttentionSpec &shape, const BackwardTensors &t) const {
+  const int align = generated->lowered.pointer_alignment;
+  const std::pair<const char *, const void *> args[] = {
+      {"q", t.q},       {"k", t.k},   {"v", t.v},   {"out", t.out}, {"lse", t.lse},
+      {"dout", t.dout}, {"dq", t.dq}, {"dk", t.dk}, {"dv", t.dv}};
+  for (const auto &[name, pointer] : args) {
+    if (pointer == nullptr)
+      return Status::error("backward: {} is null{}", name,
+                           std::string_view(name) == "lse"
+                               ? ": pass the LSE forward wrote (create the forward with lse = "
+                                 "true)"
+                               : "");
+    const int a = std::string_view(name) == "lse" ? 4 : align;
+    if (reinterpret_cast<uintptr_t>(pointer) % uintptr_t(a) != 0)
+      return Status::error("backward: {} ({}) is not aligned to {} bytes, which the kernels of "
+                           "this signature require",
+                           name, pointer, a);
+  }
+  if (driver == nullptr)
+    return Status::ok();
+  FJ_RETURN_IF_ERROR(driver->check_stream(device.index, nullptr).with_context("backward"));
+  const int64_t e = dtype_bytes(shape.dtype);
+  const std::tuple<const char *, const void *, int64_t> buffers[] = {
+      {"q", t.q, shape.q_elements() * e},
+      {"k", t.k, shape.k_elements() * e},
+      {"v", t.v, shape.v_elements() * e},
+      {"out", t.out, shape.o_elements() * e},
+      {"lse", t.lse, shape.batch * shape.heads * shape.seqlen_q * 4},
+      {"dout", t.dout, shape.o_elements() * e},
+      {"dq", t.dq, shape.q_elements() * e},
+      {"dk", t.dk, shape.k_elements() * e},
+      {"dv", t.dv, shape.v_elements() * e}};
+  for (const auto &[name, pointer, bytes] : buffers)
+    FJ_RETURN_IF_ERROR(driver->check_buffer(device.index, pointer, size_t(bytes),
+                                            fmt::format("backward: {}", name)));
+  return Status::ok();
+}
+
+Status Attention::Impl::run_backward(const Backward &b, const AttentionSpec &shape,
+                                     const BackwardTensors &t, void *stream) {
+  const ir::BackwardWorkspace ws = ir::backward_workspace(shape);
+  const ir::Bindings shapes = lowering::bind_backward_kernels(shape);
+  const bool gpu = executor == Executor::gpu;
+  // The workspace: stream-ordered device memory, or host memory poisoned with
+  // NaN on the emulator (every element a kernel reads must have been written).
+  std::vector<float> host;
+  float *base = nullptr;
+  if (gpu) {
+    auto w = driver->allocate_async(device.index, size_t(ws.elements) * 4, stream);
+    if (!w)
+      return w.status().with_context(
+          fmt::format("backward workspace of {} bytes on {}", ws.elements * 4, device.id()));
+    base = static_cast<float *>(*w);
+  } else {
+    host.assign(size_t(ws.elements), std::numeric_limits<float>::quiet_NaN());
+    base = host.data();
+  }
+  float *l = base, *d = base + ws.d_offset, *dk_heads = base + ws.dk_offset,
+        *dv_heads = base + ws.dv_offset;
+  const int e = int(dtype_bytes(shape.dtype));
+  const int64_t rows = shape.batch * shape.heads * shape.seqlen_q;
+  // A kernel argument: its parameter's name, the buffer, its bytes and element size.
+  struct Arg {
+    std::string_view name;
+    const void *pointer;
+    int64_t bytes;
+    int element;
+  };
+  const Arg q{"Q", t.q, shape.q_elements() * e, e}, k{"K", t.k, shape.k_elements() * e, e},
+      v{"V", t.v, shape.v_elements() * e, e}, dout{"dO", t.dout, shape.o_elements() * e, e},
+      l_arg{"L", l, rows * 4, 4}, d_arg{"D", d, rows * 4, 4};
+  const int64_t dk_bytes = (ws.dv_offset - ws.dk_offset) * 4,
+                dv_bytes = (ws.elements - ws.dv_offset) * 4;
+  auto run = [&](int i, std::initializer_list<Arg> args) -> Status {
+    const lowering::Lowered &kernel = b.generated[i].lowered;
+    if (gpu) {
+      std::vector<runtime::NamedPointer> pointers;
+      for (const Arg &a : args)
+        pointers.push_back({a.name, a.pointer});
+      return launch(kernel, *b.kernel[i], shapes, pointers, stream);
+    }
+    // The emulator checks every access against the buffers; the kernel's
+    // parameter types say which it may write.
+    std::vector<runtime::EmulatorBuffer> host_buffers;
+    for (const Arg &a : args) {
+      bool written = false;
+      for (const lowering::KernelParam &kp : kernel.params)
+        written = written || (kp.name == a.name && !kp.c_type.starts_with("const"));
+      host_buffers.push_back(
+          {a.name, const_cast<void *>(a.pointer), size_t(a.bytes), a.element, written});
+    }
+    runtime::EmulatorOptions eo;
+    eo.threads = options.cpu_threads;
+    return runtime::emulate_kernel(kernel, b.generated[i].target, shapes, host_buffers, eo);
+  };
+  Status s = run(
+      0,
+      {dout, {"O", t.out, shape.o_elements() * e, e}, {"LSE", t.lse, rows * 4, 4}, l_arg, d_arg});
+  if (s)
+    s = run(1, {q, k, v, dout, l_arg, d_arg, {"dQ", t.dq, shape.q_elements() * e, e}});
+  if (s)
+    s = run(2, {q,
+                k,
+                v,
+                dout,
+                l_arg,
+                d_arg,
+                {"dK", dk_heads, dk_bytes, 4},
+                {"dV", dv_heads, dv_bytes, 4}});
+  if (s)
+    s = run(3, {{"dK_heads", dk_heads, dk_bytes, 4},
+                {"dV_heads", dv_heads, dv_bytes, 4},
+                {"dK", t.dk, shape.k_elements() * e, e},
+                {"dV", t.dv, shape.v_elements() * e, e}});
+  if (gpu) {
+    // Released in stream order: after the reduce has read it.
+    Status released = driver->release_async(device.index, base, stream);
+    FJ_RETURN_IF_ERROR(s);
+    FJ_RETURN_IF_ERROR(released);
+    if (options.synchronize)
+      FJ_RETURN_IF_ERROR(driver->synchronize(device.index, stream)
+                             .with_context(fmt::format("running the backward on {}", device.id())));
+  }
+  return s;
+}
+
+Status Attention::Impl::check_device_buffers(const AttentionSpec &shape, const AttentionTensors &t,
+                                             void *stream) const {
+  FJ_RETURN_IF_ERROR(driver->check_stream(device.index, stream).with_context("forward"));
+  const int64_t element = dtype_bytes(spec.dtype);
+  std::vector<std::tuple<const char *, const void *, int64_t>> buffers = {
+      {"q", t.q, shape.q_elements() * element},
+      {"k", t.k, shape.k_elements() * element},
+      {"v", t.v, shape.v_elements() * element},
+      {"out", t.out, shape.o_elements() * element}};
+  if (t.lse)
+    buffers.emplace_back("lse", t.lse, shape.lse_elements() * int64_t(sizeof(float)));
+  for (const IndexArray &a : index_arrays(shape, t))
+    buffers.emplace_back(a.name, a.pointer, a.entries * int64_t(sizeof(int32_t)));
+  if (t.alibi_slopes)
+    buffers.emplace_back("alibi_slopes", t.alibi_slopes,
+                         alibi_slopes(shape) * int64_t(sizeof(float)));
+  if (t.sinks)
+    buffers.emplace_back("sinks", t.sinks, shape.heads * int64_t(sizeof(float)));
+  for (const auto &[name, pointer, bytes] : buffers)
+    FJ_RETURN_IF_ERROR(driver->check_buffer(device.index, pointer, size_t(bytes),
+                                            fmt::format("forward: {}", name)));
+  return Status::ok();
+}
+
 Status Attention::Impl::launch(const lowering::Lowered &l, runtime::GpuKernel &k,
                                const ir::Bindings &shapes,
                                std::span<const runtime::NamedPointer> pointers, void *stream) {
@@ -580,6 +793,35 @@ Status Attention::forward(const AttentionSpec &shape, const void *q, const void 
 Status Attention::forward(const AttentionSpec &shape, const AttentionTensors &tensors,
                           void *stream) {
   return detail::AttentionAccess::forward(*this, shape, tensors, stream, nullptr);
+}
+
+Status Attention::backward(const AttentionSpec &shape, const BackwardTensors &tensors,
+                           void *stream) {
+  return detail::AttentionAccess::backward(*this, shape, tensors, stream, nullptr);
+}
+
+Status detail::AttentionAccess::backward(Attention &a, const AttentionSpec &shape,
+                                         const BackwardTensors &t, void *stream, Failure *failure) {
+  Attention::Impl &m = *a.impl_;
+  if (&shape != &m.spec) {
+    if (Status s = shape.validate(); !s)
+      return failed(failure, Failure::spec, s.with_context("backward: invalid shapes"));
+    if (Status s = shape.matches(m.signature); !s)
+      return failed(failure, Failure::argument, s.with_context("backward"));
+  }
+  if (Status s = ir::validate_backward(shape); !s)
+    return failed(failure, Failure::unsupported, s);
+  auto plan = m.backward_kernels(failure);
+  if (!plan)
+    return plan.status();
+  if (Status s = m.check_backward(shape, t); !s)
+    return failed(failure, Failure::argument, s);
+  for (const Generated &g : (*plan)->generated)
+    if (!g.program.body.empty()) // the programs' row strides, as forward checks its own
+      if (Status s = lowering::check_launch(g.lowered, shape); !s)
+        return failed(failure, Failure::argument, s.with_context("backward"));
+  Status s = m.run_backward(**plan, shape, t, stream);
+  return s ? s : failed(failure, Failure::runtime, s);
 }
 
 std::string Attention::explain() const {
@@ -724,6 +966,9 @@ Status detail::AttentionAccess::forward(Attention &a, const AttentionSpec &shape
   }
   if (Status s = m.check_arguments(shape, t); !s)
     return failed(failure, Failure::argument, s);
+  if (m.driver != nullptr) // device memory (also for the interpreter on a GPU device)
+    if (Status s = m.check_device_buffers(shape, t, stream); !s)
+      return failed(failure, Failure::argument, s);
   if (m.device.kind == DeviceKind::emulator && shape.seqs.any()) {
     // Host memory: every index array entry is checked before anything runs.
     HostTensors arrays;

@@ -93,6 +93,17 @@ struct AttentionTensors {
   const float *sinks = nullptr;
 };
 
+/// The buffers of one backward() call, laid out by the shapes' strides like
+/// forward()'s: the forward's inputs q, k, v and outputs out and lse (f32
+/// [batch, heads, seqlen_q], as forward wrote it), dout (the gradient of out,
+/// laid out as out), and the gradients to write: dq as q, dk as k, dv as v.
+struct BackwardTensors {
+  const void *q = nullptr, *k = nullptr, *v = nullptr, *out = nullptr;
+  const float *lse = nullptr;
+  const void *dout = nullptr;
+  void *dq = nullptr, *dk = nullptr, *dv = nullptr;
+};
+
 namespace detail {
 struct AttentionAccess;
 }
@@ -130,6 +141,18 @@ public:
   /// varlen batches, per-batch key counts and paged KV caches.
   Status forward(const AttentionSpec &shape, const AttentionTensors &tensors,
                  void *stream = nullptr);
+
+  /// The gradients of forward()'s out with respect to q, k and v, given dout:
+  /// FlashAttention-2's backward, recomputing the softmax from the LSE. Its
+  /// kernels (a preprocess, dQ, dK/dV, and a sum over each group of query heads)
+  /// are built on the first call, once per signature. Deterministic: no atomics,
+  /// the same bits run to run. Memory as for forward(); on a GPU a
+  /// stream-ordered f32 workspace (ir::backward_workspace: 2 values per query
+  /// row, dK and dV per query head) is taken and released on `stream`. Specs
+  /// with sequences, score modifiers or sinks are refused by name
+  /// (ir::validate_backward).
+  Status backward(const AttentionSpec &shape, const BackwardTensors &tensors,
+                  void *stream = nullptr);
 
   /// What create() did, one fact per line: spec, device, target, rules, config,
   /// kernel geometry, compiler, cache outcome and key, and which executor runs.

@@ -30,6 +30,8 @@ struct AttentionAccess {
                                     const Options &options, Failure *failure);
   static Status forward(Attention &attention, const AttentionSpec &shape,
                         const AttentionTensors &tensors, void *stream, Failure *failure);
+  static Status backward(Attention &attention, const AttentionSpec &shape,
+                         const BackwardTensors &tensors, void *stream, Failure *failure);
   static Expected<std::string> emit_source(const AttentionSpec &spec, std::string_view arch,
                                            const Options &options, Failure *failure);
   static Expected<std::string> compile_report(const AttentionSpec &spec, std::string_view arch,

@@ -495,6 +495,27 @@ fj_error fj_attention_forward_tensors(fj_attention *attention, const fj_spec *sh
   });
 }
 
+fj_error fj_attention_backward(fj_attention *attention, const fj_spec *shape,
+                               const fj_backward_tensors *tensors, void *stream) {
+  return guarded("fj_attention_backward", [&] {
+    if (attention == nullptr)
+      return null_argument("fj_attention_backward", "attention");
+    if (tensors == nullptr)
+      return null_argument("fj_attention_backward", "tensors");
+    flashjit::AttentionSpec s = attention->attention.spec();
+    if (shape != nullptr)
+      if (fj_error e = to_spec(shape, &s); e != FJ_OK)
+        return e;
+    const flashjit::BackwardTensors t{tensors->q,   tensors->k,   tensors->v,
+                                      tensors->out, tensors->lse, tensors->dout,
+                                      tensors->dq,  tensors->dk,  tensors->dv};
+    Failure failure = Failure::none;
+    Status status =
+        flashjit::detail::AttentionAccess::backward(attention->attention, s, t, stream, &failure);
+    return status ? FJ_OK : fail(failure, status);
+  });
+}
+
 const char *fj_attention_explain(const fj_attention *attention) {
   if (attention == nullptr)
     return "";

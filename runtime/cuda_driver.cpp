@@ -1,5 +1,7 @@
 #include "runtime/cuda_driver.h"
 
+#include <fmt/format.h>
+
 #include <climits>
 #include <cstring>
 #include <map>
@@ -156,6 +158,69 @@ public:
     });
   }
 
+  Status check_buffer(int device, const void *pointer, size_t bytes,
+                      std::string_view name) override {
+    unsigned memory_type = 0;
+    int ordinal = -1;
+    CUdeviceptr start = 0;
+    size_t size = 0;
+    CUpointer_attribute attributes[] = {
+        CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+    void *data[] = {&memory_type, &ordinal, &start, &size};
+    // Unlike cuPointerGetAttribute, this succeeds for memory CUDA does not know
+    // (type 0) and for pinned host memory (no range).
+    FJ_RETURN_IF_ERROR(
+        FJ_CUDA_CHECK(api_, cuPointerGetAttributes, 4, attributes, data, address(pointer)));
+    if (memory_type == 0) {
+      auto pageable = pageable_access(device);
+      if (!pageable)
+        return pageable.status();
+      if (*pageable)
+        return Status::ok(); // HMM / ATS: the GPU reads any host memory
+      return Status::error("{} ({}) is host memory that cuda:{} cannot read (not allocated by "
+                           "CUDA): pass device memory (cuMemAlloc, cudaMalloc, a CUDA torch "
+                           "tensor), or run on the emulator, which takes host memory",
+                           name, pointer, device);
+    }
+    if (memory_type != CU_MEMORYTYPE_DEVICE || size == 0)
+      return Status::ok(); // pinned host memory, mapped into the device's address space
+    if (ordinal != device)
+      return Status::error("{} ({}) is memory of cuda:{}, but this call runs on cuda:{}: pass "
+                           "memory of cuda:{}",
+                           name, pointer, ordinal, device, device);
+    const CUdeviceptr at = address(pointer);
+    if (at - start > size || bytes > size - (at - start))
+      return Status::error(
+          "{} ({}) needs {} bytes for the shapes of this call, but its allocation (at 0x{:x}, "
+          "{} bytes) ends {} bytes after it: pass a buffer that holds the whole tensor (check "
+          "its sizes and strides against the spec)",
+          name, pointer, bytes, start, size, size - (at - start));
+    return Status::ok();
+  }
+
+  Status check_stream(int device, void *stream) override {
+    CUstream s = static_cast<CUstream>(stream);
+    if (s == nullptr || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
+      return Status::ok();
+    auto context = primary_context(device);
+    if (!context)
+      return context.status();
+    CUcontext owner = nullptr;
+    if (CUresult e = api_.cuStreamGetCtx(s, &owner); e != CUDA_SUCCESS)
+      return check(api_, "cuStreamGetCtx", e)
+          .with_context(fmt::format("stream {} is not a CUDA stream: pass a CUstream of cuda:{} "
+                                    "(torch.cuda.current_stream().cuda_stream), or NULL for the "
+                                    "default stream",
+                                    stream, device));
+    if (owner != *context)
+      return Status::error("stream {} belongs to another CUDA context than cuda:{}'s primary "
+                           "context, where flashjit loads its kernels: pass a stream created "
+                           "in the primary context (the runtime API's and torch's streams are)",
+                           stream, device);
+    return Status::ok();
+  }
+
   static CUdeviceptr address(const void *pointer) { return reinterpret_cast<CUdeviceptr>(pointer); }
 
   /// Runs `body` with the device's primary context current on this thread, then
@@ -228,8 +293,23 @@ private:
     return context;
   }
 
+  /// Whether the device reads pageable host memory (HMM, ATS), asked once.
+  Expected<bool> pageable_access(int index) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto it = pageable_.find(index); it != pageable_.end())
+      return it->second;
+    CUdevice device = 0;
+    FJ_RETURN_IF_ERROR(FJ_CUDA_CHECK(api_, cuDeviceGet, &device, index));
+    int value = 0;
+    FJ_RETURN_IF_ERROR(FJ_CUDA_CHECK(api_, cuDeviceGetAttribute, &value,
+                                     CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS, device));
+    pageable_.emplace(index, value != 0);
+    return value != 0;
+  }
+
   const Api &api_;
   std::mutex mutex_;
+  std::map<int, bool> pageable_;
   std::map<int, CUcontext> contexts_;
   std::mutex pool_mutex_;
   std::map<int, CUmemoryPool> pools_;

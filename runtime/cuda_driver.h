@@ -58,6 +58,22 @@ constexpr CUdevice_attribute CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16;
 constexpr CUdevice_attribute CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
 constexpr CUdevice_attribute CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
 
+constexpr CUdevice_attribute CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS = 88;
+
+// cuda.h, enum CUpointer_attribute, and what each writes.
+using CUpointer_attribute = int;
+constexpr CUpointer_attribute CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2;       // unsigned (CUmemorytype)
+constexpr CUpointer_attribute CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9;    // int
+constexpr CUpointer_attribute CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11; // CUdeviceptr
+constexpr CUpointer_attribute CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12;       // size_t
+// cuda.h, enum CUmemorytype (0: memory CUDA does not know, e.g. malloc's).
+constexpr unsigned CU_MEMORYTYPE_HOST = 1;
+constexpr unsigned CU_MEMORYTYPE_DEVICE = 2;
+
+// cuda.h, the special stream handles.
+inline CUstream const CU_STREAM_LEGACY = reinterpret_cast<CUstream>(0x1);
+inline CUstream const CU_STREAM_PER_THREAD = reinterpret_cast<CUstream>(0x2);
+
 // cuda.h, enum CUfunction_attribute.
 using CUfunction_attribute = int;
 constexpr CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
@@ -99,6 +115,9 @@ constexpr int kDefaultDynamicSharedBytes = 48 * 1024;
   X(cuMemcpyHtoD, "cuMemcpyHtoD_v2", (CUdeviceptr dst, const void *src, size_t bytes))             \
   X(cuMemcpyDtoH, "cuMemcpyDtoH_v2", (void *dst, CUdeviceptr src, size_t bytes))                   \
   X(cuStreamSynchronize, "cuStreamSynchronize", (CUstream stream))                                 \
+  X(cuStreamGetCtx, "cuStreamGetCtx", (CUstream stream, CUcontext * context))                      \
+  X(cuPointerGetAttributes, "cuPointerGetAttributes",                                              \
+    (unsigned count, CUpointer_attribute *attributes, void **data, CUdeviceptr pointer))           \
   X(cuGetErrorName, "cuGetErrorName", (CUresult error, const char **name))                         \
   X(cuGetErrorString, "cuGetErrorString", (CUresult error, const char **text))
 

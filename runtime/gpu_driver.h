@@ -12,6 +12,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 
 namespace flashjit::runtime {
 
@@ -59,6 +60,18 @@ public:
   virtual Status copy_to_host(int device, void *dst, const void *src, size_t bytes) = 0;
   /// Waits for everything queued on `stream` (nullptr: the default stream).
   virtual Status synchronize(int device, void *stream) = 0;
+
+  /// Checks, where the driver can say, that a kernel on `device` may read or
+  /// write `bytes` bytes from `pointer`: memory the GPU can reach (not plain
+  /// host memory), with its allocation at least that long. `name` (e.g.
+  /// "forward: q") starts the message. A driver that cannot tell says ok.
+  virtual Status check_buffer(int device, const void *pointer, size_t bytes,
+                              std::string_view name) {
+    return Status::ok();
+  }
+  /// Checks, where the driver can say, that `stream` is a stream of `device`
+  /// (nullptr, the default stream, always is).
+  virtual Status check_stream(int device, void *stream) { return Status::ok(); }
 };
 
 /// The process-wide driver of a GPU kind (hip or cuda), loaded on first use.

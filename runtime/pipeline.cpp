@@ -50,19 +50,33 @@ Expected<Generated> generate(const AttentionSpec &spec, std::string_view arch,
       options.config.value_or(lowering::default_config(spec, g.target, *choice, options.mma_m));
   if (Status s = ir::validate(g.config); !s)
     return failed(failure, Failure::argument, s);
-  if (kind == KernelKind::split_combine) {
-    // Named like the attention kernels: what it computes, then a hash of its text.
-    auto lowered = lowering::lower_split_combine(spec, g.target);
+  const bool backward = kind == KernelKind::backward_preprocess ||
+                        kind == KernelKind::backward_dq || kind == KernelKind::backward_dkdv ||
+                        kind == KernelKind::backward_reduce;
+  if (backward)
+    if (Status s = ir::validate_backward(spec); !s)
+      return failed(failure, Failure::unsupported, s);
+  if (kind == KernelKind::split_combine || kind == KernelKind::backward_preprocess ||
+      kind == KernelKind::backward_reduce) {
+    // Kernels without tile IR. Named like the attention kernels: what it
+    // computes, then a hash of its text.
+    auto lowered = kind == KernelKind::split_combine ? lowering::lower_split_combine(spec, g.target)
+                   : kind == KernelKind::backward_preprocess
+                       ? lowering::lower_backward_preprocess(spec, g.target)
+                       : lowering::lower_backward_reduce(spec, g.target);
     if (!lowered)
       return failed(failure, Failure::unsupported, lowered.status());
     const std::string variant =
         compiler::sha256_hex(fmt::format("{}\n{}", lowered->kernel_text, g.target.target_id()));
-    lowered = lowering::lower_split_combine(spec, g.target,
-                                            lowered->kernel_name + "_" + variant.substr(0, 8));
-    if (!lowered)
-      return failed(failure, Failure::unsupported, lowered.status());
     g.lowered = lowered.take();
-    g.ir_text = "combine kernel (no tile IR)\n" + g.lowered.kernel_text;
+    const std::string name = g.lowered.kernel_name + "_" + variant.substr(0, 8);
+    // The name is in the text (the kernel's symbol): rename it there too.
+    for (std::string *text : {&g.lowered.kernel_text, &g.lowered.source})
+      for (size_t at = text->find(g.lowered.kernel_name); at != std::string::npos;
+           at = text->find(g.lowered.kernel_name, at + name.size()))
+        text->replace(at, g.lowered.kernel_name.size(), name);
+    g.lowered.kernel_name = name;
+    g.ir_text = fmt::format("{} kernel (no tile IR)\n{}", g.lowered.rules, g.lowered.kernel_text);
     g.program.name = g.lowered.kernel_name;
     return g;
   }
@@ -72,10 +86,16 @@ Expected<Generated> generate(const AttentionSpec &spec, std::string_view arch,
     g.config.block_m = g.config.mma_m ? g.config.mma_m : 16;
     g.config.waves = 1;
   }
-  if (Status s = lowering::check_fits(spec, g.config, g.target, *choice); !s)
-    return failed(failure, Failure::unsupported, s);
-  auto program = kind == KernelKind::split_partial ? ir::build_split_kv(spec, g.config)
-                                                   : ir::build_attention(spec, g.config);
+  if (backward && !options.config)
+    g.config =
+        lowering::backward_config(spec, g.target, g.config, kind == KernelKind::backward_dkdv);
+  if (!backward)
+    if (Status s = lowering::check_fits(spec, g.config, g.target, *choice); !s)
+      return failed(failure, Failure::unsupported, s);
+  auto program = kind == KernelKind::split_partial   ? ir::build_split_kv(spec, g.config)
+                 : kind == KernelKind::backward_dq   ? ir::build_backward_dq(spec, g.config)
+                 : kind == KernelKind::backward_dkdv ? ir::build_backward_dkdv(spec, g.config)
+                                                     : ir::build_attention(spec, g.config);
   if (!program)
     return failed(failure, Failure::unsupported, program.status());
   g.program = program.take();

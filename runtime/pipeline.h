@@ -44,6 +44,11 @@ enum class KernelKind {
   attention,     // ir::build_attention
   split_partial, // ir::build_split_kv: each split's partial result, f32, to a workspace
   split_combine, // lowering::lower_split_combine: merges the splits by LSE
+  // The backward pass (Attention::backward), in launch order:
+  backward_preprocess, // lowering::lower_backward_preprocess: L and D per query row
+  backward_dq,         // ir::build_backward_dq
+  backward_dkdv,       // ir::build_backward_dkdv: f32 per query head
+  backward_reduce,     // lowering::lower_backward_reduce: sums each group, converts
 };
 
 /// Validates the spec and options, chooses the config (Options::config, else the

@@ -37,6 +37,26 @@ FJ_DEVICE void fj_kv_range(int qb, int seqlen_q, int seqlen_k, int window_left, 
   *end = hi < lo ? 0 : hi / kBlockN + 1;
 }
 
+// The transposed range of the backward's dK/dV loop: the query blocks (kBlockN
+// queries) holding a query that sees a key of KV block kb (kBlockM keys).
+// Mirrors ir::q_block_range().
+FJ_DEVICE void fj_q_range(int kb, int seqlen_q, int seqlen_k, int window_left, int window_right,
+                          int *begin, int *end) {
+  const int first = kb * kBlockM;
+  const int last = (first + kBlockM < seqlen_k ? first + kBlockM : seqlen_k) - 1;
+  const int off = seqlen_k - seqlen_q;
+  int lo = 0, hi = seqlen_q - 1;
+  if (kCausal && first - off > lo)
+    lo = first - off;
+  if (window_right >= 0 && first - off - window_right > lo)
+    lo = first - off - window_right;
+  if (window_left >= 0 && last - off + window_left < hi)
+    hi = last - off + window_left;
+  const bool empty = last < first || hi < lo;
+  *begin = empty ? 0 : lo / kBlockN;
+  *end = empty ? 0 : hi / kBlockN + 1;
+}
+
 // Split `split` of `splits` of the block range [*begin, *end): runs of
 // ceil(n / splits) blocks, the last ones possibly empty. Mirrors ir::split_range().
 FJ_DEVICE void fj_split_range(int split, int splits, int *begin, int *end) {
@@ -52,6 +72,24 @@ FJ_DEVICE bool fj_block_unmasked(int qb, int kb, int seqlen_q, int seqlen_k, int
                                  int window_right) {
   const int i0 = qb * kBlockM, i1 = i0 + kBlockM - 1;
   const int j0 = kb * kBlockN, j1 = j0 + kBlockN - 1;
+  const int off = seqlen_k - seqlen_q;
+  if (i1 >= seqlen_q || j1 >= seqlen_k)
+    return false;
+  if (kCausal && j1 > i0 + off)
+    return false;
+  if (window_left >= 0 && j0 < i1 + off - window_left)
+    return false;
+  if (window_right >= 0 && j1 > i0 + off + window_right)
+    return false;
+  return true;
+}
+
+// fj_block_unmasked for the transposed tiles of the backward's dK/dV loop: KV
+// block kb of kBlockM keys (the rows) against query block qb of kBlockN queries.
+FJ_DEVICE bool fj_block_unmasked_t(int kb, int qb, int seqlen_q, int seqlen_k, int window_left,
+                                   int window_right) {
+  const int i0 = qb * kBlockN, i1 = i0 + kBlockN - 1;
+  const int j0 = kb * kBlockM, j1 = j0 + kBlockM - 1;
   const int off = seqlen_k - seqlen_q;
   if (i1 >= seqlen_q || j1 >= seqlen_k)
     return false;

@@ -19,6 +19,7 @@
 #include "ir/reference.h"
 #include "lowering/lower.h"
 #include "lowering/target.h"
+#include "runtime/attention_detail.h"
 #include "runtime/cuda_driver.h"
 #include "runtime/device.h"
 #include "runtime/emulator.h"
@@ -884,8 +885,9 @@ void gpu_matches_reference(runtime::GpuDriver &cuda, const AttentionSpec &spec, 
   Status s = attn->forward(spec, a);
   ASSERT_TRUE(s) << s.message();
   ASSERT_TRUE(cuda.copy_to_host(0, o.data(), a.out, o.size() * 2));
-  if (!t.lse.empty())
+  if (!t.lse.empty()) {
     ASSERT_TRUE(cuda.copy_to_host(0, t.lse.data(), a.lse, t.lse.size() * 4));
+  }
   for (size_t i = 0; i < o.size(); ++i)
     t.o[i] = from_bits(spec.dtype, o[i]);
   const Tolerance tol = tolerance_for(spec.dtype);
@@ -953,6 +955,127 @@ TEST(AttentionCuda, ScoreModifiersMatchTheReference) {
     HostTensors t = make_random_inputs(spec, 3);
     gpu_matches_reference(*cuda, spec, t);
   }
+}
+
+// Issue 18, finding 16: what the CUDA driver can tell about a call's buffers and
+// stream is checked before anything is queued, and the context stays usable.
+struct CudaCall {
+  runtime::GpuDriver &cuda;
+  AttentionSpec spec = make_spec(1, 2, 2, 64, 64, 64, 64, DType::bf16);
+  HostTensors t = make_random_inputs(spec, 5);
+  std::vector<void *> device;
+  AttentionTensors a;
+
+  explicit CudaCall(runtime::GpuDriver &c) : cuda(c) {
+    for (auto [from, to] : {std::pair{&t.q, &a.q}, std::pair{&t.k, &a.k}, std::pair{&t.v, &a.v}}) {
+      std::vector<uint16_t> bits(from->size());
+      for (size_t i = 0; i < bits.size(); ++i)
+        bits[i] = uint16_t(to_bits(spec.dtype, (*from)[i]));
+      *to = upload(bits.data(), bits.size() * 2);
+    }
+    std::vector<uint16_t> poison(t.o.size(), 0x7fff);
+    a.out = upload(poison.data(), poison.size() * 2);
+  }
+  ~CudaCall() {
+    for (void *p : device)
+      EXPECT_TRUE(cuda.release(0, p));
+  }
+  void *upload(const void *data, size_t bytes) {
+    auto p = cuda.allocate(0, bytes);
+    EXPECT_TRUE(p) << p.status().message();
+    if (!p)
+      return nullptr;
+    device.push_back(*p);
+    EXPECT_TRUE(cuda.copy_to_device(0, *p, data, bytes));
+    return *p;
+  }
+  /// The output of a correct call on the same handle matches the reference.
+  void still_correct(Attention &attn) {
+    Status s = attn.forward(spec, a);
+    ASSERT_TRUE(s) << s.message();
+    std::vector<uint16_t> o(t.o.size());
+    ASSERT_TRUE(cuda.copy_to_host(0, o.data(), a.out, o.size() * 2));
+    for (size_t i = 0; i < o.size(); ++i)
+      t.o[i] = from_bits(spec.dtype, o[i]);
+    const Tolerance tol = tolerance_for(spec.dtype);
+    const ErrorStats e = compare(spec, t, reference_attention(spec, t));
+    EXPECT_TRUE(e.within(tol.abs, tol.rel)) << describe(e);
+  }
+};
+
+TEST(AttentionCuda, Issue18Finding16HostPointersAreRefused) {
+  std::string why;
+  runtime::GpuDriver *cuda = cuda_or_skip_reason(why);
+  if (!cuda)
+    GTEST_SKIP() << why;
+  CudaCall call(*cuda);
+  auto attn = Attention::create(call.spec, "cuda:0", Options{});
+  ASSERT_TRUE(attn) << attn.status().message();
+  std::vector<uint16_t> host_k(call.t.k.size(), 0x3f80);
+  AttentionTensors bad = call.a;
+  bad.k = host_k.data();
+  detail::Failure failure = detail::Failure::none;
+  Status s = detail::AttentionAccess::forward(*attn, call.spec, bad, nullptr, &failure);
+  ASSERT_FALSE(s);
+  EXPECT_EQ(failure, detail::Failure::argument); // FJ_ERROR_INVALID_ARGUMENT in C
+  EXPECT_HAS(s.message(), "forward: k (");
+  EXPECT_HAS(s.message(), "is host memory that cuda:0 cannot read");
+  call.still_correct(*attn);
+}
+
+TEST(AttentionCuda, Issue18Finding16BuffersShorterThanTheShapesAreRefused) {
+  std::string why;
+  runtime::GpuDriver *cuda = cuda_or_skip_reason(why);
+  if (!cuda)
+    GTEST_SKIP() << why;
+  CudaCall call(*cuda);
+  auto attn = Attention::create(call.spec, "cuda:0", Options{});
+  ASSERT_TRUE(attn) << attn.status().message();
+  const size_t q_bytes = call.t.q.size() * 2;
+  // A buffer of half the size, and the right size entered 32 bytes late.
+  std::vector<uint16_t> half(call.t.q.size() / 2, 0x3f80);
+  AttentionTensors bad = call.a;
+  bad.q = call.upload(half.data(), half.size() * 2);
+  Status s = attn->forward(call.spec, bad);
+  ASSERT_FALSE(s);
+  EXPECT_HAS(s.message(), fmt::format("forward: q ({}) needs {} bytes", bad.q, q_bytes));
+  EXPECT_HAS(s.message(), "pass a buffer that holds the whole tensor");
+  bad = call.a;
+  bad.out = static_cast<char *>(call.a.out) + 32;
+  s = attn->forward(call.spec, bad);
+  ASSERT_FALSE(s);
+  EXPECT_HAS(s.message(), "forward: out (");
+  EXPECT_HAS(s.message(), fmt::format("ends {} bytes after it", q_bytes - 32));
+  // A longer shape than the buffers were made for.
+  AttentionSpec longer = call.spec;
+  longer.seqlen_q = longer.seqlen_k = 65;
+  longer.set_layout(Layout::bshd);
+  s = attn->forward(longer, call.a);
+  ASSERT_FALSE(s);
+  EXPECT_HAS(s.message(), "forward: q (");
+  call.still_correct(*attn);
+}
+
+TEST(AttentionCuda, Issue18Finding16StreamsThatAreNotStreamsAreRefused) {
+  std::string why;
+  runtime::GpuDriver *cuda = cuda_or_skip_reason(why);
+  if (!cuda)
+    GTEST_SKIP() << why;
+  CudaCall call(*cuda);
+  auto attn = Attention::create(call.spec, "cuda:0", Options{});
+  ASSERT_TRUE(attn) << attn.status().message();
+  // Host memory that holds no stream: the driver answers with an error.
+  std::vector<uint64_t> not_a_stream(64, 0);
+  Status s = attn->forward(call.spec, call.a, not_a_stream.data());
+  ASSERT_FALSE(s);
+  EXPECT_HAS(s.message(), "is not a CUDA stream: pass a CUstream of cuda:0");
+  // The special handles are streams.
+  for (uintptr_t special : {uintptr_t(1), uintptr_t(2)}) {
+    s = attn->forward(call.spec, call.a, reinterpret_cast<void *>(special));
+    EXPECT_TRUE(s) << s.message();
+  }
+  ASSERT_TRUE(cuda->synchronize(0, nullptr));
+  call.still_correct(*attn);
 }
 
 } // namespace

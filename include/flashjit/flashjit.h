@@ -234,6 +234,25 @@ typedef struct fj_tensors {
 FJ_API fj_error fj_attention_forward_tensors(fj_attention *attention, const fj_spec *shape,
                                              const fj_tensors *tensors, void *stream);
 
+/* The buffers of one backward call, laid out by the shape's strides: the
+ * forward's inputs and outputs (lse: f32 [batch, heads, seqlen_q], as the
+ * forward wrote it with spec.lse = 1), dout (the gradient of out, laid out as
+ * out) and the gradients to write: dq as q, dk as k, dv as v. */
+typedef struct fj_backward_tensors {
+  const void *q, *k, *v, *out;
+  const float *lse;
+  const void *dout;
+  void *dq, *dk, *dv;
+} fj_backward_tensors;
+
+/* The gradients of out = attention(q, k, v) with respect to q, k and v given
+ * dout (FlashAttention-2's backward, deterministic: the same bits run to run).
+ * `shape` as for fj_attention_forward_tensors (NULL: the handle's spec). Its
+ * kernels are built on the first call. Specs with sequences, score modifiers
+ * or sinks return FJ_ERROR_UNSUPPORTED naming the feature. */
+FJ_API fj_error fj_attention_backward(fj_attention *attention, const fj_spec *shape,
+                                      const fj_backward_tensors *tensors, void *stream);
+
 /* What create did: spec, signature, device, target, rules, config, compiler,
  * cache outcome, launches so far, executor. Owned by the handle, valid until
  * the next call of this function on it. */

@@ -8,11 +8,14 @@ Tensors follow FlashAttention's conventions: [batch, seqlen, heads, head_dim] (B
 causal masks aligned bottom-right when seqlen_q != seqlen_k, GQA/MQA from the head
 counts. flashjit.emit() returns the generated HIP source, flashjit.compile() the
 resource report of its code object. flash_attn_varlen_func and flash_attn_with_kvcache
-are FlashAttention's varlen and KV-cache calls (packed batches, paged caches).
+are FlashAttention's varlen and KV-cache calls (packed batches, paged caches);
+flash_attn_backward is the backward pass, which flash_attn_func also runs through
+torch's autograd when an input requires grad.
 """
 
 from .api import FlashJitError, compile, emit, flash_attn_func, version
+from .backward import flash_attn_backward
 from .sequences import flash_attn_varlen_func, flash_attn_with_kvcache
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "emit",
-           "compile", "version", "FlashJitError"]
+__all__ = ["flash_attn_func", "flash_attn_backward", "flash_attn_varlen_func",
+           "flash_attn_with_kvcache", "emit", "compile", "version", "FlashJitError"]

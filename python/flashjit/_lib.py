@@ -56,6 +56,15 @@ class Tensors(ctypes.Structure):
     ]
 
 
+class BackwardTensors(ctypes.Structure):
+    """fj_backward_tensors: the buffers of fj_attention_backward."""
+    _fields_ = [
+        ("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
+        ("out", ctypes.c_void_p), ("lse", ctypes.c_void_p), ("dout", ctypes.c_void_p),
+        ("dq", ctypes.c_void_p), ("dk", ctypes.c_void_p), ("dv", ctypes.c_void_p),
+    ]
+
+
 class Options(ctypes.Structure):
     _fields_ = [
         ("compiler", ctypes.c_char_p), ("rules", ctypes.c_char_p),
@@ -116,6 +125,8 @@ lib.fj_attention_forward_shape.argtypes = [ctypes.c_void_p, _p(Spec)] + [ctypes.
     _p(ctypes.c_float), ctypes.c_void_p]
 lib.fj_attention_forward_tensors.argtypes = [ctypes.c_void_p, _p(Spec), _p(Tensors),
                                              ctypes.c_void_p]
+lib.fj_attention_backward.argtypes = [ctypes.c_void_p, _p(Spec), _p(BackwardTensors),
+                                      ctypes.c_void_p]
 lib.fj_spec_signature.argtypes = [_p(Spec), ctypes.c_char_p, ctypes.c_size_t]
 lib.fj_attention_explain.argtypes = [ctypes.c_void_p]
 lib.fj_attention_explain.restype = ctypes.c_char_p

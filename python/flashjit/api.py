@@ -83,19 +83,20 @@ def _scale(softmax_scale):
     return scale
 
 
-def _refuse_grad(tensors, grad_enabled):
-    """Issue 15, step 1: until flashjit has a backward, its output is detached from
-    autograd, so a gradient through attention would be lost without a word. Refuses
-    when an input requires grad and grad mode is on. `tensors`: (name, tensor) pairs;
-    `grad_enabled`: torch.is_grad_enabled (asked only when an input requires grad)."""
+def _refuse_grad(tensors, grad_enabled, what="varlen and KV-cache calls"):
+    """For calls the backward pass does not take yet (issue 15): their output would be
+    detached from autograd, so a gradient through attention would be lost without a
+    word. Refuses when an input requires grad and grad mode is on. `tensors`: (name,
+    tensor) pairs; `grad_enabled`: torch.is_grad_enabled (asked only when an input
+    requires grad)."""
     needing = [name for name, x in tensors if getattr(x, "requires_grad", False)]
     if needing and grad_enabled():
         raise NotImplementedError(
             f"flashjit: {', '.join(needing)} require{'s' if len(needing) == 1 else ''} grad and "
-            "grad mode is on, but flashjit has no backward pass yet (issue 15): no gradient "
-            "would flow through attention. For inference, call it under torch.no_grad() or "
-            "torch.inference_mode(); to run it on purpose without gradients, pass "
-            f"{', '.join(n + '.detach()' for n in needing)}")
+            f"grad mode is on, but flashjit's backward pass does not take {what} yet (issue "
+            "15): no gradient would flow through attention. For inference, call it under "
+            "torch.no_grad() or torch.inference_mode(); to run it on purpose without "
+            f"gradients, pass {', '.join(n + '.detach()' for n in needing)}")
 
 
 # ---- inputs ---------------------------------------------------------------------------
@@ -348,9 +349,12 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     bottom-right aligned when seqlen_q != seqlen_k; window_size = (left, right), -1
     unbounded. softcap > 0 caps the scaled scores (cap * tanh(score / cap));
     alibi_slopes, float32 [heads] or [batch, heads], adds FlashAttention's ALiBi bias.
-    Not built yet, each raising NotImplementedError: dropout_p != 0 (issue 15) and
-    inputs that require grad while torch's grad mode is on (no backward yet, issue
-    15). The forward is deterministic, so `deterministic` changes nothing.
+    Torch inputs that require grad (with grad mode on) get gradients through
+    flashjit's backward (flash_attn_backward; deterministic, so `deterministic`
+    changes nothing); the backward does not take softcap, alibi_slopes, score_mod,
+    mask_mod or sinks yet, and such a call raises NotImplementedError naming the
+    feature rather than dropping the gradient. dropout_p != 0 raises
+    NotImplementedError (issue 15).
 
     Returns out; with return_attn_probs, FlashAttention's (out, softmax_lse, S_dmask):
     softmax_lse [batch, heads, seqlen_q] float32 (natural log), +inf where a query
@@ -377,6 +381,31 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         raise ValueError("flashjit: return_attn_probs and return_lse both ask for the LSE: pass "
                          "one (return_attn_probs gives FlashAttention's (out, softmax_lse, None))")
     want_lse = bool(return_attn_probs or return_lse)
+    args = (softmax_scale, causal, window_size, softcap, alibi_slopes, arch, config, num_splits,
+            score_mod, mask_mod, sinks)
+    if _kind(q) == "torch":
+        import torch
+        if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in (q, k, v)):
+            from .backward import attention_with_grad
+            out, lse = attention_with_grad(q, k, v, *args)
+        else:
+            out, lse = _attention_forward(q, k, v, want_lse, *args)
+    else:
+        out, lse = _attention_forward(q, k, v, want_lse, *args)
+    if return_attn_probs:
+        # FlashAttention writes +inf as the LSE of a query that sees no key.
+        if _kind(lse) == "torch":
+            lse = lse.masked_fill(lse == float("-inf"), float("inf"))
+        else:
+            lse[lse == float("-inf")] = float("inf")
+        return out, lse, None
+    return (out, lse) if return_lse else out
+
+
+def _attention_forward(q, k, v, want_lse, softmax_scale, causal, window_size, softcap,
+                       alibi_slopes, arch, config, num_splits, score_mod, mask_mod, sinks):
+    """The forward call of flash_attn_func: (out, lse or None), lse -inf where a query
+    sees no key."""
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or \
             not 0 <= num_splits <= 128:
         raise ValueError(f"flashjit: num_splits must be an int in 0..128 (0: chosen per call, 1: "
@@ -387,37 +416,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     if len(kinds) != 1:
         raise TypeError(f"flashjit: q, k and v must be of one kind, got {sorted(kinds)}")
     kind = kinds.pop()
-    if kind == "torch":
-        import torch
-        _refuse_grad((("q", q), ("k", k), ("v", v)), torch.is_grad_enabled)
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if len(x.shape) != 4:
-            raise ValueError(f"flashjit: {name} must be 4-D [batch, seqlen, heads, head_dim], got "
-                             f"shape {tuple(x.shape)}")
-    b, sq, hq, d = q.shape
-    bk, sk, hkv, dk = k.shape
-    bv, skv, hv, dv = v.shape
-    if not (b == bk == bv):
-        raise ValueError(f"flashjit: batch sizes differ: q {b}, k {bk}, v {bv}")
-    if sk != skv or hkv != hv:
-        raise ValueError(f"flashjit: k {tuple(k.shape)} and v {tuple(v.shape)} must share seqlen "
-                         "and heads")
-    if d != dk:
-        raise ValueError(f"flashjit: q and k head dims differ ({d} vs {dk})")
-    if hkv == 0 or hq % hkv:
-        raise ValueError(f"flashjit: q heads ({hq}) must be a multiple of k/v heads ({hkv})")
-    dtypes = {_dtype_name(x, kind) for x in (q, k, v)}
-    if None in dtypes or len(dtypes) != 1:
-        allowed = {"torch": "torch.bfloat16 or torch.float16", "cupy": "float16",
-                   "numpy": "float16 or float32 (as bf16)"}[kind]
-        raise TypeError(f"flashjit: q, k and v must all be {allowed}; got "
-                        f"{[str(x.dtype) for x in (q, k, v)]}")
-    dtype = dtypes.pop()
+    b, sq, sk, hq, hkv, d, dv, dtype = _check_qkv(q, k, v, kind)
     device, stream = _device(q, kind, arch)
-    if kind != "numpy":
-        devs = {str(x.device) for x in (q, k, v)}
-        if len(devs) != 1:
-            raise ValueError(f"flashjit: q, k and v are on different devices: {sorted(devs)}")
 
     if kind == "numpy":
         import numpy as np
@@ -433,6 +433,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         lse = np.full((b, hq, sq), np.nan, dtype=np.float32) if want_lse else None
         ins = (q16, k16, v16)
     elif kind == "torch":
+        import torch
         out16 = torch.empty((b, sq, hq, dv), dtype=q.dtype, device=q.device)
         lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device) if want_lse else None
         ins = (q, k, v)
@@ -455,14 +456,39 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     out = out16
     if kind == "numpy" and dtype == "bf16":
         out = (out16.astype("uint32") << 16).view("float32")
-    if return_attn_probs:
-        # FlashAttention writes +inf as the LSE of a query that sees no key.
-        if kind == "torch":
-            lse.masked_fill_(lse == float("-inf"), float("inf"))
-        else:
-            lse[lse == float("-inf")] = float("inf")
-        return out, lse, None
-    return (out, lse) if return_lse else out
+    return out, lse
+
+
+def _check_qkv(q, k, v, kind):
+    """(batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim, head_dim_v, dtype name) of
+    FlashAttention's BSHD q, k, v, or an error naming what does not fit."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if len(x.shape) != 4:
+            raise ValueError(f"flashjit: {name} must be 4-D [batch, seqlen, heads, head_dim], got "
+                             f"shape {tuple(x.shape)}")
+    b, sq, hq, d = q.shape
+    bk, sk, hkv, dk = k.shape
+    bv, skv, hv, dv = v.shape
+    if not (b == bk == bv):
+        raise ValueError(f"flashjit: batch sizes differ: q {b}, k {bk}, v {bv}")
+    if sk != skv or hkv != hv:
+        raise ValueError(f"flashjit: k {tuple(k.shape)} and v {tuple(v.shape)} must share seqlen "
+                         "and heads")
+    if d != dk:
+        raise ValueError(f"flashjit: q and k head dims differ ({d} vs {dk})")
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"flashjit: q heads ({hq}) must be a multiple of k/v heads ({hkv})")
+    dtypes = {_dtype_name(x, kind) for x in (q, k, v)}
+    if None in dtypes or len(dtypes) != 1:
+        allowed = {"torch": "torch.bfloat16 or torch.float16", "cupy": "float16",
+                   "numpy": "float16 or float32 (as bf16)"}[kind]
+        raise TypeError(f"flashjit: q, k and v must all be {allowed}; got "
+                        f"{[str(x.dtype) for x in (q, k, v)]}")
+    if kind != "numpy":
+        devs = {str(x.device) for x in (q, k, v)}
+        if len(devs) != 1:
+            raise ValueError(f"flashjit: q, k and v are on different devices: {sorted(devs)}")
+    return b, sq, sk, hq, hkv, d, dv, dtypes.pop()
 
 
 def _spec_from_args(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, head_dim_v, dtype,

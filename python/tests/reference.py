@@ -53,3 +53,43 @@ def attention(q, k, v, causal=False, window_size=(-1, -1), softmax_scale=None, s
 def bf16_round(a):
     u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
     return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+
+
+def attention_grads(q, k, v, dout, causal=False, window_size=(-1, -1), softmax_scale=None):
+    """float64 (dq, dk, dv) of attention(q, k, v, ...)'s output against dout, by the
+    analytic formulas (dense masks only): P = softmax(S), dV = P^T dO, dP = dO V^T,
+    dS = P (dP - rowsum(dO o O)), dQ = scale dS K, dK = scale dS^T Q; a kv head's
+    gradient sums its group of query heads."""
+    q, k, v, dout = (np.asarray(x, dtype=np.float64) for x in (q, k, v, dout))
+    b, sq, hq, d = q.shape
+    _, sk, hkv, dv = v.shape
+    g = hq // hkv
+    scale = 1 / math.sqrt(d) if softmax_scale is None else softmax_scale
+    kr, vr = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
+    s = np.einsum("bqhd,bkhd->bhqk", q, kr) * scale
+    i = np.arange(sq)[:, None]
+    j = np.arange(sk)[None, :]
+    diag = i + sk - sq
+    visible = np.ones((sq, sk), dtype=bool)
+    if causal:
+        visible &= j <= diag
+    if window_size[0] >= 0:
+        visible &= j >= diag - window_size[0]
+    if window_size[1] >= 0:
+        visible &= j <= diag + window_size[1]
+    s = np.where(visible, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    m = np.where(np.isinf(m), 0.0, m)
+    p = np.exp(s - m)
+    l = p.sum(axis=-1, keepdims=True)
+    p = np.where(l > 0, p / np.where(l > 0, l, 1), 0.0)  # rows that see no key: P = 0
+    do = dout.transpose(0, 2, 1, 3)  # b h q d
+    o = np.einsum("bhqk,bkhd->bhqd", p, vr)
+    dvr = np.einsum("bhqk,bhqd->bkhd", p, do)
+    dp = np.einsum("bhqd,bkhd->bhqk", do, vr)
+    ds = p * (dp - (do * o).sum(axis=-1, keepdims=True))
+    dq = np.einsum("bhqk,bkhd->bqhd", ds, kr) * scale
+    dkr = np.einsum("bhqk,bqhd->bkhd", ds, q) * scale
+    dk = dkr.reshape(b, sk, hkv, g, d).sum(axis=3)
+    dvv = dvr.reshape(b, sk, hkv, g, dv).sum(axis=3)
+    return dq, dk, dvv

@@ -118,8 +118,9 @@ def test_issue15_grad_check_passes_without_grad_mode_or_without_requires_grad():
 
 
 def test_issue15_flash_attn_func_asks_torchs_grad_mode(monkeypatch):
-    """flash_attn_func runs the check on torch inputs, with torch.is_grad_enabled: here
-    through a stand-in torch module, so that it runs without torch installed."""
+    """flash_attn_func asks torch.is_grad_enabled for torch inputs that require grad, and
+    refuses what the backward does not take (here softcap) instead of detaching: through
+    a stand-in torch module, so that it runs without torch installed."""
     grad_mode = [True]
     fake_torch = types.ModuleType("torch")
     fake_torch.is_grad_enabled = lambda: grad_mode[0]
@@ -129,11 +130,11 @@ def test_issue15_flash_attn_func_asks_torchs_grad_mode(monkeypatch):
         shape = (8, 2, 16)  # 3-D: refused right after the grad check
     Tensor.__module__ = "torch"
     q, k = Tensor(False), Tensor(True)
-    with pytest.raises(NotImplementedError, match=r"k requires grad .*k\.detach\(\)"):
-        flashjit.flash_attn_func(q, k, q)
+    with pytest.raises(NotImplementedError, match=r"does not take softcap.*\.detach\(\)"):
+        flashjit.flash_attn_func(q, k, q, softcap=5.0)
     grad_mode[0] = False  # torch.no_grad(): past the check, to the next one
     with pytest.raises(ValueError, match="4-D"):
-        flashjit.flash_attn_func(q, k, q)
+        flashjit.flash_attn_func(q, k, q, softcap=5.0)
 
 
 # ---- issue 18, finding 12: integers range-checked, NUL refused ---------------------------

@@ -1,0 +1,320 @@
+// The FlashAttention-2 backward pass as two tile-IR programs, deterministic by
+// construction (no atomics): every gradient element is written by one workgroup.
+//
+// Before them a preprocess kernel (lowering::lower_backward_preprocess) writes,
+// per query row, D = rowsum(dO * O) and L = LSE * log2(e) (+inf for a row that
+// sees no key, so that its P below is 0).
+//
+// dQ, a workgroup per query block (rows are queries, as in the forward):
+//   q, do = load Q, dO [q_block];  l, d = load L, D [q_block]  (#rows vectors)
+//   for kb in kv blocks visible to q_block:
+//     p  = exp2(mask(scale(q * k^T, scale*log2 e)) - l)       (the forward's P)
+//     ds = p * (do * v^T - d)
+//     dq += ds * k
+//   dQ = dq * scale
+//
+// dK and dV, a workgroup per (KV block, query head), rows are keys and columns
+// queries (the transposed problem, so that dK and dV accumulate in registers):
+//   k, v = load K, V [kv_block]
+//   for qb in query blocks that see a key of kv_block:
+//     pt  = exp2(mask(scale(k * q^T, scale*log2 e)) - l)      (l, d: #cols vectors)
+//     dst = pt * (v * do^T - d)
+//     dv += pt * do;  dk += dst * q
+//   dK, dV = dk * scale, dv       (f32, per query head: a reduce kernel sums the
+//                                  heads of each KV head's group and converts)
+#include "ir/build.h"
+
+#include <numbers>
+
+namespace flashjit::ir {
+
+namespace {
+
+struct Builder {
+  Program &p;
+  std::vector<Op> *body = nullptr; // inside a loop, else the program's body
+  ValueId emit(OpKind k, std::vector<ValueId> operands, Type result, Attrs attrs = {}) {
+    ValueId r = p.add_value(result);
+    ops().push_back(Op{k, {r}, std::move(operands), std::move(attrs), {}, {}});
+    return r;
+  }
+  void emit_void(OpKind k, std::vector<ValueId> operands, Attrs attrs = {}) {
+    ops().push_back(Op{k, {}, std::move(operands), std::move(attrs), {}, {}});
+  }
+  std::vector<Op> &ops() { return body ? *body : p.body; }
+};
+
+enum class Kernel { dq, dkdv };
+
+/// The tensors and scalars both backward programs share, in one order.
+struct Params {
+  Extent batches, heads, kv_heads, group, seqlen_q, seqlen_k;
+};
+
+Params declare(Program &p, const AttentionSpec &spec, Kernel kernel) {
+  auto scalar = [&](std::string name, ScalarType t) {
+    p.scalars.push_back({name, t});
+    return Extent::of(std::move(name));
+  };
+  Params s;
+  s.batches = scalar("batches", ScalarType::i32);
+  s.heads = scalar("heads", ScalarType::i32);
+  s.kv_heads = scalar("kv_heads", ScalarType::i32);
+  s.group = scalar("group", ScalarType::i32);
+  s.seqlen_q = scalar("seqlen_q", ScalarType::i32);
+  s.seqlen_k = scalar("seqlen_k", ScalarType::i32);
+  if (spec.signature().local) {
+    scalar("window_left", ScalarType::i32);
+    scalar("window_right", ScalarType::i32);
+  }
+  scalar("scale_log2", ScalarType::f32);
+  scalar("scale", ScalarType::f32);
+  const KernelSignature sig = spec.signature();
+  // name, prefix, dtype, kv heads?, rows, dim, unit dim, row alignment
+  struct T {
+    const char *name, *prefix;
+    DType dtype;
+    bool kv;
+    bool keys;
+    int64_t dim;
+    bool unit;
+    int64_t align;
+  };
+  std::vector<T> tensors = {
+      {"Q", "q", spec.dtype, false, false, spec.head_dim_qk, sig.unit_dim[0], sig.row_align},
+      {"K", "k", spec.dtype, true, true, spec.head_dim_qk, sig.unit_dim[1], sig.row_align},
+      {"V", "v", spec.dtype, true, true, spec.head_dim_v, sig.unit_dim[2], sig.row_align},
+      {"dO", "do", spec.dtype, false, false, spec.head_dim_v, sig.unit_dim[3], sig.row_align},
+      {"L", "l", DType::f32, false, false, 0, true, 4},
+      {"D", "d", DType::f32, false, false, 0, true, 4}};
+  if (kernel == Kernel::dq) {
+    tensors.push_back(
+        {"dQ", "dq", spec.dtype, false, false, spec.head_dim_qk, sig.unit_dim[0], sig.row_align});
+  } else { // f32 per query head, dense: [batch, heads, seqlen_k, dim]
+    tensors.push_back({"dK", "dk", DType::f32, false, true, spec.head_dim_qk, true, 4});
+    tensors.push_back({"dV", "dv", DType::f32, false, true, spec.head_dim_v, true, 4});
+  }
+  for (const T &t : tensors) {
+    TensorParam tp;
+    tp.name = t.name;
+    tp.dtype = t.dtype;
+    tp.batch = s.batches;
+    tp.heads = t.kv ? s.kv_heads : s.heads;
+    tp.seq = t.keys ? s.seqlen_k : s.seqlen_q;
+    tp.dim = t.dim;
+    tp.stride_batch = scalar(fmt::format("{}_batch_stride", t.prefix), ScalarType::i64);
+    tp.stride_head = scalar(fmt::format("{}_head_stride", t.prefix), ScalarType::i64);
+    if (t.dim == 0) { // a vector: one value per row
+      tp.stride_seq = Extent::constant(1);
+      tp.stride_dim = Extent::constant(0);
+    } else {
+      tp.stride_seq = scalar(fmt::format("{}_seq_stride", t.prefix), ScalarType::i32);
+      tp.stride_dim = t.unit ? Extent::constant(1)
+                             : scalar(fmt::format("{}_dim_stride", t.prefix), ScalarType::i32);
+    }
+    tp.row_align = t.align;
+    p.tensors.push_back(std::move(tp));
+  }
+  p.group = s.group;
+  return s;
+}
+
+Expected<Program> build(const AttentionSpec &spec, const Config &config, Kernel kernel) {
+  FJ_RETURN_IF_ERROR(validate_backward(spec));
+  FJ_RETURN_IF_ERROR(validate(config));
+  const KernelSignature sig = spec.signature();
+  const DType dt = spec.dtype;
+  const int64_t bm = config.block_m, bn = config.block_n;
+  const int64_t dqk = padded(spec.head_dim_qk, config.pad_k);
+  const int64_t dv = padded(spec.head_dim_v, config.pad_k);
+
+  Program p;
+  p.name = fmt::format("fa_bwd_{}_{}_d{}_{}{}{}", kernel == Kernel::dq ? "dq" : "dkdv",
+                       dtype_name(dt), spec.head_dim_qk, spec.head_dim_v,
+                       sig.causal ? "_causal" : "", sig.local ? "_local" : "");
+  const Params s = declare(p, spec, kernel);
+  p.config = {{"block_m", bm},
+              {"block_n", bn},
+              {"waves", config.waves},
+              {"stages", config.stages},
+              {"q_in_lds", int64_t(config.q_in_lds)},
+              {"pad_k", config.pad_k}};
+  if (config.mma_m)
+    p.config["mma_m"] = config.mma_m;
+  const bool dq = kernel == Kernel::dq;
+  // Axis 0: the block of this workgroup's rows (queries for dQ, keys for dK/dV).
+  const ValueId row_block = p.add_value(Type::index(), dq ? "q_block" : "kv_block");
+  p.grid = {GridAxis{row_block, dq ? s.seqlen_q : s.seqlen_k, bm},
+            GridAxis{p.add_value(Type::index(), "head"), s.heads, 1},
+            GridAxis{p.add_value(Type::index(), "batch"), s.batches, 1}};
+
+  Attrs mask_attrs = {{"causal", int64_t(sig.causal)}};
+  if (sig.local) {
+    mask_attrs["window_left"] = ParamRef{"window_left"};
+    mask_attrs["window_right"] = ParamRef{"window_right"};
+  }
+  if (!dq)
+    mask_attrs["transposed"] = int64_t{1};
+  const Type s_type = Type::tile(bm, bn, DType::f32, TileLayout::mma_acc);
+  const Type vec = Type::vec(dq ? bm : bn, DType::f32, dq ? TileLayout::rows : TileLayout::cols);
+  auto load = [&](Builder &b, const char *tensor, ValueId idx, Type t) {
+    return b.emit(OpKind::Load, {idx}, t, {{"tensor", Symbol{tensor}}});
+  };
+  auto a_tile = [&](int64_t rows, int64_t cols) {
+    return Type::tile(rows, cols, dt, TileLayout::mma_a);
+  };
+  auto b_tile = [&](int64_t rows, int64_t cols) {
+    return Type::tile(rows, cols, dt, TileLayout::mma_b);
+  };
+  auto acc = [&](int64_t cols) { return Type::tile(bm, cols, DType::f32, TileLayout::mma_acc); };
+
+  Builder b{p};
+  // The row block's operands, loaded once.
+  const ValueId a0 = load(b, dq ? "Q" : "K", row_block, a_tile(bm, dqk));
+  const ValueId a1 = load(b, dq ? "dO" : "V", row_block, a_tile(bm, dv));
+  ValueId l_rows = -1, d_rows = -1;
+  if (dq) {
+    l_rows = load(b, "L", row_block, vec);
+    d_rows = load(b, "D", row_block, vec);
+  }
+  std::vector<Type> carried_types =
+      dq ? std::vector<Type>{acc(dqk)} : std::vector<Type>{acc(dqk), acc(dv)};
+  std::vector<ValueId> inits;
+  for (const Type &t : carried_types)
+    inits.push_back(b.emit(OpKind::Fill, {}, t, {{"value", 0.0}}));
+
+  Op loop{OpKind::For, {}, {row_block}, mask_attrs, {}, {}};
+  loop.attrs["block_m"] = bm;
+  loop.attrs["block_n"] = bn;
+  loop.operands.insert(loop.operands.end(), inits.begin(), inits.end());
+  const ValueId col_block = p.add_value(Type::index(), dq ? "kb" : "qb");
+  loop.region_args = {col_block};
+  for (size_t i = 0; i < carried_types.size(); ++i) {
+    loop.region_args.push_back(p.add_value(carried_types[i], i == 0 ? "grad_i" : "dv_i"));
+    loop.results.push_back(p.add_value(carried_types[i], i == 0 ? "grad" : "dv"));
+  }
+  b.body = &loop.body;
+  {
+    // S (or S^T): the forward's scores in the log2 domain, masked.
+    const ValueId x0 = load(b, dq ? "K" : "Q", col_block, b_tile(bn, dqk));
+    const ValueId zero = b.emit(OpKind::Fill, {}, s_type, {{"value", 0.0}});
+    const ValueId qk = b.emit(OpKind::MmaABt, {a0, x0, zero}, s_type);
+    const ValueId sc = b.emit(OpKind::Scale, {qk}, s_type, {{"factor", ParamRef{"scale_log2"}}});
+    const ValueId sm = b.emit(OpKind::Mask, {sc, row_block, col_block}, s_type, mask_attrs);
+    const ValueId l = dq ? l_rows : load(b, "L", col_block, vec);
+    const OpKind sub = dq ? OpKind::SubRow : OpKind::SubCol;
+    const ValueId pr = b.emit(OpKind::Exp2, {b.emit(sub, {sm, l}, s_type)}, s_type);
+    // dP (or dP^T) = dO V^T (V dO^T), then dS = P (dP - D).
+    const ValueId x1 = load(b, dq ? "V" : "dO", col_block, b_tile(bn, dv));
+    const ValueId zero2 = b.emit(OpKind::Fill, {}, s_type, {{"value", 0.0}});
+    const ValueId dp = b.emit(OpKind::MmaABt, {a1, x1, zero2}, s_type);
+    const ValueId d = dq ? d_rows : load(b, "D", col_block, vec);
+    const ValueId ds = b.emit(OpKind::Mul, {pr, b.emit(sub, {dp, d}, s_type)}, s_type);
+    auto operand = [&](ValueId x) { // an f32 accumulator as a 16-bit A operand
+      const ValueId lo = b.emit(OpKind::Convert, {x}, Type::tile(bm, bn, dt, TileLayout::mma_acc));
+      return b.emit(OpKind::ConvertLayout, {lo}, a_tile(bm, bn));
+    };
+    if (dq) {
+      const ValueId kt = load(b, "K", col_block, b_tile(bn, dqk));
+      const ValueId g = b.emit(OpKind::MmaAB, {operand(ds), kt, loop.region_args[1]}, acc(dqk));
+      b.emit_void(OpKind::Yield, {g});
+    } else {
+      const ValueId dot = load(b, "dO", col_block, b_tile(bn, dv));
+      const ValueId gv = b.emit(OpKind::MmaAB, {operand(pr), dot, loop.region_args[2]}, acc(dv));
+      const ValueId qt = load(b, "Q", col_block, b_tile(bn, dqk));
+      const ValueId gk = b.emit(OpKind::MmaAB, {operand(ds), qt, loop.region_args[1]}, acc(dqk));
+      b.emit_void(OpKind::Yield, {gk, gv});
+    }
+  }
+  b.body = nullptr;
+  const std::vector<ValueId> results = loop.results;
+  p.body.push_back(std::move(loop));
+
+  // dQ and dK take the softmax scale of S = scale * Q K^T; dV does not.
+  const ValueId grad =
+      b.emit(OpKind::Scale, {results[0]}, carried_types[0], {{"factor", ParamRef{"scale"}}});
+  if (dq) {
+    const ValueId lo =
+        b.emit(OpKind::Convert, {grad}, Type::tile(bm, dqk, dt, TileLayout::mma_acc));
+    b.emit_void(OpKind::Store, {lo, row_block}, {{"tensor", Symbol{"dQ"}}});
+  } else {
+    b.emit_void(OpKind::Store, {grad, row_block}, {{"tensor", Symbol{"dK"}}});
+    b.emit_void(OpKind::Store, {results[1], row_block}, {{"tensor", Symbol{"dV"}}});
+  }
+  return p;
+}
+
+} // namespace
+
+Status validate_backward(const AttentionSpec &spec) {
+  FJ_RETURN_IF_ERROR(spec.validate());
+  auto refuse = [](std::string_view what) {
+    return Status::error("the backward pass does not take {} yet: compute this gradient another "
+                         "way (e.g. PyTorch's SDPA), or drop the feature",
+                         what);
+  };
+  if (spec.seqs.any())
+    return refuse("sequences (varlen, seqused_k, paged KV caches)");
+  if (spec.has_score_modifier())
+    return refuse("score modifiers (softcap, ALiBi, score_mod, mask_mod)");
+  if (spec.sinks)
+    return refuse("attention sinks");
+  return Status::ok();
+}
+
+Expected<Program> build_backward_dq(const AttentionSpec &spec, const Config &config) {
+  return build(spec, config, Kernel::dq);
+}
+
+Expected<Program> build_backward_dkdv(const AttentionSpec &spec, const Config &config) {
+  return build(spec, config, Kernel::dkdv);
+}
+
+Bindings bind_backward(const AttentionSpec &spec) {
+  Bindings b;
+  b.set_int("batches", spec.batch);
+  b.set_int("heads", spec.heads);
+  b.set_int("kv_heads", spec.kv_heads);
+  b.set_int("group", spec.group());
+  b.set_int("seqlen_q", spec.seqlen_q);
+  b.set_int("seqlen_k", spec.seqlen_k);
+  const int64_t widest = spec.seqlen_q + spec.seqlen_k; // as bind_attention clamps
+  b.set_int("window_left", std::min(spec.window.left, widest));
+  b.set_int("window_right", std::min(spec.window.right, widest));
+  b.set_real("scale_log2", spec.softmax_scale() * std::numbers::log2e);
+  b.set_real("scale", spec.softmax_scale());
+  auto strides = [&](const char *prefix, const Strides &s) {
+    b.set_int(fmt::format("{}_batch_stride", prefix), s.batch);
+    b.set_int(fmt::format("{}_head_stride", prefix), s.head);
+    b.set_int(fmt::format("{}_seq_stride", prefix), s.seq);
+    b.set_int(fmt::format("{}_dim_stride", prefix), s.dim);
+  };
+  strides("q", spec.q);
+  strides("k", spec.k);
+  strides("v", spec.v);
+  strides("do", spec.o);               // dO is laid out as O
+  strides("dq", spec.q);               // dQ as Q
+  for (const char *vec : {"l", "d"}) { // dense [batch, heads, seqlen_q]
+    b.set_int(fmt::format("{}_batch_stride", vec), spec.heads * spec.seqlen_q);
+    b.set_int(fmt::format("{}_head_stride", vec), spec.seqlen_q);
+  }
+  const BackwardWorkspace ws = backward_workspace(spec);
+  strides("dk", ws.dk);
+  strides("dv", ws.dv);
+  return b;
+}
+
+BackwardWorkspace backward_workspace(const AttentionSpec &spec) {
+  BackwardWorkspace w;
+  const int64_t rows = spec.batch * spec.heads * spec.seqlen_q;
+  w.d_offset = rows;
+  w.dk_offset = 2 * rows;
+  const int64_t dqk = spec.head_dim_qk, dv = spec.head_dim_v, sk = spec.seqlen_k;
+  w.dk = {spec.heads * sk * dqk, sk * dqk, dqk, 1};
+  w.dv = {spec.heads * sk * dv, sk * dv, dv, 1};
+  w.dv_offset = w.dk_offset + spec.batch * spec.heads * sk * dqk;
+  w.elements = w.dv_offset + spec.batch * spec.heads * sk * dv;
+  return w;
+}
+
+} // namespace flashjit::ir

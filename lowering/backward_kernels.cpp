@@ -1,0 +1,259 @@
+// The backward pass's two kernels around its tile-IR programs (ir/build_backward.cpp):
+//
+//   preprocess  per query row: D = rowsum(dO * O) and L = LSE * log2(e), +inf
+//               for a row that sees no key (LSE = -inf), so that P = 2^(S - L) is 0;
+//   reduce      per key row and KV head: dK = sum over the group's query heads of
+//               the dK/dV program's f32 results, converted to the dtype (likewise dV).
+//
+// Neither has a matrix product or a tile: a loop per row, written here directly
+// like the split-KV combine (docs/decisions.md). Both sum in a fixed order, so
+// results are the same run to run, and the preprocess sums exactly as
+// ir::backward_preprocess does.
+#include "lowering/lower.h"
+
+#include "ir/build.h"
+#include "lowering/emitter.h"
+#include "lowering/hip_writer.h"
+#include "templates/templates.h"
+
+#include <numbers>
+
+namespace flashjit::lowering {
+
+namespace {
+
+constexpr int kThreads = 128;
+// reduce: a workgroup sums kRows key rows, each over kColThreads work-items.
+constexpr int kColThreads = 32, kRows = kThreads / kColThreads;
+
+void open_kernel(HipWriter &w, const Lowered &out) {
+  w.line("FJ_GLOBAL FJ_WORKGROUP_SIZE({})", out.block_threads);
+  w.line("void {}(", out.kernel_name);
+  w.indent(2);
+  for (size_t i = 0; i < out.params.size(); ++i) {
+    const KernelParam &p = out.params[i];
+    w.line("{}{}{}{}", p.c_type, p.kind == KernelParam::Kind::tensor ? "__restrict__ " : " ",
+           p.name, i + 1 < out.params.size() ? "," : ") {");
+  }
+  w.indent(-2);
+  w.indent(1);
+}
+
+/// The source around the kernel text: the target's prelude, as for the combine.
+void finish(Lowered &out, const Target &target, HipWriter &kernel, std::string_view what) {
+  out.kernel_text = kernel.str();
+  HipWriter full;
+  full.line("// flashjit kernel {} for {}: {}", out.kernel_name, target.target_id(), what);
+  full.line("// (no tile IR: a loop per row; see docs/decisions.md).");
+  full.blank();
+  full.raw(target.is_nvidia() ? templates::cuda_prelude : templates::amdgcn_prelude);
+  full.blank();
+  full.raw(out.kernel_text);
+  out.source = full.str();
+  out.pointer_alignment = 4;
+  out.max_row_stride = INT32_MAX;
+}
+
+void add_scalars(Lowered &out,
+                 std::initializer_list<std::pair<const char *, ir::ScalarType>> scalars) {
+  for (const auto &[name, type] : scalars)
+    out.params.push_back({name, KernelParam::Kind::scalar, type, emit::c_scalar_type(type)});
+}
+
+void element_type(HipWriter &w, DType t) {
+  w.line("// ---- the element type ({}) ----", dtype_name(t));
+  w.line("FJ_DEVICE float fj_to_f32(fj_bits x) {{ return fj_{}_to_f32(x); }}", dtype_name(t));
+  w.line("FJ_DEVICE fj_bits fj_from_f32(float x) {{ return fj_f32_to_{}(x); }}", dtype_name(t));
+  w.blank();
+}
+
+} // namespace
+
+ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::Config config,
+                           bool dkdv) {
+  config.mma_m = 16; // CDNA's 32x32 MFMAs would need 32-key blocks and dims padded to 32
+  config.stages = 1;
+  const int64_t bm = config.block_m;
+  const int64_t dqk = ir::padded(spec.head_dim_qk, config.pad_k);
+  const int64_t dv = ir::padded(spec.head_dim_v, config.pad_k);
+  // The staged tiles as the emitter lays them out: the loop's two B operands
+  // row-major, and transposed again where the rules read B transposed (AMD);
+  // the dK/dV loop's two per-query vectors.
+  const bool transposed = !target.is_nvidia();
+  auto lds = [&](int64_t bn, bool operands_in_lds) {
+    using emit::staged_tile_bytes;
+    int64_t bytes =
+        operands_in_lds ? staged_tile_bytes(bm, dqk, false) + staged_tile_bytes(bm, dv, false) : 0;
+    if (dkdv) {
+      bytes += staged_tile_bytes(bn, dqk, false) + staged_tile_bytes(bn, dv, false);
+      if (transposed)
+        bytes += staged_tile_bytes(bn, dqk, true) + staged_tile_bytes(bn, dv, true);
+      bytes += 2 * ((bn * 4 + 15) / 16 * 16);
+    } else {
+      bytes += staged_tile_bytes(bn, dqk, false) + staged_tile_bytes(bn, dv, false);
+      if (transposed)
+        bytes += staged_tile_bytes(bn, dqk, true);
+    }
+    return bytes;
+  };
+  for (bool operands_in_lds : {true, false})
+    for (int64_t bn : {64, 32, 16}) {
+      if (operands_in_lds && bn < 32)
+        continue;
+      if (lds(bn, operands_in_lds) <= target.lds_bytes) {
+        config.block_n = bn;
+        config.q_in_lds = operands_in_lds;
+        return config;
+      }
+    }
+  config.block_n = 16; // the lowering says what does not fit
+  config.q_in_lds = false;
+  return config;
+}
+
+ir::Bindings bind_backward_kernels(const AttentionSpec &spec) {
+  ir::Bindings b = ir::bind_backward(spec);
+  b.set_int("rows", spec.batch * spec.heads * spec.seqlen_q);
+  b.set_int("rows_k", spec.batch * spec.kv_heads * spec.seqlen_k);
+  for (const auto &[prefix, s] :
+       {std::pair{"o", &spec.o}, std::pair{"k", &spec.k}, std::pair{"v", &spec.v}}) {
+    b.set_int(fmt::format("{}_batch_stride", prefix), s->batch);
+    b.set_int(fmt::format("{}_head_stride", prefix), s->head);
+    b.set_int(fmt::format("{}_seq_stride", prefix), s->seq);
+    b.set_int(fmt::format("{}_dim_stride", prefix), s->dim);
+  }
+  // The forward's LSE: [batch, heads, seqlen_q].
+  b.set_int("lse_batch_stride", spec.heads * spec.seqlen_q);
+  b.set_int("lse_head_stride", spec.seqlen_q);
+  return b;
+}
+
+Expected<Lowered> lower_backward_preprocess(const AttentionSpec &spec, const Target &target) {
+  FJ_RETURN_IF_ERROR(ir::validate_backward(spec));
+  const KernelSignature sig = spec.signature();
+  Lowered out;
+  out.kernel_name = fmt::format("fa_bwd_pre_{}_d{}{}", dtype_name(sig.dtype), sig.head_dim_v,
+                                sig.unit_dim[3] ? "" : "_strided");
+  out.params = {
+      {"dO", KernelParam::Kind::tensor, ir::ScalarType::i64, "const fj_bits *"},
+      {"O", KernelParam::Kind::tensor, ir::ScalarType::i64, "const fj_bits *"},
+      {"LSE", KernelParam::Kind::tensor, ir::ScalarType::i64, "const float *"},
+      {"L", KernelParam::Kind::tensor, ir::ScalarType::i64, "float *"},
+      {"D", KernelParam::Kind::tensor, ir::ScalarType::i64, "float *"},
+  };
+  add_scalars(out, {{"rows", ir::ScalarType::i64},
+                    {"heads", ir::ScalarType::i32},
+                    {"seqlen_q", ir::ScalarType::i32},
+                    {"o_batch_stride", ir::ScalarType::i64},
+                    {"o_head_stride", ir::ScalarType::i64},
+                    {"o_seq_stride", ir::ScalarType::i32},
+                    {"o_dim_stride", ir::ScalarType::i32},
+                    {"do_batch_stride", ir::ScalarType::i64},
+                    {"do_head_stride", ir::ScalarType::i64},
+                    {"do_seq_stride", ir::ScalarType::i32},
+                    {"do_dim_stride", ir::ScalarType::i32},
+                    {"lse_batch_stride", ir::ScalarType::i64},
+                    {"lse_head_stride", ir::ScalarType::i64}});
+  out.grid = {ir::GridAxis{-1, ir::Extent::of("rows"), kThreads}};
+  out.block_threads = kThreads;
+
+  HipWriter w;
+  element_type(w, sig.dtype);
+  w.line("constexpr int kDimV = {}; // head_dim_v", sig.head_dim_v);
+  w.blank();
+  w.line("// Row r = (batch * heads + head) * seqlen_q + query of L and D (dense), one per");
+  w.line("// work-item: D[r] = sum_d dO[r][d] * O[r][d] in order, L[r] = LSE[r] * log2(e).");
+  open_kernel(w, out);
+  w.line("const long row = long(fj_group_id_x()) * {} + fj_thread_id();", kThreads);
+  w.line("if (row >= rows)");
+  w.line("  return;");
+  w.line("const int query = int(row % seqlen_q);");
+  w.line("const int head = int(row / seqlen_q % heads);");
+  w.line("const long batch = row / seqlen_q / heads;");
+  w.line("const fj_bits *o = O + batch * o_batch_stride + head * o_head_stride + long(query) * "
+         "o_seq_stride;");
+  w.line("const fj_bits *d_o = dO + batch * do_batch_stride + head * do_head_stride + "
+         "long(query) * do_seq_stride;");
+  w.line("float dot = 0.0f;");
+  w.line("for (int d = 0; d < kDimV; ++d)");
+  w.line("  dot += fj_to_f32(fj_global_load1(d_o + long(d) * do_dim_stride)) *");
+  w.line("         fj_to_f32(fj_global_load1(o + long(d) * o_dim_stride));");
+  w.line("const float lse = fj_global_load_f32(LSE + batch * lse_batch_stride + head * "
+         "lse_head_stride + query);");
+  w.line("fj_global_store_f32(L + row, lse == -FJ_INF ? FJ_INF : lse * {});",
+         emit::float_literal(std::numbers::log2e));
+  w.line("fj_global_store_f32(D + row, dot);");
+  w.close();
+  finish(out, target, w, "the backward's preprocess (D = rowsum(dO * O), L = LSE * log2 e)");
+  out.rules = "backward-preprocess";
+  return out;
+}
+
+Expected<Lowered> lower_backward_reduce(const AttentionSpec &spec, const Target &target) {
+  FJ_RETURN_IF_ERROR(ir::validate_backward(spec));
+  const KernelSignature sig = spec.signature();
+  Lowered out;
+  out.kernel_name =
+      fmt::format("fa_bwd_reduce_{}_d{}_{}{}", dtype_name(sig.dtype), sig.head_dim_qk,
+                  sig.head_dim_v, sig.unit_dim[1] && sig.unit_dim[2] ? "" : "_strided");
+  out.params = {
+      {"dK_heads", KernelParam::Kind::tensor, ir::ScalarType::i64, "const float *"},
+      {"dV_heads", KernelParam::Kind::tensor, ir::ScalarType::i64, "const float *"},
+      {"dK", KernelParam::Kind::tensor, ir::ScalarType::i64, "fj_bits *"},
+      {"dV", KernelParam::Kind::tensor, ir::ScalarType::i64, "fj_bits *"},
+  };
+  add_scalars(out, {{"rows_k", ir::ScalarType::i64},
+                    {"kv_heads", ir::ScalarType::i32},
+                    {"group", ir::ScalarType::i32},
+                    {"seqlen_k", ir::ScalarType::i32},
+                    {"k_batch_stride", ir::ScalarType::i64},
+                    {"k_head_stride", ir::ScalarType::i64},
+                    {"k_seq_stride", ir::ScalarType::i32},
+                    {"k_dim_stride", ir::ScalarType::i32},
+                    {"v_batch_stride", ir::ScalarType::i64},
+                    {"v_head_stride", ir::ScalarType::i64},
+                    {"v_seq_stride", ir::ScalarType::i32},
+                    {"v_dim_stride", ir::ScalarType::i32}});
+  out.grid = {ir::GridAxis{-1, ir::Extent::of("rows_k"), kRows}};
+  out.block_threads = kThreads;
+
+  HipWriter w;
+  element_type(w, sig.dtype);
+  w.line("constexpr int kDimQK = {}; // head_dim_qk", sig.head_dim_qk);
+  w.line("constexpr int kDimV = {}; // head_dim_v", sig.head_dim_v);
+  w.line("constexpr int kColThreads = {}; // work-items per key row", kColThreads);
+  w.line("constexpr int kRows = {}; // key rows per workgroup", kRows);
+  w.blank();
+  w.line("// Key row r = (batch * kv_heads + kv_head) * seqlen_k + key: dK and dV of that");
+  w.line("// row are the sums, over the group's query heads in order, of the f32 rows of");
+  w.line("// dK_heads / dV_heads (dense [batch, kv_heads * group, seqlen_k, dim]).");
+  open_kernel(w, out);
+  w.line("const long row = long(fj_group_id_x()) * kRows + fj_thread_id() / kColThreads;");
+  w.line("const int col0 = fj_thread_id() % kColThreads;");
+  w.line("if (row >= rows_k)");
+  w.line("  return;");
+  w.line("const int key = int(row % seqlen_k);");
+  w.line("const int kv_head = int(row / seqlen_k % kv_heads);");
+  w.line("const long batch = row / seqlen_k / kv_heads;");
+  w.line("// Row (batch, kv_head * group + g, key) of the per-head results.");
+  w.line("const long first = (batch * kv_heads * group + long(kv_head) * group) * seqlen_k + key;");
+  for (const auto &[t, dim, prefix] :
+       {std::tuple{"K", "kDimQK", "k"}, std::tuple{"V", "kDimV", "v"}}) {
+    w.line("fj_bits *d{0}_row = d{0} + batch * {1}_batch_stride + kv_head * {1}_head_stride + "
+           "long(key) * {1}_seq_stride;",
+           t, prefix);
+    w.open("for (int c = col0; c < {}; c += kColThreads) {{", dim);
+    w.line("float sum = 0.0f;");
+    w.line("for (int g = 0; g < group; ++g)");
+    w.line("  sum += fj_global_load_f32(d{}_heads + (first + long(g) * seqlen_k) * {} + c);", t,
+           dim);
+    w.line("fj_global_store1(d{}_row + long(c) * {}_dim_stride, fj_from_f32(sum));", t, prefix);
+    w.close();
+  }
+  w.close();
+  finish(out, target, w, "the backward's sum of dK and dV over each group of query heads");
+  out.rules = "backward-reduce";
+  return out;
+}
+
+} // namespace flashjit::lowering

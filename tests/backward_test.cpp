@@ -1,0 +1,308 @@
+// The backward pass (issue 15, step 2): dQ, dK and dV against the float64
+// analytic gradients of ir/reference.h.
+//
+//   * the IR: both programs verify and print/parse round trip; the transposed
+//     loop's query-block range covers every visible (query, key) pair;
+//   * the interpreter: the programs' own semantics, with the host preprocess
+//     and the group sum;
+//   * flashjit::Attention on the emulator, every AMD family and the simt rules:
+//     the four generated kernels end to end (preprocess, dQ, dK/dV, reduce), the
+//     forward's O and LSE as their inputs, results the same bits run to run;
+//   * refusals by name: sequences, score modifiers, sinks, f32, a null LSE.
+//
+// Tolerance: each gradient's relative L2 error within 2e-2 (bf16) or 1e-2 (f16)
+// of the reference and every element within 4e-2 (bf16) or 2e-2 (f16) times the
+// largest reference magnitude of that gradient: the kernels round P and dS to
+// the 16-bit dtype before their products, as FlashAttention does.
+#include "ir/build.h"
+#include "ir/interpreter.h"
+#include "lowering/lower.h"
+#include "runtime/attention.h"
+#include "runtime/emulator.h"
+#include "tests/support/describe.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace flashjit {
+namespace {
+
+struct Case {
+  const char *name;
+  int64_t b, hq, hkv, sq, sk, dqk, dv;
+  bool causal = false;
+  Window window = {};
+  DType dtype = DType::bf16;
+  Layout layout = Layout::bshd;
+};
+
+const Case kCases[] = {
+    {"plain_d64", 1, 2, 2, 80, 96, 64, 64},
+    {"causal_sq_lt_sk", 2, 2, 1, 48, 100, 32, 32, true},
+    {"causal_sq_gt_sk", 1, 2, 2, 100, 40, 64, 64, true}, // rows that see no key
+    {"window_gqa", 1, 4, 2, 70, 70, 48, 48, false, {16, 8}},
+    {"mqa_dqk_ne_dv_f16", 1, 3, 1, 40, 72, 40, 24, true, {}, DType::f16},
+    {"bhsd_d80", 1, 2, 2, 33, 65, 80, 80, false, {}, DType::bf16, Layout::bhsd},
+};
+
+AttentionSpec spec_of(const Case &c) {
+  AttentionSpec s = make_spec(c.b, c.hq, c.hkv, c.sq, c.sk, c.dqk, c.dv, c.dtype);
+  s.causal = c.causal;
+  s.window = c.window;
+  s.lse = true;
+  s.set_layout(c.layout);
+  return s;
+}
+
+/// The forward's O and LSE into `t` from the float64 reference (O rounded to
+/// the dtype, as a kernel stores it), so each backward test starts from the
+/// same forward outputs.
+void reference_forward(const AttentionSpec &spec, HostTensors &t) {
+  const ReferenceResult r = reference_attention(spec, t);
+  t.o.assign(size_t(spec.o_elements()), std::numeric_limits<float>::quiet_NaN());
+  t.lse.assign(size_t(spec.lse_elements()), 0.0f);
+  const int64_t dv = spec.head_dim_v;
+  for (int64_t b = 0; b < spec.batch; ++b)
+    for (int64_t h = 0; h < spec.heads; ++h)
+      for (int64_t i = 0; i < spec.seqlen_q; ++i) {
+        const int64_t row = (b * spec.heads + h) * spec.seqlen_q + i;
+        t.lse[size_t(row)] = float(r.lse[size_t(row)]);
+        for (int64_t d = 0; d < dv; ++d)
+          t.o[size_t(b * spec.o.batch + h * spec.o.head + i * spec.o.seq + d * spec.o.dim)] =
+              round_to(spec.dtype, float(r.out[size_t(row * dv + d)]));
+      }
+}
+
+void expect_gradients_match(const AttentionSpec &spec, const HostTensors &t) {
+  auto ref = reference_attention_backward(spec, t);
+  ASSERT_TRUE(ref) << ref.status().message();
+  const GradErrorStats e = compare_grads(spec, t, *ref);
+  const bool bf16 = spec.dtype == DType::bf16;
+  const double rel = bf16 ? 2e-2 : 1e-2, abs_scale = bf16 ? 4e-2 : 2e-2;
+  const std::pair<const char *, std::pair<const ErrorStats *, const std::vector<double> *>>
+      grads[] = {{"dq", {&e.dq, &ref->dq}}, {"dk", {&e.dk, &ref->dk}}, {"dv", {&e.dv, &ref->dv}}};
+  for (const auto &[name, stats] : grads) {
+    double largest = 0;
+    for (double x : *stats.second)
+      largest = std::max(largest, std::abs(x));
+    const Tolerance tol{abs_scale * std::max(largest, 1e-6), rel};
+    EXPECT_TRUE(stats.first->within(tol.abs, tol.rel))
+        << name << ": " << test::describe(*stats.first, tol) << " (largest |reference| " << largest
+        << ")";
+  }
+}
+
+// ---- the IR ------------------------------------------------------------------
+
+TEST(BackwardIr, ProgramsVerifyAndRoundTrip) {
+  for (const Case &c : kCases) {
+    const AttentionSpec spec = spec_of(c);
+    ir::Config config;
+    config.block_n = 32;
+    for (auto build : {ir::build_backward_dq, ir::build_backward_dkdv}) {
+      auto p = build(spec, config);
+      ASSERT_TRUE(p) << c.name << ": " << p.status().message();
+      ASSERT_TRUE(ir::verify(*p)) << c.name << ": " << ir::verify(*p).message();
+      const std::string text = ir::print(*p);
+      auto back = ir::parse(text);
+      ASSERT_TRUE(back) << back.status().message() << "\n" << text;
+      EXPECT_EQ(ir::print(*back), text);
+    }
+  }
+}
+
+TEST(BackwardIr, TransposedRangeCoversEveryVisiblePair) {
+  const Window windows[] = {{}, {0, 0}, {5, 3}, {17, -1}, {-1, 9}};
+  for (int64_t sq : {1, 7, 33, 64})
+    for (int64_t sk : {1, 9, 40, 64})
+      for (bool causal : {false, true})
+        for (const Window &w : windows)
+          for (int64_t bm : {16, 32})
+            for (int64_t bn : {16, 32}) {
+              for (int64_t kb = 0; kb * bm < sk; ++kb) {
+                const ir::BlockRange r = ir::q_block_range(kb, bm, bn, sq, sk, causal, w);
+                for (int64_t j = kb * bm; j < std::min(sk, kb * bm + bm); ++j)
+                  for (int64_t i = 0; i < sq; ++i)
+                    if (ir::visible(i, j, sq, sk, causal, w))
+                      ASSERT_TRUE(i / bn >= r.begin && i / bn < r.end)
+                          << "sq " << sq << " sk " << sk << " causal " << causal << " window "
+                          << w.left << "," << w.right << " key " << j << " query " << i;
+              }
+            }
+}
+
+TEST(BackwardIr, RefusalsNameTheFeature) {
+  AttentionSpec spec = make_spec(1, 2, 2, 16, 16, 64, 64, DType::bf16);
+  const std::pair<const char *, std::function<void(AttentionSpec &)>> cases[] = {
+      {"sequences", [](AttentionSpec &s) { s.seqs.used_k = true; }},
+      {"score modifiers", [](AttentionSpec &s) { s.softcap = 30; }},
+      {"score modifiers", [](AttentionSpec &s) { s.mask_mod = "kv_idx < 4"; }},
+      {"attention sinks", [](AttentionSpec &s) { s.sinks = true; }}};
+  for (const auto &[what, change] : cases) {
+    AttentionSpec s = spec;
+    change(s);
+    Status v = ir::validate_backward(s);
+    ASSERT_FALSE(v) << what;
+    EXPECT_NE(v.message().find(what), std::string::npos) << v.message();
+    EXPECT_NE(v.message().find("the backward pass does not take"), std::string::npos);
+  }
+}
+
+// ---- the interpreter -----------------------------------------------------------
+
+class BackwardInterpreter : public testing::TestWithParam<Case> {};
+
+TEST_P(BackwardInterpreter, MatchesFloat64) {
+  const AttentionSpec spec = spec_of(GetParam());
+  HostTensors t = make_random_inputs(spec, 21);
+  make_random_grad(spec, t, 22);
+  reference_forward(spec, t);
+  std::vector<float> l, d;
+  ir::backward_preprocess(spec, t, l, d);
+  ir::Config config;
+  config.block_n = 32;
+  const ir::Bindings args = ir::bind_backward(spec);
+  auto dq = ir::build_backward_dq(spec, config);
+  ASSERT_TRUE(dq) << dq.status().message();
+  ASSERT_TRUE(ir::interpret(*dq, args, t, {{"L", &l}, {"D", &d}}));
+  // dK and dV per query head, then the group sum on the host.
+  const ir::BackwardWorkspace ws = ir::backward_workspace(spec);
+  std::vector<float> dk_heads(size_t(ws.dv_offset - ws.dk_offset), std::nanf("")),
+      dv_heads(size_t(ws.elements - ws.dv_offset), std::nanf(""));
+  auto dkdv = ir::build_backward_dkdv(spec, config);
+  ASSERT_TRUE(dkdv) << dkdv.status().message();
+  Status s =
+      ir::interpret(*dkdv, args, t, {{"L", &l}, {"D", &d}, {"dK", &dk_heads}, {"dV", &dv_heads}});
+  ASSERT_TRUE(s) << s.message();
+  const int64_t g = spec.group();
+  for (auto [heads, out, strides, dim] : {std::tuple{&dk_heads, &t.dk, &spec.k, spec.head_dim_qk},
+                                          std::tuple{&dv_heads, &t.dv, &spec.v, spec.head_dim_v}})
+    for (int64_t b = 0; b < spec.batch; ++b)
+      for (int64_t kh = 0; kh < spec.kv_heads; ++kh)
+        for (int64_t j = 0; j < spec.seqlen_k; ++j)
+          for (int64_t c = 0; c < dim; ++c) {
+            float sum = 0;
+            for (int64_t h = kh * g; h < kh * g + g; ++h)
+              sum += (*heads)[size_t(((b * spec.heads + h) * spec.seqlen_k + j) * dim + c)];
+            (*out)[size_t(b * strides->batch + kh * strides->head + j * strides->seq +
+                          c * strides->dim)] = round_to(spec.dtype, sum);
+          }
+  expect_gradients_match(spec, t);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, BackwardInterpreter, testing::ValuesIn(kCases),
+                         [](const auto &info) { return std::string(info.param.name); });
+
+// ---- Attention on the emulator -----------------------------------------------------
+
+std::vector<uint16_t> bits_of(const AttentionSpec &spec, const std::vector<float> &x) {
+  std::vector<uint16_t> out(x.size(), 0x7fc1); // gaps keep a NaN
+  for (size_t i = 0; i < x.size(); ++i)
+    if (!std::isnan(x[i]))
+      out[i] = uint16_t(to_bits(spec.dtype, x[i]));
+  return out;
+}
+
+std::vector<float> floats_of(const AttentionSpec &spec, const std::vector<uint16_t> &x) {
+  std::vector<float> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i)
+    out[i] = from_bits(spec.dtype, x[i]);
+  return out;
+}
+
+/// Forward then backward through one Attention on `device`; the gradients into t.
+void run_attention(const AttentionSpec &spec, const std::string &device, const Options &options,
+                   HostTensors &t) {
+  auto attn = Attention::create(spec, device, options);
+  ASSERT_TRUE(attn) << attn.status().message();
+  const std::vector<uint16_t> q = bits_of(spec, t.q), k = bits_of(spec, t.k),
+                              v = bits_of(spec, t.v), dout = bits_of(spec, t.dout);
+  std::vector<uint16_t> o(size_t(spec.o_elements()), 0x7fc1), dq(t.q.size(), 0x7fc1),
+      dk(t.k.size(), 0x7fc1), dv(t.v.size(), 0x7fc1);
+  std::vector<float> lse(size_t(spec.lse_elements()), std::nanf(""));
+  Status s = attn->forward(q.data(), k.data(), v.data(), o.data(), lse.data());
+  ASSERT_TRUE(s) << s.message();
+  s = attn->backward(spec, {q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(),
+                            dq.data(), dk.data(), dv.data()});
+  ASSERT_TRUE(s) << s.message();
+  t.o = floats_of(spec, o);
+  t.dq = floats_of(spec, dq);
+  t.dk = floats_of(spec, dk);
+  t.dv = floats_of(spec, dv);
+  // The same call again: the same bits (no atomics, sums in a fixed order).
+  std::vector<uint16_t> dq2(dq.size(), 0x7fc1), dk2(dk.size(), 0x7fc1), dv2(dv.size(), 0x7fc1);
+  s = attn->backward(spec, {q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(),
+                            dq2.data(), dk2.data(), dv2.data()});
+  ASSERT_TRUE(s) << s.message();
+  EXPECT_EQ(dq, dq2);
+  EXPECT_EQ(dk, dk2);
+  EXPECT_EQ(dv, dv2);
+}
+
+struct Lowering {
+  const char *arch;
+  const char *rules;
+};
+const Lowering kLowerings[] = {{"gfx1201", "auto"}, {"gfx1100", "auto"}, {"gfx942", "auto"},
+                               {"gfx90a", "auto"},  {"gfx950", "auto"},  {"gfx1201", "simt"}};
+
+class BackwardEmulator : public testing::TestWithParam<std::tuple<Lowering, Case>> {};
+
+TEST_P(BackwardEmulator, MatchesFloat64) {
+  if (!runtime::emulator_available())
+    GTEST_SKIP() << "this build has no emulator (FLASHJIT_WITH_LLVM=OFF)";
+  const auto &[how, c] = GetParam();
+  const AttentionSpec spec = spec_of(c);
+  HostTensors t = make_random_inputs(spec, 31);
+  make_random_grad(spec, t, 32);
+  Options options;
+  options.compiler = "none";
+  options.rules = how.rules;
+  options.cpu_threads = 2;
+  run_attention(spec, fmt::format("emulator:{}", how.arch), options, t);
+  if (HasFatalFailure())
+    return;
+  // The reference's gradients come from the forward's exact O; the kernels used
+  // the O forward stored, whose rounding is inside the tolerance.
+  expect_gradients_match(spec, t);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, BackwardEmulator,
+                         testing::Combine(testing::ValuesIn(kLowerings), testing::ValuesIn(kCases)),
+                         [](const auto &info) {
+                           const Lowering &l = std::get<0>(info.param);
+                           return fmt::format("{}{}_{}", l.arch,
+                                              std::string_view(l.rules) == "simt" ? "_simt" : "",
+                                              std::get<1>(info.param).name);
+                         });
+
+TEST(BackwardAttention, NullLseAndRefusedSpecsAreErrors) {
+  if (!runtime::emulator_available())
+    GTEST_SKIP() << "this build has no emulator (FLASHJIT_WITH_LLVM=OFF)";
+  AttentionSpec spec = make_spec(1, 2, 2, 16, 16, 32, 32, DType::bf16);
+  Options options;
+  options.compiler = "none";
+  auto attn = Attention::create(spec, "emulator:gfx1201", options);
+  ASSERT_TRUE(attn) << attn.status().message();
+  std::vector<uint16_t> buf(size_t(spec.q_elements()), 0x3f80);
+  BackwardTensors t{buf.data(), buf.data(), buf.data(), buf.data(), nullptr,
+                    buf.data(), buf.data(), buf.data(), buf.data()};
+  Status s = attn->backward(spec, t);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.message().find("backward: lse is null"), std::string::npos) << s.message();
+  AttentionSpec capped = spec;
+  capped.softcap = 20;
+  auto modded = Attention::create(capped, "emulator:gfx1201", options);
+  ASSERT_TRUE(modded) << modded.status().message();
+  std::vector<float> lse(32);
+  t.lse = lse.data();
+  s = modded->backward(capped, t);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.message().find("the backward pass does not take score modifiers"), std::string::npos)
+      << s.message();
+}
+
+} // namespace
+} // namespace flashjit
