@@ -207,7 +207,8 @@ TEST(Validate, RejectsLseCountOverflow) {
   EXPECT_TRUE(Mentions(rejection(s), "batch*heads*seqlen_q"));
 }
 
-TEST(Validate, RejectsCountsPastThe32BitKernels) {
+// Issue 18, finding 2: sizes past what the kernels index in 32 bits are refused.
+TEST(Validate, Issue18Finding2CountsPastThe32BitKernelsAreRefused) {
   AttentionSpec s = valid_spec();
   s.batch = int64_t{1} << 40;
   std::string m = rejection(s);
@@ -218,7 +219,7 @@ TEST(Validate, RejectsCountsPastThe32BitKernels) {
   EXPECT_TRUE(Mentions(rejection(s), "heads (2147483648) is past the 2147483647"));
 }
 
-TEST(Validate, RejectsSeqlenPastKMaxSeqlen) {
+TEST(Validate, Issue18Finding2SeqlenPastKMaxSeqlenIsRefused) {
   static_assert(kMaxSeqlen == int64_t{1} << 29);
   AttentionSpec s = make_spec(1, 1, 1, kMaxSeqlen + 1, 8, 64, 64, DType::bf16);
   std::string m = rejection(s);
@@ -279,7 +280,8 @@ TEST(Validate, RejectsNanScale) {
   EXPECT_TRUE(Mentions(rejection(s), "scale (nan)"));
 }
 
-TEST(Validate, RejectsScaleOutsideF32) {
+// Issue 18, finding 8: the scale is validated in the type the kernels use (f32).
+TEST(Validate, Issue18Finding8ScaleOutsideF32IsRefused) {
   // Finite in double, but the kernels scale by scale * log2(e) in f32.
   AttentionSpec s = valid_spec();
   s.scale = 1e39;

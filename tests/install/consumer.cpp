@@ -1,4 +1,7 @@
-// Emits a gfx1201 kernel through the installed C++ API.
+// Emits a gfx1201 kernel through the installed C++ API, and round-trips its
+// tile IR through the installed ir::print / ir::parse (issue 18, finding 15:
+// ir::parse was declared in the installed header but not exported).
+#include "ir/build.h"
 #include "runtime/attention.h"
 
 #include <cstdio>
@@ -9,6 +12,17 @@ int main() {
   auto source = flashjit::emit_source(spec, "gfx1201");
   if (!source) {
     std::fprintf(stderr, "emit_source: %s\n", source.status().message().c_str());
+    return 1;
+  }
+  auto program = flashjit::ir::build_attention(spec, flashjit::ir::Config{});
+  if (!program) {
+    std::fprintf(stderr, "build_attention: %s\n", program.status().message().c_str());
+    return 1;
+  }
+  const std::string text = flashjit::ir::print(*program);
+  auto parsed = flashjit::ir::parse(text);
+  if (!parsed || flashjit::ir::print(*parsed) != text) {
+    std::fprintf(stderr, "ir::parse did not round-trip the printed program\n");
     return 1;
   }
   auto bad = flashjit::Attention::create(spec, "tpu:0");
