@@ -216,10 +216,6 @@ Bindings bind_split_kv(const AttentionSpec &spec, int64_t splits) {
   return b;
 }
 
-namespace {
-
-/// The spec's score modifiers as one score function, in FlashAttention's order:
-/// softcap, ALiBi, the user's score_mod, then mask_mod (a select against -inf).
 Expected<std::string> score_function(const AttentionSpec &spec, const Program &p) {
   const ExprScope scope = p.expr_scope();
   auto parse = [&](std::string_view text, std::string_view what) {
@@ -250,6 +246,8 @@ Expected<std::string> score_function(const AttentionSpec &spec, const Program &p
     FJ_RETURN_IF_ERROR(wrap("(" + spec.mask_mod + ") ? score : -inf", "mask_mod"));
   return print_expr(*e);
 }
+
+namespace {
 
 Expected<Program> build(const AttentionSpec &spec, const Config &config, bool split_kv) {
   FJ_RETURN_IF_ERROR(spec.validate());

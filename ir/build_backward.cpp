@@ -22,7 +22,13 @@
 //     dv += pt * do;  dk += dst * q
 //   dK, dV = dk * scale, dv       (f32, per query head: a reduce kernel sums the
 //                                  heads of each KV head's group and converts)
+//
+// With score modifiers (softcap, ALiBi, score_mod, mask_mod) S is the forward's
+// modified score and dS is multiplied by the modifier's derivative at the raw
+// score (ir::score_derivative), the chain rule through the modifier.
 #include "ir/build.h"
+
+#include "ir/expr.h"
 
 #include <numbers>
 
@@ -69,6 +75,10 @@ Params declare(Program &p, const AttentionSpec &spec, Kernel kernel) {
   }
   scalar("scale_log2", ScalarType::f32);
   scalar("scale", ScalarType::f32);
+  if (spec.softcap > 0)
+    scalar("softcap", ScalarType::f32);
+  if (spec.alibi != Alibi::none)
+    p.arrays.push_back("alibi_slopes");
   const KernelSignature sig = spec.signature();
   // name, prefix, dtype, kv heads?, rows, dim, unit dim, row alignment
   struct T {
@@ -133,6 +143,22 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, Kernel 
                        dtype_name(dt), spec.head_dim_qk, spec.head_dim_v,
                        sig.causal ? "_causal" : "", sig.local ? "_local" : "");
   const Params s = declare(p, spec, kernel);
+  // Score modifiers: the forward's score function, and its derivative for the
+  // chain rule (dS of the raw score = dS of the modified one * d mod / d score).
+  const bool modified = spec.has_score_modifier();
+  if (modified) {
+    auto f = score_function(spec, p);
+    if (!f)
+      return f.status();
+    auto e = parse_expr(*f, p.expr_scope(), "the score function");
+    if (!e)
+      return e.status();
+    auto d = score_derivative(*e, p.expr_scope());
+    if (!d)
+      return d.status();
+    p.functions.push_back({"score_mod", f.take()});
+    p.functions.push_back({"score_grad", print_expr(*d)});
+  }
   p.config = {{"block_m", bm},
               {"block_n", bn},
               {"waves", config.waves},
@@ -199,7 +225,17 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, Kernel 
     const ValueId x0 = load(b, dq ? "K" : "Q", col_block, b_tile(bn, dqk));
     const ValueId zero = b.emit(OpKind::Fill, {}, s_type, {{"value", 0.0}});
     const ValueId qk = b.emit(OpKind::MmaABt, {a0, x0, zero}, s_type);
-    const ValueId sc = b.emit(OpKind::Scale, {qk}, s_type, {{"factor", ParamRef{"scale_log2"}}});
+    Attrs mod_attrs = {{"function", Symbol{"score_mod"}}};
+    if (!dq)
+      mod_attrs["transposed"] = int64_t{1};
+    ValueId raw = -1, sc = -1;
+    if (modified) { // the modifiers see q.k * scale, the softmax runs in the log2 domain
+      raw = b.emit(OpKind::Scale, {qk}, s_type, {{"factor", ParamRef{"scale"}}});
+      const ValueId mod = b.emit(OpKind::ScoreMod, {raw, row_block, col_block}, s_type, mod_attrs);
+      sc = b.emit(OpKind::Scale, {mod}, s_type, {{"factor", std::numbers::log2e}});
+    } else {
+      sc = b.emit(OpKind::Scale, {qk}, s_type, {{"factor", ParamRef{"scale_log2"}}});
+    }
     const ValueId sm = b.emit(OpKind::Mask, {sc, row_block, col_block}, s_type, mask_attrs);
     const ValueId l = dq ? l_rows : load(b, "L", col_block, vec);
     const OpKind sub = dq ? OpKind::SubRow : OpKind::SubCol;
@@ -209,7 +245,13 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, Kernel 
     const ValueId zero2 = b.emit(OpKind::Fill, {}, s_type, {{"value", 0.0}});
     const ValueId dp = b.emit(OpKind::MmaABt, {a1, x1, zero2}, s_type);
     const ValueId d = dq ? d_rows : load(b, "D", col_block, vec);
-    const ValueId ds = b.emit(OpKind::Mul, {pr, b.emit(sub, {dp, d}, s_type)}, s_type);
+    ValueId ds = b.emit(OpKind::Mul, {pr, b.emit(sub, {dp, d}, s_type)}, s_type);
+    if (modified) {
+      mod_attrs["function"] = Symbol{"score_grad"};
+      ds = b.emit(OpKind::Mul,
+                  {ds, b.emit(OpKind::ScoreMod, {raw, row_block, col_block}, s_type, mod_attrs)},
+                  s_type);
+    }
     auto operand = [&](ValueId x) { // an f32 accumulator as a 16-bit A operand
       const ValueId lo = b.emit(OpKind::Convert, {x}, Type::tile(bm, bn, dt, TileLayout::mma_acc));
       return b.emit(OpKind::ConvertLayout, {lo}, a_tile(bm, bn));
@@ -255,8 +297,6 @@ Status validate_backward(const AttentionSpec &spec) {
   };
   if (spec.seqs.any())
     return refuse("sequences (varlen, seqused_k, paged KV caches)");
-  if (spec.has_score_modifier())
-    return refuse("score modifiers (softcap, ALiBi, score_mod, mask_mod)");
   if (spec.sinks)
     return refuse("attention sinks");
   return Status::ok();
@@ -283,6 +323,8 @@ Bindings bind_backward(const AttentionSpec &spec) {
   b.set_int("window_right", std::min(spec.window.right, widest));
   b.set_real("scale_log2", spec.softmax_scale() * std::numbers::log2e);
   b.set_real("scale", spec.softmax_scale());
+  if (spec.softcap > 0)
+    b.set_real("softcap", spec.softcap);
   auto strides = [&](const char *prefix, const Strides &s) {
     b.set_int(fmt::format("{}_batch_stride", prefix), s.batch);
     b.set_int(fmt::format("{}_head_stride", prefix), s.head);

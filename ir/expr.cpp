@@ -321,6 +321,84 @@ std::string print_expr(const Expr &e) {
   return "?";
 }
 
+namespace {
+
+/// The text of d e / d score, "" for 0 (which keeps the sums short).
+std::string derivative_text(const Expr &e) {
+  if (e.is_int || !uses_var(e, "score"))
+    return "";
+  auto p = [](const Expr &x) { return print_expr(x); };
+  auto times = [](const std::string &a, const std::string &da) {
+    return da.empty() ? std::string() : fmt::format("({} * {})", a, da);
+  };
+  auto sum = [](const std::string &a, const std::string &b, const char *op) {
+    if (b.empty())
+      return a;
+    if (a.empty())
+      return std::string(op) == "+" ? b : fmt::format("(-{})", b);
+    return fmt::format("({} {} {})", a, op, b);
+  };
+  auto zero_or = [](const std::string &d) { return d.empty() ? std::string("0.0") : d; };
+  switch (e.kind) {
+  case Expr::Kind::var:
+    return "1.0"; // score itself
+  case Expr::Kind::number:
+  case Expr::Kind::scalar:
+  case Expr::Kind::load:
+    return "";
+  case Expr::Kind::unary: {
+    const std::string d = derivative_text(e.args[0]);
+    return e.name == "-" && !d.empty() ? fmt::format("(-{})", d) : "";
+  }
+  case Expr::Kind::binary: {
+    const Expr &a = e.args[0], &b = e.args[1];
+    const std::string da = derivative_text(a), db = derivative_text(b);
+    if (e.name == "+" || e.name == "-")
+      return sum(da, db, e.name.c_str());
+    if (e.name == "*")
+      return sum(times(p(b), da), times(p(a), db), "+");
+    if (e.name == "/") {
+      const std::string num = sum(times(p(b), da), times(p(a), db), "-");
+      return num.empty() ? "" : fmt::format("({} / ({} * {}))", num, p(b), p(b));
+    }
+    return ""; // comparisons and logic are ints: constant almost everywhere
+  }
+  case Expr::Kind::call: {
+    const std::string x = p(e.args[0]), dx = derivative_text(e.args[0]);
+    if (e.name == "min" || e.name == "max") {
+      const std::string dy = derivative_text(e.args[1]);
+      if (dx.empty() && dy.empty())
+        return "";
+      return fmt::format("(({} {} {}) ? {} : {})", x, e.name == "min" ? "<=" : ">=", p(e.args[1]),
+                         zero_or(dx), zero_or(dy));
+    }
+    if (dx.empty())
+      return "";
+    if (e.name == "abs")
+      return fmt::format("(({} < 0.0) ? (-{}) : {})", x, dx, dx);
+    if (e.name == "exp")
+      return times(fmt::format("exp({})", x), dx);
+    if (e.name == "log")
+      return fmt::format("({} / {})", dx, x);
+    return times(fmt::format("(1.0 - (tanh({0}) * tanh({0})))", x), dx); // tanh
+  }
+  case Expr::Kind::select: {
+    const std::string da = derivative_text(e.args[1]), db = derivative_text(e.args[2]);
+    if (da.empty() && db.empty())
+      return "";
+    return fmt::format("({} ? {} : {})", p(e.args[0]), zero_or(da), zero_or(db));
+  }
+  }
+  return "";
+}
+
+} // namespace
+
+Expected<Expr> score_derivative(const Expr &e, const ExprScope &scope) {
+  const std::string d = derivative_text(e);
+  return parse_expr(d.empty() ? "0.0" : d, scope, "the derivative of the score function");
+}
+
 bool uses_var(const Expr &e, std::string_view name) {
   if (e.kind == Expr::Kind::var && e.name == name)
     return true;

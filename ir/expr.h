@@ -54,6 +54,12 @@ bool uses_var(const Expr &e, std::string_view name);
 /// `e` with every `score` replaced by `inner` (composing modifiers).
 Expr substitute_score(const Expr &e, const Expr &inner);
 
+/// d e / d score as an expression (the backward's chain rule through softcap,
+/// ALiBi, score_mod and mask_mod): sums, products, quotients, min/max/abs/select
+/// by their branches, exp, log and tanh by their derivatives; what does not read
+/// score (and every integer) has derivative 0. Parsed in `scope` like `e`.
+Expected<Expr> score_derivative(const Expr &e, const ExprScope &scope);
+
 /// The values an evaluation reads.
 struct ExprContext {
   double score = 0;

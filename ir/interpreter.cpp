@@ -248,11 +248,12 @@ private:
       TileValue r = in(op, 0);
       ExprContext c = expr_context();
       const int64_t row0 = in(op, 1).index * r.rows, col0 = in(op, 2).index * r.cols;
+      const bool transposed = op.int_attr("transposed") != 0; // rows are keys
       for (int64_t i = 0; i < r.rows; ++i)
         for (int64_t j = 0; j < r.cols; ++j) {
           c.score = r.at(i, j);
-          c.q_idx = row0 + i;
-          c.kv_idx = col0 + j;
+          c.q_idx = transposed ? col0 + j : row0 + i;
+          c.kv_idx = transposed ? row0 + i : col0 + j;
           r.at(i, j) = float(evaluate(f, c));
         }
       values_[op.results[0]] = std::move(r);

@@ -362,6 +362,7 @@ Status check_types(const OpChecker &c, const Op &op) {
     const Symbol *f = it == op.attrs.end() ? nullptr : std::get_if<Symbol>(&it->second);
     if (!f || !c.program().function(f->name))
       return c.fail("attr `function` must name a function of the kernel (@name)");
+    FJ_RETURN_IF_ERROR(flag_attr(c, op, "transposed"));
     return c.type_is(result(0), c.type(operand(0)), "the type of operand 0");
   }
   case OpKind::Mask:

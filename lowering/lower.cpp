@@ -520,6 +520,7 @@ Status KernelEmitter::emit_op(const Op &op) {
     const Type &t = type(op.results[0]);
     const std::string src = name(op.operands[0]), qb = name(op.operands[1]),
                       kb = name(op.operands[2]);
+    const bool transposed = op.int_attr("transposed") != 0;
     const std::string code = ir::emit_c(*e, [&](const std::string &var) -> std::string {
       if (var == "score")
         return src + "[qt][c][e]";
@@ -527,10 +528,16 @@ Status KernelEmitter::emit_op(const Op &op) {
         return name(p_.grid_arg(2));
       if (var == "h")
         return name(p_.grid_arg(1));
+      // Rows are queries of %op1's block and columns keys of %op2's, or the
+      // reverse in the backward's transposed tiles.
+      const std::string row =
+          fmt::format("{} * kBlockM + local_row(qt, {})", qb, rules_.acc_row("e"));
+      const std::string col =
+          fmt::format("{} * kBlockN + c * kNTile + {}", kb, rules_.acc_col("e"));
       if (var == "q_idx")
-        return fmt::format("{} * kBlockM + local_row(qt, {})", qb, rules_.acc_row("e"));
+        return transposed ? col : row;
       if (var == "kv_idx")
-        return fmt::format("{} * kBlockN + c * kNTile + {}", kb, rules_.acc_col("e"));
+        return transposed ? row : col;
       if (var == "seqlen_q")
         return seq_const(*p_.tensor("Q"));
       return seq_const(*p_.tensor("K"));

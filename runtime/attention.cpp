@@ -529,9 +529,17 @@ Status Attention::Impl::check_backward(const AttentionSpec &shape, const Backwar
                            "this signature require",
                            name, pointer, a);
   }
+  if ((alibi_slopes(shape) > 0) != (t.alibi_slopes != nullptr))
+    return Status::error("backward: alibi_slopes is {} but the spec {}",
+                         t.alibi_slopes ? "given" : "null",
+                         t.alibi_slopes ? "has no ALiBi: pass null, or set spec.alibi"
+                                        : fmt::format("has ALiBi: pass the forward's {} f32 slopes",
+                                                      alibi_slopes(shape)));
   if (driver == nullptr)
     return Status::ok();
-  FJ_RETURN_IF_ERROR(driver->check_stream(device.index, nullptr).with_context("backward"));
+  if (t.alibi_slopes)
+    FJ_RETURN_IF_ERROR(driver->check_buffer(
+        device.index, t.alibi_slopes, size_t(alibi_slopes(shape)) * 4, "backward: alibi_slopes"));
   const int64_t e = dtype_bytes(shape.dtype);
   const std::tuple<const char *, const void *, int64_t> buffers[] = {
       {"q", t.q, shape.q_elements() * e},
@@ -581,10 +589,15 @@ Status Attention::Impl::run_backward(const Backward &b, const AttentionSpec &sha
   };
   const Arg q{"Q", t.q, shape.q_elements() * e, e}, k{"K", t.k, shape.k_elements() * e, e},
       v{"V", t.v, shape.v_elements() * e, e}, dout{"dO", t.dout, shape.o_elements() * e, e},
-      l_arg{"L", l, rows * 4, 4}, d_arg{"D", d, rows * 4, 4};
+      l_arg{"L", l, rows * 4, 4}, d_arg{"D", d, rows * 4, 4},
+      slopes{"alibi_slopes", t.alibi_slopes, alibi_slopes(shape) * 4, 4};
   const int64_t dk_bytes = (ws.dv_offset - ws.dk_offset) * 4,
                 dv_bytes = (ws.elements - ws.dv_offset) * 4;
-  auto run = [&](int i, std::initializer_list<Arg> args) -> Status {
+  // Arguments with a null pointer (alibi_slopes without ALiBi) are not the kernel's.
+  auto run = [&](int i, std::initializer_list<Arg> all) -> Status {
+    std::vector<Arg> args;
+    std::copy_if(all.begin(), all.end(), std::back_inserter(args),
+                 [](const Arg &a) { return a.pointer != nullptr; });
     const lowering::Lowered &kernel = b.generated[i].lowered;
     if (gpu) {
       std::vector<runtime::NamedPointer> pointers;
@@ -610,7 +623,7 @@ Status Attention::Impl::run_backward(const Backward &b, const AttentionSpec &sha
       0,
       {dout, {"O", t.out, shape.o_elements() * e, e}, {"LSE", t.lse, rows * 4, 4}, l_arg, d_arg});
   if (s)
-    s = run(1, {q, k, v, dout, l_arg, d_arg, {"dQ", t.dq, shape.q_elements() * e, e}});
+    s = run(1, {q, k, v, dout, l_arg, d_arg, slopes, {"dQ", t.dq, shape.q_elements() * e, e}});
   if (s)
     s = run(2, {q,
                 k,
@@ -618,6 +631,7 @@ Status Attention::Impl::run_backward(const Backward &b, const AttentionSpec &sha
                 dout,
                 l_arg,
                 d_arg,
+                slopes,
                 {"dK", dk_heads, dk_bytes, 4},
                 {"dV", dv_heads, dv_bytes, 4}});
   if (s)
@@ -816,6 +830,9 @@ Status detail::AttentionAccess::backward(Attention &a, const AttentionSpec &shap
     return plan.status();
   if (Status s = m.check_backward(shape, t); !s)
     return failed(failure, Failure::argument, s);
+  if (m.driver != nullptr)
+    if (Status s = m.driver->check_stream(m.device.index, stream); !s)
+      return failed(failure, Failure::argument, s.with_context("backward"));
   for (const Generated &g : (*plan)->generated)
     if (!g.program.body.empty()) // the programs' row strides, as forward checks its own
       if (Status s = lowering::check_launch(g.lowered, shape); !s)

@@ -102,6 +102,8 @@ struct BackwardTensors {
   const float *lse = nullptr;
   const void *dout = nullptr;
   void *dq = nullptr, *dk = nullptr, *dv = nullptr;
+  /// ALiBi's slopes as forward took them (AttentionSpec::alibi); null otherwise.
+  const float *alibi_slopes = nullptr;
 };
 
 namespace detail {
@@ -148,8 +150,9 @@ public:
   /// are built on the first call, once per signature. Deterministic: no atomics,
   /// the same bits run to run. Memory as for forward(); on a GPU a
   /// stream-ordered f32 workspace (ir::backward_workspace: 2 values per query
-  /// row, dK and dV per query head) is taken and released on `stream`. Specs
-  /// with sequences, score modifiers or sinks are refused by name
+  /// row, dK and dV per query head) is taken and released on `stream`. Score
+  /// modifiers (softcap, ALiBi, score_mod, mask_mod) are differentiated through
+  /// (ir::score_derivative); specs with sequences or sinks are refused by name
   /// (ir::validate_backward).
   Status backward(const AttentionSpec &shape, const BackwardTensors &tensors,
                   void *stream = nullptr);

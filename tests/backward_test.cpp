@@ -8,13 +8,18 @@
 //   * flashjit::Attention on the emulator, every AMD family and the simt rules:
 //     the four generated kernels end to end (preprocess, dQ, dK/dV, reduce), the
 //     forward's O and LSE as their inputs, results the same bits run to run;
-//   * refusals by name: sequences, score modifiers, sinks, f32, a null LSE.
+//   * score modifiers (softcap, ALiBi, score_mod, mask_mod) through the chain
+//     rule: ir::score_derivative against finite differences, and cases whose
+//     gradients the reference computes (softcap, ALiBi) or that equal a spec it
+//     computes (score_mod "2.0 * score" = twice the scale, a causal mask_mod);
+//   * refusals by name: sequences, sinks, a null LSE, missing ALiBi slopes.
 //
 // Tolerance: each gradient's relative L2 error within 2e-2 (bf16) or 1e-2 (f16)
 // of the reference and every element within 4e-2 (bf16) or 2e-2 (f16) times the
 // largest reference magnitude of that gradient: the kernels round P and dS to
 // the 16-bit dtype before their products, as FlashAttention does.
 #include "ir/build.h"
+#include "ir/expr.h"
 #include "ir/interpreter.h"
 #include "lowering/lower.h"
 #include "runtime/attention.h"
@@ -36,6 +41,14 @@ struct Case {
   Window window = {};
   DType dtype = DType::bf16;
   Layout layout = Layout::bshd;
+  // Score modifiers. The float64 reference takes softcap and ALiBi itself; a
+  // score_mod or mask_mod case is written to equal a spec it takes: the
+  // reference runs with the scale times `ref_scale` and causal when `ref_causal`.
+  double softcap = 0;
+  Alibi alibi = Alibi::none;
+  const char *score_mod = "", *mask_mod = "";
+  double ref_scale = 1;
+  bool ref_causal = false;
 };
 
 const Case kCases[] = {
@@ -45,6 +58,71 @@ const Case kCases[] = {
     {"window_gqa", 1, 4, 2, 70, 70, 48, 48, false, {16, 8}},
     {"mqa_dqk_ne_dv_f16", 1, 3, 1, 40, 72, 40, 24, true, {}, DType::f16},
     {"bhsd_d80", 1, 2, 2, 33, 65, 80, 80, false, {}, DType::bf16, Layout::bhsd},
+    {"softcap_gqa", 1, 4, 2, 50, 70, 32, 32, true, {}, DType::bf16, Layout::bshd, 2.0},
+    {"alibi_batch_heads_window",
+     2,
+     2,
+     2,
+     40,
+     40,
+     32,
+     32,
+     false,
+     {12, 4},
+     DType::f16,
+     Layout::bshd,
+     0,
+     Alibi::batch_heads},
+    {"softcap_alibi",
+     1,
+     2,
+     1,
+     33,
+     47,
+     64,
+     64,
+     false,
+     {},
+     DType::bf16,
+     Layout::bshd,
+     3.0,
+     Alibi::heads},
+    // score_mod 2 * score is the plain spec at twice the scale; mask_mod the causal one.
+    {"score_mod_doubles",
+     1,
+     2,
+     2,
+     40,
+     56,
+     32,
+     32,
+     false,
+     {},
+     DType::f16,
+     Layout::bshd,
+     0,
+     Alibi::none,
+     "2.0 * score",
+     "",
+     2.0},
+    {"mask_mod_causal",
+     1,
+     2,
+     2,
+     48,
+     64,
+     32,
+     32,
+     false,
+     {},
+     DType::bf16,
+     Layout::bshd,
+     0,
+     Alibi::none,
+     "",
+     "kv_idx <= q_idx + seqlen_k - seqlen_q",
+     1.0,
+     true},
 };
 
 AttentionSpec spec_of(const Case &c) {
@@ -53,6 +131,20 @@ AttentionSpec spec_of(const Case &c) {
   s.window = c.window;
   s.lse = true;
   s.set_layout(c.layout);
+  s.softcap = c.softcap;
+  s.alibi = c.alibi;
+  s.score_mod = c.score_mod;
+  s.mask_mod = c.mask_mod;
+  return s;
+}
+
+/// The spec the float64 reference computes for case `c` (see Case).
+AttentionSpec reference_spec_of(const Case &c) {
+  AttentionSpec s = spec_of(c);
+  s.scale = s.softmax_scale() * c.ref_scale;
+  s.causal = s.causal || c.ref_causal;
+  s.score_mod.clear();
+  s.mask_mod.clear();
   return s;
 }
 
@@ -76,7 +168,7 @@ void reference_forward(const AttentionSpec &spec, HostTensors &t) {
 }
 
 void expect_gradients_match(const AttentionSpec &spec, const HostTensors &t) {
-  auto ref = reference_attention_backward(spec, t);
+  auto ref = reference_attention_backward(spec, t); // spec: a reference_spec_of
   ASSERT_TRUE(ref) << ref.status().message();
   const GradErrorStats e = compare_grads(spec, t, *ref);
   const bool bf16 = spec.dtype == DType::bf16;
@@ -137,8 +229,6 @@ TEST(BackwardIr, RefusalsNameTheFeature) {
   AttentionSpec spec = make_spec(1, 2, 2, 16, 16, 64, 64, DType::bf16);
   const std::pair<const char *, std::function<void(AttentionSpec &)>> cases[] = {
       {"sequences", [](AttentionSpec &s) { s.seqs.used_k = true; }},
-      {"score modifiers", [](AttentionSpec &s) { s.softcap = 30; }},
-      {"score modifiers", [](AttentionSpec &s) { s.mask_mod = "kv_idx < 4"; }},
       {"attention sinks", [](AttentionSpec &s) { s.sinks = true; }}};
   for (const auto &[what, change] : cases) {
     AttentionSpec s = spec;
@@ -155,10 +245,10 @@ TEST(BackwardIr, RefusalsNameTheFeature) {
 class BackwardInterpreter : public testing::TestWithParam<Case> {};
 
 TEST_P(BackwardInterpreter, MatchesFloat64) {
-  const AttentionSpec spec = spec_of(GetParam());
+  const AttentionSpec spec = spec_of(GetParam()), ref = reference_spec_of(GetParam());
   HostTensors t = make_random_inputs(spec, 21);
   make_random_grad(spec, t, 22);
-  reference_forward(spec, t);
+  reference_forward(ref, t);
   std::vector<float> l, d;
   ir::backward_preprocess(spec, t, l, d);
   ir::Config config;
@@ -189,7 +279,7 @@ TEST_P(BackwardInterpreter, MatchesFloat64) {
             (*out)[size_t(b * strides->batch + kh * strides->head + j * strides->seq +
                           c * strides->dim)] = round_to(spec.dtype, sum);
           }
-  expect_gradients_match(spec, t);
+  expect_gradients_match(ref, t);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, BackwardInterpreter, testing::ValuesIn(kCases),
@@ -222,10 +312,13 @@ void run_attention(const AttentionSpec &spec, const std::string &device, const O
   std::vector<uint16_t> o(size_t(spec.o_elements()), 0x7fc1), dq(t.q.size(), 0x7fc1),
       dk(t.k.size(), 0x7fc1), dv(t.v.size(), 0x7fc1);
   std::vector<float> lse(size_t(spec.lse_elements()), std::nanf(""));
-  Status s = attn->forward(q.data(), k.data(), v.data(), o.data(), lse.data());
+  const float *slopes = t.alibi_slopes.empty() ? nullptr : t.alibi_slopes.data();
+  AttentionTensors fwd{q.data(), k.data(), v.data(), o.data(), lse.data()};
+  fwd.alibi_slopes = slopes;
+  Status s = attn->forward(spec, fwd);
   ASSERT_TRUE(s) << s.message();
   s = attn->backward(spec, {q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(),
-                            dq.data(), dk.data(), dv.data()});
+                            dq.data(), dk.data(), dv.data(), slopes});
   ASSERT_TRUE(s) << s.message();
   t.o = floats_of(spec, o);
   t.dq = floats_of(spec, dq);
@@ -234,7 +327,7 @@ void run_attention(const AttentionSpec &spec, const std::string &device, const O
   // The same call again: the same bits (no atomics, sums in a fixed order).
   std::vector<uint16_t> dq2(dq.size(), 0x7fc1), dk2(dk.size(), 0x7fc1), dv2(dv.size(), 0x7fc1);
   s = attn->backward(spec, {q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(),
-                            dq2.data(), dk2.data(), dv2.data()});
+                            dq2.data(), dk2.data(), dv2.data(), slopes});
   ASSERT_TRUE(s) << s.message();
   EXPECT_EQ(dq, dq2);
   EXPECT_EQ(dk, dk2);
@@ -254,7 +347,7 @@ TEST_P(BackwardEmulator, MatchesFloat64) {
   if (!runtime::emulator_available())
     GTEST_SKIP() << "this build has no emulator (FLASHJIT_WITH_LLVM=OFF)";
   const auto &[how, c] = GetParam();
-  const AttentionSpec spec = spec_of(c);
+  const AttentionSpec spec = spec_of(c), ref = reference_spec_of(c);
   HostTensors t = make_random_inputs(spec, 31);
   make_random_grad(spec, t, 32);
   Options options;
@@ -266,7 +359,7 @@ TEST_P(BackwardEmulator, MatchesFloat64) {
     return;
   // The reference's gradients come from the forward's exact O; the kernels used
   // the O forward stored, whose rounding is inside the tolerance.
-  expect_gradients_match(spec, t);
+  expect_gradients_match(ref, t);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, BackwardEmulator,
@@ -292,16 +385,66 @@ TEST(BackwardAttention, NullLseAndRefusedSpecsAreErrors) {
   Status s = attn->backward(spec, t);
   ASSERT_FALSE(s);
   EXPECT_NE(s.message().find("backward: lse is null"), std::string::npos) << s.message();
-  AttentionSpec capped = spec;
-  capped.softcap = 20;
-  auto modded = Attention::create(capped, "emulator:gfx1201", options);
-  ASSERT_TRUE(modded) << modded.status().message();
+  AttentionSpec sunk = spec;
+  sunk.sinks = true;
+  auto with_sinks = Attention::create(sunk, "emulator:gfx1201", options);
+  ASSERT_TRUE(with_sinks) << with_sinks.status().message();
   std::vector<float> lse(32);
   t.lse = lse.data();
-  s = modded->backward(capped, t);
+  s = with_sinks->backward(sunk, t);
   ASSERT_FALSE(s);
-  EXPECT_NE(s.message().find("the backward pass does not take score modifiers"), std::string::npos)
+  EXPECT_NE(s.message().find("the backward pass does not take attention sinks"), std::string::npos)
       << s.message();
+  // ALiBi's slopes are an argument of the backward too.
+  AttentionSpec tilted = spec;
+  tilted.alibi = Alibi::heads;
+  auto alibi = Attention::create(tilted, "emulator:gfx1201", options);
+  ASSERT_TRUE(alibi) << alibi.status().message();
+  s = alibi->backward(tilted, t);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.message().find("backward: alibi_slopes is null but the spec has ALiBi"),
+            std::string::npos)
+      << s.message();
+}
+
+// The derivative of score expressions against central differences of evaluate().
+TEST(BackwardIr, ScoreDerivativeMatchesFiniteDifferences) {
+  ir::ExprScope scope;
+  scope.scalars = {{"softcap", false}};
+  scope.arrays = {"alibi_slopes"};
+  const char *texts[] = {"softcap * tanh(score / softcap)",
+                         "score - alibi_slopes[h] * abs(q_idx - kv_idx)",
+                         "(q_idx >= kv_idx) ? score * score : -inf",
+                         "exp(score) / (1.0 + exp(score))",
+                         "log(1.0 + score * score) + min(score, 0.5) - max(-score, 0.25)",
+                         "abs(score - 0.3) * 2.0 - score / (score + 3.0)",
+                         "-score + kv_idx"};
+  ir::ExprContext c;
+  c.h = 1;
+  c.q_idx = 5;
+  c.kv_idx = 3;
+  c.scalar = [](const std::string &) { return 2.5; };
+  c.load = [](const std::string &, int64_t i) { return 0.25 * double(i + 1); };
+  for (const char *text : texts) {
+    auto e = ir::parse_expr(text, scope, "test");
+    ASSERT_TRUE(e) << e.status().message();
+    auto d = ir::score_derivative(*e, scope);
+    ASSERT_TRUE(d) << text << ": " << d.status().message();
+    for (double x : {-1.7, -0.4, 0.2, 0.9, 2.3}) {
+      const double h = 1e-6;
+      c.score = x + h;
+      const double up = ir::evaluate(*e, c);
+      c.score = x - h;
+      const double down = ir::evaluate(*e, c);
+      c.score = x;
+      const double want = (up - down) / (2 * h), got = ir::evaluate(*d, c);
+      if (std::isinf(up) || std::isinf(down)) // the masked branch: derivative 0
+        EXPECT_EQ(got, 0.0) << text;
+      else
+        EXPECT_NEAR(got, want, 1e-5 * std::max(1.0, std::abs(want)))
+            << text << " at " << x << ": " << ir::print_expr(*d);
+    }
+  }
 }
 
 } // namespace

@@ -243,13 +243,15 @@ typedef struct fj_backward_tensors {
   const float *lse;
   const void *dout;
   void *dq, *dk, *dv;
+  const float *alibi_slopes; /* as the forward took them when spec.alibi is 1 or 2, else NULL */
 } fj_backward_tensors;
 
 /* The gradients of out = attention(q, k, v) with respect to q, k and v given
- * dout (FlashAttention-2's backward, deterministic: the same bits run to run).
- * `shape` as for fj_attention_forward_tensors (NULL: the handle's spec). Its
- * kernels are built on the first call. Specs with sequences, score modifiers
- * or sinks return FJ_ERROR_UNSUPPORTED naming the feature. */
+ * dout (FlashAttention-2's backward, deterministic: the same bits run to run),
+ * through the score modifiers (softcap, ALiBi, score_mod, mask_mod). `shape` as
+ * for fj_attention_forward_tensors (NULL: the handle's spec). Its kernels are
+ * built on the first call. Specs with sequences or sinks return
+ * FJ_ERROR_UNSUPPORTED naming the feature. */
 FJ_API fj_error fj_attention_backward(fj_attention *attention, const fj_spec *shape,
                                       const fj_backward_tensors *tensors, void *stream);
 

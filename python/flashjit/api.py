@@ -350,11 +350,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     unbounded. softcap > 0 caps the scaled scores (cap * tanh(score / cap));
     alibi_slopes, float32 [heads] or [batch, heads], adds FlashAttention's ALiBi bias.
     Torch inputs that require grad (with grad mode on) get gradients through
-    flashjit's backward (flash_attn_backward; deterministic, so `deterministic`
-    changes nothing); the backward does not take softcap, alibi_slopes, score_mod,
-    mask_mod or sinks yet, and such a call raises NotImplementedError naming the
-    feature rather than dropping the gradient. dropout_p != 0 raises
-    NotImplementedError (issue 15).
+    flashjit's backward (flash_attn_backward, through softcap, ALiBi, score_mod and
+    mask_mod; deterministic, so `deterministic` changes nothing); the backward does
+    not take sinks yet, and such a call raises NotImplementedError rather than
+    dropping the gradient. dropout_p != 0 raises NotImplementedError (issue 15).
 
     Returns out; with return_attn_probs, FlashAttention's (out, softmax_lse, S_dmask):
     softmax_lse [batch, heads, seqlen_q] float32 (natural log), +inf where a query

@@ -5,30 +5,27 @@ import ctypes
 
 from . import _lib
 from .api import (_attention, _attention_forward, _bf16_bits, _check_qkv, _device, _kind,
-                  _scale, _signature, _spec, _strides, _window)
+                  _modifiers, _scale, _signature, _spec, _strides, _window)
 
 
 def flash_attn_backward(dout, q, k, v, out, softmax_lse, dropout_p=0.0, softmax_scale=None,
                         causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                        deterministic=False, *, arch=None, config=None):
+                        deterministic=False, *, arch=None, config=None, score_mod=None,
+                        mask_mod=None):
     """(dq, dk, dv): the gradients of out = flash_attn_func(q, k, v, ...) given dout.
 
     out and softmax_lse are the forward's, from flash_attn_func(..., return_attn_probs=True)
     (FlashAttention's +inf for a query that sees no key) or return_lse=True (-inf there);
     the other arguments must be the forward's. dout has out's shape; dq, dk and dv come
     back with the shapes, dtypes and strides of q, k and v. Torch tensors run on their
-    GPU on torch's current stream, NumPy arrays on the CPU emulator of `arch`.
-    Deterministic (no atomics): the same bits run to run, so `deterministic` changes
-    nothing. Not built yet, each raising NotImplementedError: dropout_p != 0, softcap,
-    alibi_slopes.
+    GPU on torch's current stream, NumPy arrays on the CPU emulator of `arch`. The
+    score modifiers (softcap, alibi_slopes, score_mod, mask_mod) are differentiated
+    through: pass the forward's. Deterministic (no atomics): the same bits run to run,
+    so `deterministic` changes nothing. dropout_p != 0 raises NotImplementedError.
     """
     if dropout_p != 0.0:
         raise NotImplementedError("flashjit: dropout is not implemented yet (issue 15): pass "
                                   "dropout_p=0.0")
-    for name, on in (("softcap", softcap != 0.0), ("alibi_slopes", alibi_slopes is not None)):
-        if on:
-            raise NotImplementedError(f"flashjit: the backward pass does not take {name} yet; "
-                                      "compute this gradient another way (e.g. PyTorch's SDPA)")
     window = _window(window_size)
     scale = _scale(softmax_scale)
     kind = _kind(q)
@@ -74,17 +71,19 @@ def flash_attn_backward(dout, q, k, v, out, softmax_lse, dropout_p=0.0, softmax_
 
     strides = [_strides(x, kind) for x in ins[:4]]
     spec = _spec(b, sq, sk, hq, hkv, d, dv, dtype, scale, causal, window, True, strides)
+    mods, slopes, _, keep = _modifiers(spec, kind, None if kind == "numpy" else str(q.device),
+                                       b, hq, softcap, alibi_slopes, score_mod, mask_mod, None)
     # One handle with the forward's: the signature of a forward that returned the LSE.
-    signature = _signature(dtype, d, dv, causal, window, True, strides) + (
-        False, 0, None, None, False)
+    signature = _signature(dtype, d, dv, causal, window, True, strides) + mods
     handle = _attention(signature, spec, device, config, kind)
     ptr = (lambda x: x.data_ptr()) if kind == "torch" else (lambda x: x.ctypes.data)
     t = _lib.BackwardTensors(q=ptr(ins[0]), k=ptr(ins[1]), v=ptr(ins[2]), out=ptr(ins[3]),
                              lse=ptr(lse), dout=ptr(ins[4]), dq=ptr(bufs[0]), dk=ptr(bufs[1]),
-                             dv=ptr(bufs[2]))
+                             dv=ptr(bufs[2]), alibi_slopes=slopes)
     _lib.check(_lib.lib.fj_attention_backward(
         handle, ctypes.byref(spec), ctypes.byref(t), ctypes.c_void_p(stream) if stream else None),
         "fj_attention_backward")
+    del keep
     if kind == "numpy" and dtype == "bf16":
         return tuple((x.astype("uint32") << 16).view("float32") for x in bufs)
     return tuple(bufs)
@@ -101,23 +100,25 @@ def _function():
 
         class FlashAttnFunction(torch.autograd.Function):
             @staticmethod
-            def forward(ctx, q, k, v, softmax_scale, causal, window_size, config, num_splits):
+            def forward(ctx, q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                        config, num_splits, score_mod, mask_mod):
                 out, lse = _attention_forward(q, k, v, True, softmax_scale, causal, window_size,
-                                              0.0, None, None, config, num_splits, None, None,
-                                              None)
+                                              softcap, alibi_slopes, None, config, num_splits,
+                                              score_mod, mask_mod, None)
                 ctx.save_for_backward(q, k, v, out, lse)
-                ctx.args = (softmax_scale, causal, window_size, config)
+                ctx.args = dict(softmax_scale=softmax_scale, causal=causal,
+                                window_size=window_size, softcap=softcap,
+                                alibi_slopes=alibi_slopes, config=config, score_mod=score_mod,
+                                mask_mod=mask_mod)
                 ctx.mark_non_differentiable(lse)
                 return out, lse
 
             @staticmethod
             def backward(ctx, dout, _dlse):
                 q, k, v, out, lse = ctx.saved_tensors
-                softmax_scale, causal, window_size, config = ctx.args
-                dq, dk, dv = flash_attn_backward(dout, q, k, v, out, lse,
-                                                 softmax_scale=softmax_scale, causal=causal,
-                                                 window_size=window_size, config=config)
-                return dq, dk, dv, None, None, None, None, None
+                dq, dk, dv = flash_attn_backward(dout, q, k, v, out, lse, **ctx.args)
+                # No gradient for the slopes (FlashAttention's ALiBi is not learned).
+                return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
         _FUNCTION = FlashAttnFunction
     return _FUNCTION
@@ -128,17 +129,13 @@ def attention_with_grad(q, k, v, softmax_scale, causal, window_size, softcap, al
     """flash_attn_func's call when a torch input requires grad: (out, lse) through the
     autograd function, or NotImplementedError naming what the backward does not take,
     so that no gradient is ever dropped without a word."""
-    missing = [name for name, on in (("softcap", softcap != 0.0),
-                                     ("alibi_slopes", alibi_slopes is not None),
-                                     ("score_mod", score_mod is not None),
-                                     ("mask_mod", mask_mod is not None),
-                                     ("sinks", sinks is not None)) if on]
-    if missing:
+    if sinks is not None:
         raise NotImplementedError(
-            f"flashjit: an input requires grad and grad mode is on, but the backward pass does "
-            f"not take {', '.join(missing)} yet (issue 15): no gradient would flow through "
-            "attention. For inference, call it under torch.no_grad() or torch.inference_mode(); "
-            "to run it on purpose without gradients, pass q.detach(), k.detach(), v.detach()")
+            "flashjit: an input requires grad and grad mode is on, but the backward pass does "
+            "not take sinks yet (issue 15): no gradient would flow through attention. For "
+            "inference, call it under torch.no_grad() or torch.inference_mode(); to run it on "
+            "purpose without gradients, pass q.detach(), k.detach(), v.detach()")
     if arch:
         raise ValueError(f"flashjit: arch={arch!r} applies to NumPy inputs (the emulator)")
-    return _function().apply(q, k, v, softmax_scale, causal, window_size, config, num_splits)
+    return _function().apply(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                             config, num_splits, score_mod, mask_mod)

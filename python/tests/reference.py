@@ -55,11 +55,12 @@ def bf16_round(a):
     return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
 
 
-def attention_grads(q, k, v, dout, causal=False, window_size=(-1, -1), softmax_scale=None):
+def attention_grads(q, k, v, dout, causal=False, window_size=(-1, -1), softmax_scale=None,
+                    softcap=0.0, alibi_slopes=None, mask=None):
     """float64 (dq, dk, dv) of attention(q, k, v, ...)'s output against dout, by the
-    analytic formulas (dense masks only): P = softmax(S), dV = P^T dO, dP = dO V^T,
-    dS = P (dP - rowsum(dO o O)), dQ = scale dS K, dK = scale dS^T Q; a kv head's
-    gradient sums its group of query heads."""
+    analytic formulas: P = softmax(S), dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dO o
+    O)), through softcap (times 1 - tanh^2), dQ = scale dS K, dK = scale dS^T Q; a kv
+    head's gradient sums its group of query heads. mask: bool [sq, sk] as attention()."""
     q, k, v, dout = (np.asarray(x, dtype=np.float64) for x in (q, k, v, dout))
     b, sq, hq, d = q.shape
     _, sk, hkv, dv = v.shape
@@ -70,6 +71,14 @@ def attention_grads(q, k, v, dout, causal=False, window_size=(-1, -1), softmax_s
     i = np.arange(sq)[:, None]
     j = np.arange(sk)[None, :]
     diag = i + sk - sq
+    cap_grad = 1.0
+    if softcap:
+        cap_grad = 1.0 - np.tanh(s / softcap) ** 2
+        s = softcap * np.tanh(s / softcap)
+    if alibi_slopes is not None:
+        slopes = np.asarray(alibi_slopes, dtype=np.float64)
+        slopes = np.broadcast_to(slopes, (b, hq)) if slopes.ndim == 1 else slopes
+        s = s - slopes[:, :, None, None] * np.abs(diag - j)[None, None]
     visible = np.ones((sq, sk), dtype=bool)
     if causal:
         visible &= j <= diag
@@ -77,6 +86,8 @@ def attention_grads(q, k, v, dout, causal=False, window_size=(-1, -1), softmax_s
         visible &= j >= diag - window_size[0]
     if window_size[1] >= 0:
         visible &= j <= diag + window_size[1]
+    if mask is not None:
+        visible &= mask
     s = np.where(visible, s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
     m = np.where(np.isinf(m), 0.0, m)
@@ -87,7 +98,7 @@ def attention_grads(q, k, v, dout, causal=False, window_size=(-1, -1), softmax_s
     o = np.einsum("bhqk,bkhd->bhqd", p, vr)
     dvr = np.einsum("bhqk,bhqd->bkhd", p, do)
     dp = np.einsum("bhqd,bkhd->bhqk", do, vr)
-    ds = p * (dp - (do * o).sum(axis=-1, keepdims=True))
+    ds = p * (dp - (do * o).sum(axis=-1, keepdims=True)) * cap_grad
     dq = np.einsum("bhqk,bkhd->bqhd", ds, kr) * scale
     dkr = np.einsum("bhqk,bqhd->bkhd", ds, q) * scale
     dk = dkr.reshape(b, sk, hkv, g, d).sum(axis=3)

@@ -119,7 +119,7 @@ def test_issue15_grad_check_passes_without_grad_mode_or_without_requires_grad():
 
 def test_issue15_flash_attn_func_asks_torchs_grad_mode(monkeypatch):
     """flash_attn_func asks torch.is_grad_enabled for torch inputs that require grad, and
-    refuses what the backward does not take (here softcap) instead of detaching: through
+    refuses what the backward does not take (sinks) instead of detaching: through
     a stand-in torch module, so that it runs without torch installed."""
     grad_mode = [True]
     fake_torch = types.ModuleType("torch")
@@ -130,11 +130,11 @@ def test_issue15_flash_attn_func_asks_torchs_grad_mode(monkeypatch):
         shape = (8, 2, 16)  # 3-D: refused right after the grad check
     Tensor.__module__ = "torch"
     q, k = Tensor(False), Tensor(True)
-    with pytest.raises(NotImplementedError, match=r"does not take softcap.*\.detach\(\)"):
-        flashjit.flash_attn_func(q, k, q, softcap=5.0)
+    with pytest.raises(NotImplementedError, match=r"does not take sinks.*\.detach\(\)"):
+        flashjit.flash_attn_func(q, k, q, sinks=q)
     grad_mode[0] = False  # torch.no_grad(): past the check, to the next one
     with pytest.raises(ValueError, match="4-D"):
-        flashjit.flash_attn_func(q, k, q, softcap=5.0)
+        flashjit.flash_attn_func(q, k, q, sinks=q)
 
 
 # ---- issue 18, finding 12: integers range-checked, NUL refused ---------------------------
