@@ -160,8 +160,8 @@ private:
                        window_expr("window_left"), window_expr("window_right"));
   }
   // The head dim constant of a tensor: Q's (K, dQ, dK) or V's (O, dO, dV).
-  std::string dim_const(const ir::TensorParam &t) const {
-    return t.dim == p_.tensor("Q")->dim ? "kDimQK" : "kDimV";
+  static std::string dim_const(const ir::TensorParam &t) {
+    return t.name == "Q" || t.name == "K" || t.name == "dQ" || t.name == "dK" ? "kDimQK" : "kDimV";
   }
 
   Status declare_params();
