@@ -10,12 +10,15 @@ counts. flashjit.emit() returns the generated HIP source, flashjit.compile() the
 resource report of its code object. flash_attn_varlen_func and flash_attn_with_kvcache
 are FlashAttention's varlen and KV-cache calls (packed batches, paged caches);
 flash_attn_backward is the backward pass, which flash_attn_func also runs through
-torch's autograd when an input requires grad.
+torch's autograd when an input requires grad. scaled_dot_product_attention is
+PyTorch's SDPA signature (BHSD, top-left is_causal).
 """
 
 from .api import FlashJitError, compile, emit, flash_attn_func, version
 from .backward import flash_attn_backward
+from .sdpa import scaled_dot_product_attention
 from .sequences import flash_attn_varlen_func, flash_attn_with_kvcache
 
 __all__ = ["flash_attn_func", "flash_attn_backward", "flash_attn_varlen_func",
-           "flash_attn_with_kvcache", "emit", "compile", "version", "FlashJitError"]
+           "flash_attn_with_kvcache", "scaled_dot_product_attention", "emit", "compile",
+           "version", "FlashJitError"]

@@ -1,0 +1,58 @@
+"""scaled_dot_product_attention: PyTorch's SDPA signature over flash_attn_func."""
+
+from .api import _kind, flash_attn_func
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False, *, arch=None,
+                                 config=None):
+    """torch.nn.functional.scaled_dot_product_attention's semantics, run by flashjit.
+
+    query [batch, heads, seqlen_q, head_dim], key [batch, kv_heads, seqlen_k, head_dim],
+    value [batch, kv_heads, seqlen_k, head_dim_v] (3-D inputs without the batch work
+    too); kv_heads != heads needs enable_gqa=True, as in PyTorch. is_causal is
+    SDPA's top-left causal mask (query i sees keys 0..i, also when seqlen_q !=
+    seqlen_k; flash_attn_func's causal is FlashAttention's bottom-right one). scale
+    None means 1/sqrt(head_dim). Returns [batch, heads, seqlen_q, head_dim_v] (a view of
+    flashjit's [batch, seqlen_q, heads, head_dim_v] output). Gradients flow as through
+    flash_attn_func. NumPy arrays run on the CPU emulator of `arch`.
+
+    Not built yet, each raising NotImplementedError rather than computing something
+    else: attn_mask (boolean or additive mask tensors, issue 14; a key-padding or
+    document mask can be written as flash_attn_func's mask_mod) and dropout_p != 0.
+    """
+    if attn_mask is not None:
+        raise NotImplementedError(
+            "flashjit: attn_mask tensors are not built yet (issue 14): pass is_causal for the "
+            "causal mask, or express the mask as flashjit.flash_attn_func(..., "
+            "mask_mod='...') (docs/masks.md)")
+    if dropout_p != 0.0:
+        raise NotImplementedError("flashjit: dropout is not implemented yet (issue 15): pass "
+                                  "dropout_p=0.0")
+    ndim = len(query.shape)
+    if ndim not in (3, 4) or len(key.shape) != ndim or len(value.shape) != ndim:
+        raise ValueError(f"flashjit: query, key and value must all be 4-D [batch, heads, seqlen, "
+                         f"head_dim] (or 3-D without the batch), got {tuple(query.shape)}, "
+                         f"{tuple(key.shape)}, {tuple(value.shape)}")
+    kind = _kind(query)
+
+    def bshd(x):  # [B, H, S, D] -> a [B, S, H, D] view (3-D: a batch of 1 first)
+        if ndim == 3:
+            x = x[None]
+        return x.transpose(1, 2) if kind == "torch" else x.transpose(0, 2, 1, 3)
+
+    q, k, v = bshd(query), bshd(key), bshd(value)
+    if q.shape[2] != k.shape[2] and not enable_gqa:
+        raise ValueError(f"flashjit: query has {q.shape[2]} heads and key {k.shape[2]}: pass "
+                         "enable_gqa=True for grouped-query attention, as in PyTorch")
+    sq, sk = q.shape[1], k.shape[1]
+    causal, mask_mod = False, None
+    if is_causal:
+        if sq == sk:
+            causal = True  # top-left and bottom-right agree: the kernels' causal loop
+        else:
+            mask_mod = "kv_idx <= q_idx"  # SDPA's top-left diagonal
+    out = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, mask_mod=mask_mod,
+                          arch=arch, config=config)
+    out = out.transpose(1, 2) if kind == "torch" else out.transpose(0, 2, 1, 3)
+    return out[0] if ndim == 3 else out
