@@ -386,6 +386,27 @@ TEST(SpecFlags, Issue18Finding16HugeLengthsNameTheirField) {
 /// Finding 17: `run --device emulator --seqlen-q 100000` ran for most of an
 /// hour without a word. The estimate is printed, and past 60 s the run is
 /// refused unless --allow-slow.
+/// Finding 5: `run --allow-slow` with tensors past the machine's memory died of
+/// std::bad_alloc; it is refused first, with the sizes and the fix.
+TEST(RunEstimate, Issue18Finding5RunPastMemoryIsRefused) {
+  AttentionSpec spec = make_spec(100000, 64, 64, 100000, 100000, 128, 128, DType::bf16);
+  const int64_t bytes = run_host_bytes(spec);
+  EXPECT_GT(bytes, int64_t(1) << 50);
+  Status s = check_run_memory(bytes, int64_t(24) << 30);
+  ASSERT_FALSE(s);
+  EXPECT_HAS(s.message(), "more than this machine's 25.8 GB");
+  EXPECT_HAS(s.message(), "lower --batch or --heads");
+  EXPECT_TRUE(check_run_memory(int64_t(1) << 20, int64_t(24) << 30));
+  EXPECT_TRUE(check_run_memory(bytes, 0)) << "unknown memory: not checked";
+  // A small spec needs little: 2 x 4 x 64 x 64 elements per tensor.
+  EXPECT_LT(run_host_bytes(make_spec(2, 4, 4, 64, 64, 64, 64, DType::bf16)), 2 << 20);
+  // The tool: a clear error and exit 1, not an abort.
+  const Ran r = run_tool("", "run --device emulator --arch gfx1201 --batch 100000 --heads 64 "
+                             "--seqlen-q 100000 --head-dim 128 --allow-slow");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_HAS(r.err, "of host memory for its tensors");
+}
+
 TEST(RunEstimate, Issue18Finding17SlowCpuRunsAreEstimatedAndRefused) {
   AttentionSpec spec;
   spec.seqlen_q = spec.seqlen_k = 100000;

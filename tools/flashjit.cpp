@@ -290,6 +290,8 @@ int cmd_run(const cli::Args &a) {
   const cli::RunEstimate estimate = cli::estimate_run(spec, job->config, bool(kernel), cores);
   if (Status s = cli::check_run_time(estimate, device, cores, a.has("--allow-slow")); !s)
     return fail(s);
+  if (Status s = cli::check_run_memory(cli::run_host_bytes(spec), cli::physical_memory_bytes()); !s)
+    return fail(s);
   if (estimate.seconds() > cli::kAnnounceRunSeconds)
     fmt::print(stderr, "flashjit: run: {}\n", cli::describe(estimate, device, cores));
   // A --save-dir that does not exist yet is not the --load-dir (the error_code
@@ -426,7 +428,13 @@ int main(int argc, char **argv) {
       fmt::print("{}", c.help_text());
       return 0;
     }
-    return c.run(*args);
+    try {
+      return c.run(*args);
+    } catch (const std::bad_alloc &) { // the memory check above is an estimate
+      return fail(Status::error("{}: out of host memory: lower the sizes (--batch, --heads, "
+                                "--seqlen-q, --seqlen-k)",
+                                argv[1]));
+    }
   }
   print_main_help(cmds);
   return fail(Status::error("unknown command '{}'", argv[1]));

@@ -1,8 +1,10 @@
 #include "tools/run_estimate.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 
 namespace flashjit::cli {
 
@@ -52,6 +54,30 @@ Status check_run_time(const RunEstimate &e, std::string_view device, unsigned co
       "without asking: shorten the sequences (--seqlen-q, --seqlen-k), lower --batch "
       "or --heads, or pass --allow-slow to run it anyway",
       describe(e, device, cores), kSlowRunSeconds);
+}
+
+int64_t run_host_bytes(const AttentionSpec &spec) {
+  // Sums in double: the sizes may be far past int64 (a refused run must not overflow).
+  const double tensors = double(spec.q_elements()) + double(spec.k_elements()) +
+                         double(spec.v_elements()) + double(spec.o_elements());
+  const double rows = double(spec.batch) * double(spec.heads) * double(spec.seqlen_q);
+  const double bytes = tensors * (2 + 4) + rows * 4 +
+                       (rows * double(spec.head_dim_v) + rows) * 8; // the float64 reference
+  return bytes >= 9.0e18 ? INT64_MAX : int64_t(bytes);
+}
+
+int64_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? int64_t(pages) * int64_t(page) : 0;
+}
+
+Status check_run_memory(int64_t bytes, int64_t available) {
+  if (available <= 0 || bytes <= available)
+    return Status::ok();
+  return Status::error("this run needs about {:.3g} GB of host memory for its tensors and the "
+                       "float64 reference, more than this machine's {:.3g} GB: shorten the "
+                       "sequences (--seqlen-q, --seqlen-k) or lower --batch or --heads",
+                       double(bytes) / 1e9, double(available) / 1e9);
 }
 
 } // namespace flashjit::cli

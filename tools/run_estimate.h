@@ -58,4 +58,16 @@ std::string human_seconds(double seconds);
 Status check_run_time(const RunEstimate &e, std::string_view device, unsigned cores,
                       bool allow_slow);
 
+/// Host memory `run` needs for `spec` on a CPU executor: Q, K, V and O as their
+/// 16-bit bits and as floats, the LSE, and the float64 reference's O and LSE.
+int64_t run_host_bytes(const AttentionSpec &spec);
+
+/// This machine's physical memory in bytes (0 if unknown).
+int64_t physical_memory_bytes();
+
+/// Ok, or the refusal of a run whose buffers (`bytes`) exceed the machine's
+/// memory (`available`; 0: unknown, not checked), naming both and the fix.
+/// --allow-slow does not lift it: such a run could only fail.
+Status check_run_memory(int64_t bytes, int64_t available);
+
 } // namespace flashjit::cli
