@@ -147,7 +147,9 @@ const char *bind(void *handle, const SymbolNames &names, RtcApi &api) {
 const RtcLibrary *open_candidate(const VendorLibrary &v, const std::string &candidate,
                                  std::string &why) {
   static std::mutex mutex;
-  static std::map<std::string, std::unique_ptr<RtcLibrary>> loaded; // never unloaded
+  // Never unloaded and never destroyed: a compile abandoned after its time limit still runs on
+  // a detached thread and reads its library until it ends, possibly after main returns.
+  static auto &loaded = *new std::map<std::string, std::unique_ptr<RtcLibrary>>;
   std::lock_guard<std::mutex> lock(mutex);
   if (auto it = loaded.find(candidate); it != loaded.end())
     return it->second.get();
@@ -263,12 +265,12 @@ Expected<RtcOutput> run_with_limit(const RtcLibrary &lib, const VendorLibrary &v
     std::optional<Expected<RtcOutput>> result;
   };
   auto shared = std::make_shared<Shared>();
-  std::thread([shared, &lib, &v, source = std::move(source), args = std::move(args), arch, ptx]() {
+  std::thread([shared, &lib, v, source = std::move(source), args = std::move(args), arch, ptx]() {
     Expected<RtcOutput> r = run_compile(lib, v, source, args, arch, ptx);
     std::lock_guard<std::mutex> lock(shared->mutex);
     shared->result.emplace(std::move(r));
     shared->done.notify_all();
-  }).detach(); // `lib` and `v` live as long as the process
+  }).detach(); // `lib` is never destroyed; `v` is a copy
   std::unique_lock<std::mutex> lock(shared->mutex);
   if (!shared->done.wait_for(lock, std::chrono::duration<double>(seconds),
                              [&] { return shared->result.has_value(); }))
