@@ -181,8 +181,7 @@ Bindings bind_attention(const AttentionSpec &spec) {
   b.set_real("scale_log2", spec.softmax_scale() * std::numbers::log2e);
   if (spec.has_score_modifier())
     b.set_real("scale", spec.softmax_scale());
-  if (spec.softcap > 0)
-    b.set_real("softcap", spec.softcap);
+  bind_modifiers(spec, b);
   const Strides *strides[] = {&spec.q, &spec.k, &spec.v, &spec.o};
   for (int i = 0; i < 4; ++i) {
     b.set_int(kStrideNames[i][0], strides[i]->batch);
@@ -216,6 +215,33 @@ Bindings bind_split_kv(const AttentionSpec &spec, int64_t splits) {
   return b;
 }
 
+void declare_modifiers(const AttentionSpec &spec, Program &p) {
+  if (spec.softcap > 0)
+    p.scalars.push_back({"softcap", ScalarType::f32});
+  if (spec.alibi != Alibi::none)
+    p.arrays.push_back({"alibi_slopes"});
+  if (spec.mask == MaskType::none)
+    return;
+  const ArrayElement element = spec.mask == MaskType::boolean ? ArrayElement::u8
+                               : spec.mask == MaskType::f16   ? ArrayElement::f16
+                               : spec.mask == MaskType::bf16  ? ArrayElement::bf16
+                                                              : ArrayElement::f32;
+  p.arrays.push_back({"attn_mask", element});
+  for (const char *axis : {"batch", "head", "q", "k"})
+    p.scalars.push_back({fmt::format("mask_{}_stride", axis), ScalarType::i64});
+}
+
+void bind_modifiers(const AttentionSpec &spec, Bindings &b) {
+  if (spec.softcap > 0)
+    b.set_real("softcap", spec.softcap);
+  if (spec.mask == MaskType::none)
+    return;
+  b.set_int("mask_batch_stride", spec.mask_strides.batch);
+  b.set_int("mask_head_stride", spec.mask_strides.head);
+  b.set_int("mask_q_stride", spec.mask_strides.q);
+  b.set_int("mask_k_stride", spec.mask_strides.k);
+}
+
 Expected<std::string> score_function(const AttentionSpec &spec, const Program &p) {
   const ExprScope scope = p.expr_scope();
   auto parse = [&](std::string_view text, std::string_view what) {
@@ -242,6 +268,14 @@ Expected<std::string> score_function(const AttentionSpec &spec, const Program &p
     FJ_RETURN_IF_ERROR(wrap(spec.score_mod, "score_mod"));
   if (e->is_int) // an integer score_mod (e.g. "kv_idx") is still a score
     FJ_RETURN_IF_ERROR(wrap("score * 1.0", "score_mod"));
+  if (spec.mask != MaskType::none) {
+    // 64-bit index arithmetic: the strides are i64 scalars.
+    const std::string element = "attn_mask[b * mask_batch_stride + h * mask_head_stride + "
+                                "q_idx * mask_q_stride + kv_idx * mask_k_stride]";
+    FJ_RETURN_IF_ERROR(wrap(spec.mask == MaskType::boolean ? "(" + element + " != 0) ? score : -inf"
+                                                           : "score + " + element,
+                            "mask"));
+  }
   if (!spec.mask_mod.empty())
     FJ_RETURN_IF_ERROR(wrap("(" + spec.mask_mod + ") ? score : -inf", "mask_mod"));
   return print_expr(*e);
@@ -324,17 +358,14 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, bool sp
   const bool modified = spec.has_score_modifier();
   if (modified) {
     scalar("scale", ScalarType::f32);
-    if (spec.softcap > 0)
-      scalar("softcap", ScalarType::f32);
-    if (spec.alibi != Alibi::none)
-      p.arrays.push_back("alibi_slopes");
+    declare_modifiers(spec, p);
     auto f = score_function(spec, p);
     if (!f)
       return f.status();
     p.functions.push_back({"score_mod", f.take()});
   }
   if (spec.sinks) { // the running max and sum start from the sink's logit (log2 domain)
-    p.arrays.push_back("sinks");
+    p.arrays.push_back({"sinks"});
     p.functions.push_back({"sink_max", "(sinks[h] * 1.44269504)"});
     p.functions.push_back({"sink_sum", "((sinks[h] > (-inf)) ? 1.0 : 0.0)"});
   }

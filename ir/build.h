@@ -82,6 +82,11 @@ Expected<Program> build_backward_dq(const AttentionSpec &spec, const Config &con
 /// The dK/dV program: a workgroup per (KV block, query head), rows are keys,
 /// looping over the query blocks (a transposed `for`); writes f32 per query head.
 Expected<Program> build_backward_dkdv(const AttentionSpec &spec, const Config &config);
+/// Declares what the spec's score modifiers read in `p`: the softcap scalar,
+/// ALiBi's slopes, the mask tensor (`attn_mask` and its four i64 strides).
+/// Forward and backward programs share it, and bind_modifiers binds it.
+void declare_modifiers(const AttentionSpec &spec, Program &p);
+void bind_modifiers(const AttentionSpec &spec, Bindings &b);
 /// The spec's score modifiers as one score function of `p`'s scope (its scalars
 /// and arrays), in FlashAttention's order: softcap, ALiBi, the user's score_mod,
 /// then mask_mod (a select against -inf). Its text, as the `function` line holds it.

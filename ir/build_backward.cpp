@@ -75,10 +75,7 @@ Params declare(Program &p, const AttentionSpec &spec, Kernel kernel) {
   }
   scalar("scale_log2", ScalarType::f32);
   scalar("scale", ScalarType::f32);
-  if (spec.softcap > 0)
-    scalar("softcap", ScalarType::f32);
-  if (spec.alibi != Alibi::none)
-    p.arrays.push_back("alibi_slopes");
+  declare_modifiers(spec, p);
   const KernelSignature sig = spec.signature();
   // name, prefix, dtype, kv heads?, rows, dim, unit dim, row alignment
   struct T {
@@ -323,8 +320,7 @@ Bindings bind_backward(const AttentionSpec &spec) {
   b.set_int("window_right", std::min(spec.window.right, widest));
   b.set_real("scale_log2", spec.softmax_scale() * std::numbers::log2e);
   b.set_real("scale", spec.softmax_scale());
-  if (spec.softcap > 0)
-    b.set_real("softcap", spec.softcap);
+  bind_modifiers(spec, b);
   auto strides = [&](const char *prefix, const Strides &s) {
     b.set_int(fmt::format("{}_batch_stride", prefix), s.batch);
     b.set_int(fmt::format("{}_head_stride", prefix), s.head);

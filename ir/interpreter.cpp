@@ -506,10 +506,13 @@ Status interpret(const Program &p, const Bindings &args, HostTensors &t,
     buffers.indices[name] = it->second;
   }
   FJ_RETURN_IF_ERROR(check_indices(p, args, buffers));
-  for (const std::string &name : p.arrays) {
-    if (name != "alibi_slopes" && name != "sinks")
-      return Status::error("the interpreter has no buffer for array @{}", name);
-    buffers.arrays[name] = name == "sinks" ? &t.sinks : &t.alibi_slopes;
+  const std::map<std::string, const std::vector<float> *> float_arrays = {
+      {"alibi_slopes", &t.alibi_slopes}, {"sinks", &t.sinks}, {"attn_mask", &t.attn_mask}};
+  for (const ArrayParam &a : p.arrays) {
+    auto it = float_arrays.find(a.name);
+    if (it == float_arrays.end())
+      return Status::error("the interpreter has no buffer for array @{}", a.name);
+    buffers.arrays[a.name] = it->second;
   }
   for (const ScoreFunction &f : p.functions) {
     auto e = parse_expr(f.text, p.expr_scope(), fmt::format("function @{}", f.name));

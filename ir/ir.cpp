@@ -112,8 +112,30 @@ ExprScope Program::expr_scope() const {
   ExprScope scope;
   for (const ScalarParam &s : scalars)
     scope.scalars.emplace_back(s.name, s.type != ScalarType::f32);
-  scope.arrays = arrays;
+  for (const ArrayParam &a : arrays)
+    scope.arrays.push_back(a.name);
   return scope;
+}
+
+const ArrayParam *Program::array(std::string_view name) const {
+  for (const ArrayParam &a : arrays)
+    if (a.name == name)
+      return &a;
+  return nullptr;
+}
+
+std::string_view array_element_name(ArrayElement e) {
+  switch (e) {
+  case ArrayElement::f32:
+    return "f32";
+  case ArrayElement::f16:
+    return "f16";
+  case ArrayElement::bf16:
+    return "bf16";
+  case ArrayElement::u8:
+    return "u8";
+  }
+  return "?";
 }
 
 bool Program::has_index(std::string_view name) const {

@@ -195,12 +195,24 @@ struct ScoreFunction {
   bool operator==(const ScoreFunction &) const = default;
 };
 
+/// The element type of an array score functions read: f32 (ALiBi slopes, sink
+/// logits) or a mask tensor's (u8 bools, f16, bf16). Every element reads as f32.
+enum class ArrayElement { f32, f16, bf16, u8 };
+std::string_view array_element_name(ArrayElement e);
+
+/// An array in device memory that score functions read: printed `@alibi_slopes`
+/// (f32) or `@attn_mask : u8`.
+struct ArrayParam {
+  std::string name;
+  ArrayElement element = ArrayElement::f32;
+  bool operator==(const ArrayParam &) const = default;
+};
+
 struct Program {
   std::string name;
   std::vector<ScalarParam> scalars;
-  /// f32 arrays in device memory that score functions read (alibi_slopes);
-  /// printed `arrays (@alibi_slopes)`.
-  std::vector<std::string> arrays;
+  /// Arrays in device memory that score functions read (alibi_slopes, attn_mask).
+  std::vector<ArrayParam> arrays;
   std::vector<ScoreFunction> functions;
   /// int32 arrays in device memory (cu_seqlens, seqused_k, block tables), named
   /// like tensors (@cu_seqlens_q); sequences and paged tensors read them.
@@ -223,6 +235,7 @@ struct Program {
   const ScalarParam *scalar(std::string_view name) const;
   const Sequence *sequence(std::string_view name) const;
   bool has_index(std::string_view name) const;
+  const ArrayParam *array(std::string_view name) const;
   const ScoreFunction *function(std::string_view name) const;
   /// The names score functions may read: the scalars and the arrays.
   struct ExprScope expr_scope() const;

@@ -588,7 +588,7 @@ private:
     return Status::ok();
   }
 
-  /// `arrays (@alibi_slopes, ...)`
+  /// `arrays (@alibi_slopes, @attn_mask : u8, ...)`
   Status parse_arrays() {
     pos_ += 6; // "arrays"
     FJ_RETURN_IF_ERROR(expect('(', "after 'arrays'"));
@@ -597,9 +597,24 @@ private:
       const size_t at = pos_;
       std::string name;
       FJ_RETURN_IF_ERROR(parse_symbol(name, "an array ('@name')"));
-      if (std::find(prog_.arrays.begin(), prog_.arrays.end(), name) != prog_.arrays.end())
+      if (prog_.array(name))
         return error_at(at, fmt::format("array @{} is declared twice", name));
-      prog_.arrays.push_back(std::move(name));
+      ArrayParam a{std::move(name)};
+      if (consume(':')) {
+        skip_spaces();
+        const size_t type_at = pos_;
+        const std::string type(ident());
+        const ArrayElement elements[] = {ArrayElement::f32, ArrayElement::f16, ArrayElement::bf16,
+                                         ArrayElement::u8};
+        auto it = std::find_if(std::begin(elements), std::end(elements),
+                               [&](ArrayElement e) { return array_element_name(e) == type; });
+        if (it == std::end(elements))
+          return error_at(type_at, fmt::format("unknown element type '{}' of array @{}: expected "
+                                               "f32, f16, bf16 or u8",
+                                               type, a.name));
+        a.element = *it;
+      }
+      prog_.arrays.push_back(std::move(a));
     } while (consume(','));
     FJ_RETURN_IF_ERROR(expect(')', "to close the arrays"));
     return expect_end_of_line("after the arrays");

@@ -99,8 +99,11 @@ public:
     }
     if (!p_.arrays.empty()) {
       std::string arrays;
-      for (const std::string &name : p_.arrays)
-        arrays += fmt::format("{}@{}", arrays.empty() ? "" : ", ", name);
+      for (const ArrayParam &a : p_.arrays)
+        arrays += fmt::format("{}@{}{}", arrays.empty() ? "" : ", ", a.name,
+                              a.element == ArrayElement::f32
+                                  ? ""
+                                  : fmt::format(" : {}", array_element_name(a.element)));
       line(2, "arrays ({})", arrays);
     }
     for (const ScoreFunction &f : p_.functions)

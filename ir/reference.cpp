@@ -6,6 +6,7 @@
 #include <array>
 #include <cassert>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <random>
@@ -140,6 +141,20 @@ ModifiedScore softcap_and_alibi(const AttentionSpec &spec, const HostTensors &in
   return {s, derivative};
 }
 
+/// A scaled score with the mask tensor applied (AttentionSpec::mask): its
+/// element added, or the key hidden (-inf) where a bool element is false. The
+/// derivative is 1 (0 where hidden, which P's 0 covers).
+double apply_mask(const AttentionSpec &spec, const HostTensors &in, double s, int64_t b, int64_t h,
+                  int64_t i, int64_t j) {
+  if (spec.mask == MaskType::none)
+    return s;
+  const MaskStrides &m = spec.mask_strides;
+  const double x = in.attn_mask[size_t(b * m.batch + h * m.head + i * m.q + j * m.k)];
+  if (spec.mask == MaskType::boolean)
+    return x != 0 ? s : kNegInf;
+  return s + x;
+}
+
 /// A buffer's element, or NaN past its end: an element missing from a
 /// too-short buffer was never written.
 double element_or_poison(const std::vector<float> &buf, int64_t i) {
@@ -236,6 +251,54 @@ Status check_sequences(const AttentionSpec &spec, const HostTensors &t) {
   return Status::ok();
 }
 
+std::vector<float> mask_values(MaskType type, const void *storage, int64_t elements) {
+  std::vector<float> out(size_t(std::max<int64_t>(elements, 0)));
+  const auto *bytes = static_cast<const uint8_t *>(storage);
+  for (size_t i = 0; i < out.size(); ++i) {
+    switch (type) {
+    case MaskType::none:
+      break;
+    case MaskType::boolean:
+      out[i] = bytes[i] != 0 ? 1.0f : 0.0f;
+      break;
+    case MaskType::f32:
+      std::memcpy(&out[i], bytes + 4 * i, 4);
+      break;
+    case MaskType::f16:
+    case MaskType::bf16: {
+      uint16_t bits;
+      std::memcpy(&bits, bytes + 2 * i, 2);
+      out[i] = type == MaskType::f16 ? f16_bits_to_f32(bits) : bf16_bits_to_f32(bits);
+      break;
+    }
+    }
+  }
+  return out;
+}
+
+void mask_storage(MaskType type, std::span<const float> values, void *storage) {
+  auto *bytes = static_cast<uint8_t *>(storage);
+  for (size_t i = 0; i < values.size(); ++i) {
+    switch (type) {
+    case MaskType::none:
+      break;
+    case MaskType::boolean:
+      bytes[i] = values[i] != 0 ? 1 : 0;
+      break;
+    case MaskType::f32:
+      std::memcpy(bytes + 4 * i, &values[i], 4);
+      break;
+    case MaskType::f16:
+    case MaskType::bf16: {
+      const uint16_t bits =
+          type == MaskType::f16 ? f32_to_f16_bits(values[i]) : f32_to_bf16_bits(values[i]);
+      std::memcpy(bytes + 2 * i, &bits, 2);
+      break;
+    }
+    }
+  }
+}
+
 HostTensors make_random_inputs(const AttentionSpec &spec, uint64_t seed) {
   const AttentionSpec &s = spec;
   HostTensors t;
@@ -256,6 +319,20 @@ HostTensors make_random_inputs(const AttentionSpec &spec, uint64_t seed) {
     t.sinks.resize(size_t(s.heads));
     for (float &x : t.sinks)
       x = -2.0f + std::ldexp(static_cast<float>(rng() >> 40), -24) * 5.0f;
+  }
+  if (spec.mask != MaskType::none) { // about 1 in 4 keys hidden, the rest weighted
+    std::mt19937_64 rng(stream_seed(seed, 6));
+    t.attn_mask.resize(size_t(spec.mask_elements()));
+    const DType type = spec.mask == MaskType::f16    ? DType::f16
+                       : spec.mask == MaskType::bf16 ? DType::bf16
+                                                     : DType::f32;
+    for (float &x : t.attn_mask) {
+      const float u = std::ldexp(static_cast<float>(rng() >> 40), -24);
+      if (spec.mask == MaskType::boolean)
+        x = u >= 0.25f ? 1.0f : 0.0f;
+      else
+        x = u < 0.2f ? -std::numeric_limits<float>::infinity() : round_to(type, 3.0f * u - 2.0f);
+    }
   }
   poison_outputs(spec, t);
   return t;
@@ -301,6 +378,7 @@ ReferenceResult reference_attention(const AttentionSpec &spec, const HostTensors
     ir::ExprContext c{s, b, h, i, j, sq, sk, {}, {}, false};
     if (score_mod)
       s = ir::evaluate(*score_mod, c);
+    s = apply_mask(spec, in, s, b, h, i, j);
     if (mask_mod && ir::evaluate(*mask_mod, c) == 0)
       s = kNegInf;
     return s;
@@ -421,10 +499,12 @@ Expected<ReferenceGrads> reference_attention_backward(const AttentionSpec &spec,
           for (int64_t d = 0; d < Dqk; ++d)
             dot += q[d] * k[j * Dqk + d];
           const ModifiedScore s = softcap_and_alibi(spec, in, scale * dot, b, h, i, j, Sq, Sk);
-          p[j] = s.value;
+          p[j] = apply_mask(spec, in, s.value, b, h, i, j);
           dscore[j] = s.derivative;
-          max = std::max(max, s.value);
+          max = std::max(max, p[j]);
         }
+        if (max == kNegInf)
+          continue; // every key hidden by the mask tensor: zero gradients
         double sum = 0;
         for (int64_t j = keys.lo; j < keys.hi; ++j)
           sum += p[j] = std::exp(p[j] - max);

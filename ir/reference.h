@@ -21,10 +21,18 @@ struct HostTensors {
   std::vector<float> alibi_slopes;
   /// Attention sinks' logits, [heads] (AttentionSpec::sinks); empty when unused.
   std::vector<float> sinks;
+  /// The mask tensor's elements (AttentionSpec::mask) in its strides
+  /// (mask_strides), as values: 0 or 1 for bool, else rounded to its type. Empty when unused.
+  std::vector<float> attn_mask;
   /// The backward pass: dout, the gradient of O, in O's strides (spec.o); dq,
   /// dk, dv, the gradients of Q, K and V, in their tensors' strides. Empty when unused.
   std::vector<float> dout, dq, dk, dv;
 };
+
+/// A mask tensor's elements (AttentionSpec::mask) as values, from its raw
+/// storage (bool: 1 byte, nonzero is 1), and back (values representable in the type).
+std::vector<float> mask_values(MaskType type, const void *storage, int64_t elements);
+void mask_storage(MaskType type, std::span<const float> values, void *storage);
 
 /// Fresh random Q/K/V (uniform in [-1, 1), rounded to the dtype, never all zero)
 /// and O/LSE poisoned with NaN so an unwritten element cannot pass a comparison.

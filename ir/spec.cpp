@@ -135,6 +135,75 @@ Expected<Layout> parse_layout(std::string_view name) {
   return Status::error("unknown layout '{}': expected one of {}", name, valid);
 }
 
+namespace {
+constexpr std::pair<MaskType, std::string_view> kMaskTypeNames[] = {{MaskType::none, "none"},
+                                                                    {MaskType::boolean, "bool"},
+                                                                    {MaskType::f32, "f32"},
+                                                                    {MaskType::f16, "f16"},
+                                                                    {MaskType::bf16, "bf16"}};
+} // namespace
+
+std::string_view mask_type_name(MaskType t) {
+  for (const auto &[type, name] : kMaskTypeNames)
+    if (type == t)
+      return name;
+  return "?";
+}
+
+Expected<MaskType> parse_mask_type(std::string_view name) {
+  for (const auto &[type, known] : kMaskTypeNames)
+    if (known == name)
+      return type;
+  return Status::error("unknown mask type '{}': expected bool (1 byte, nonzero attends) or f32, "
+                       "f16, bf16 (added to the scaled score)",
+                       name);
+}
+
+int mask_type_bytes(MaskType t) {
+  switch (t) {
+  case MaskType::none:
+    return 0;
+  case MaskType::boolean:
+    return 1;
+  case MaskType::f32:
+    return 4;
+  case MaskType::f16:
+  case MaskType::bf16:
+    return 2;
+  }
+  return 0;
+}
+
+Expected<MaskStrides> dense_mask_strides(std::string_view axes, int64_t batch, int64_t heads,
+                                         int64_t seqlen_q, int64_t seqlen_k) {
+  constexpr std::string_view order = "bhqk";
+  size_t last = 0;
+  for (size_t i = 0; i < axes.size(); ++i) {
+    const size_t at = order.find(axes[i]);
+    if (at == std::string_view::npos || (i > 0 && at <= last))
+      return Status::error("mask axes '{}' must be letters of bhqk in that order, each at most "
+                           "once (e.g. bhqk, qk, bk)",
+                           axes);
+    last = at;
+  }
+  const int64_t extents[] = {batch, heads, seqlen_q, seqlen_k};
+  int64_t strides[4] = {0, 0, 0, 0}, size = 1;
+  for (int i = 3; i >= 0; --i)
+    if (axes.find(order[size_t(i)]) != std::string_view::npos) {
+      strides[i] = size;
+      size *= extents[i];
+    }
+  return MaskStrides{strides[0], strides[1], strides[2], strides[3]};
+}
+
+int64_t AttentionSpec::mask_elements() const {
+  if (mask == MaskType::none)
+    return 0;
+  const MaskStrides &m = mask_strides;
+  return (batch - 1) * m.batch + (heads - 1) * m.head + (seqlen_q - 1) * m.q +
+         (seqlen_k - 1) * m.k + 1;
+}
+
 double AttentionSpec::softmax_scale() const {
   return scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(head_dim_qk));
 }
@@ -286,6 +355,27 @@ Status AttentionSpec::validate_modifiers() const {
                            "from b, h, q_idx and kv_idx; put score expressions in score_mod",
                            mask_mod);
   }
+  if (mask == MaskType::none)
+    return Status::ok();
+  if (int(mask) < 0 || int(mask) > int(MaskType::bf16))
+    return Status::error("mask type {} is unknown: expected none, bool, f32, f16 or bf16",
+                         int(mask));
+  if (seqs.any())
+    return Status::error("a mask tensor with varlen batches, per-batch key counts or a paged KV "
+                         "cache is not built (its rows would follow the packed layout): express "
+                         "the mask as mask_mod, or pad the batch to dense tensors");
+  const MaskStrides &m = mask_strides;
+  const std::pair<std::string_view, int64_t> strides[] = {
+      {"batch", m.batch}, {"head", m.head}, {"q", m.q}, {"k", m.k}};
+  for (const auto &[axis, stride] : strides)
+    if (stride < 0 || stride > (int64_t(1) << 40))
+      return Status::error("mask_strides.{} ({}) must be in 0..2^40 elements (0 broadcasts the "
+                           "axis; flip a reversed mask before passing it)",
+                           axis, stride);
+  if (mask_elements() > (int64_t(1) << 40))
+    return Status::error("the mask tensor spans {} elements, past 2^40: broadcast it over heads "
+                         "or batches with 0 strides",
+                         mask_elements());
   return Status::ok();
 }
 
@@ -342,6 +432,7 @@ KernelSignature AttentionSpec::signature() const {
   s.alibi = alibi;
   s.score_mod = score_mod;
   s.mask_mod = mask_mod;
+  s.mask = mask;
   s.sinks = sinks;
   s.packed_q = seqs.packed_q;
   s.packed_k = seqs.packed_k;
@@ -377,6 +468,8 @@ std::string KernelSignature::summary() const {
     s += fmt::format(" score_mod=\"{}\"", score_mod);
   if (!mask_mod.empty())
     s += fmt::format(" mask_mod=\"{}\"", mask_mod);
+  if (mask != MaskType::none)
+    s += fmt::format(" mask={}", mask_type_name(mask));
   if (sinks)
     s += " sinks";
   if (packed_q)
@@ -423,6 +516,8 @@ Status AttentionSpec::matches(const KernelSignature &want) const {
     return differ("score_mod", have.score_mod, want.score_mod);
   if (have.mask_mod != want.mask_mod)
     return differ("mask_mod", have.mask_mod, want.mask_mod);
+  if (have.mask != want.mask)
+    return differ("mask tensor type", mask_type_name(have.mask), mask_type_name(want.mask));
   if (have.sinks != want.sinks)
     return differ("attention sinks", have.sinks, want.sinks);
   if (have.packed_q != want.packed_q)
@@ -466,6 +561,9 @@ std::string AttentionSpec::summary() const {
     s += fmt::format(" score_mod=\"{}\"", score_mod);
   if (!mask_mod.empty())
     s += fmt::format(" mask_mod=\"{}\"", mask_mod);
+  if (mask != MaskType::none)
+    s += fmt::format(" mask={}[{},{},{},{}]", mask_type_name(mask), mask_strides.batch,
+                     mask_strides.head, mask_strides.q, mask_strides.k);
   if (sinks)
     s += " sinks";
   if (seqs.packed_q)

@@ -60,6 +60,29 @@ struct Sequences {
 /// contiguous; the score of (i, j) gains -slope * |i + seqlen_k - seqlen_q - j|.
 enum class Alibi { none, heads, batch_heads };
 
+/// An attention mask tensor (SDPA's attn_mask, transformers' padding masks),
+/// given per call: its elements are bool (1 byte; nonzero: the query sees the
+/// key), or f32 / f16 / bf16 values added to the scaled score (-inf hides the
+/// key). The element type changes the kernel's code; the strides do not.
+enum class MaskType { none, boolean, f32, f16, bf16 };
+std::string_view mask_type_name(MaskType t); // "none", "bool", "f32", ...
+Expected<MaskType> parse_mask_type(std::string_view name);
+int mask_type_bytes(MaskType t); // 1, 4, 2, 2 (0 for none)
+
+/// Element strides of a mask tensor, logically [batch, heads, seqlen_q,
+/// seqlen_k]: 0 broadcasts an axis, so SDPA's [seqlen_q, seqlen_k] mask is
+/// {0, 0, seqlen_k, 1} and a key-padding mask [batch, seqlen_k] is {seqlen_k, 0, 0, 1}.
+struct MaskStrides {
+  int64_t batch = 0, head = 0, q = 0, k = 1;
+  bool operator==(const MaskStrides &) const = default;
+};
+
+/// Dense strides of a mask tensor over `axes`, the letters of b, h, q, k it
+/// has, in that order ("bhqk", "qk", "bk": a key-padding mask); the axes it
+/// lacks broadcast (stride 0). E.g. "bk" for batch 2, seqlen_k 9: {9, 0, 0, 1}.
+Expected<MaskStrides> dense_mask_strides(std::string_view axes, int64_t batch, int64_t heads,
+                                         int64_t seqlen_q, int64_t seqlen_k);
+
 /// What of an attention spec changes a kernel's code. Everything else (batch,
 /// heads, kv_heads, seqlens, strides, window sizes, scale) is a run-time argument,
 /// so one kernel serves every spec with the same signature.
@@ -74,6 +97,7 @@ struct KernelSignature {
   bool softcap = false;
   Alibi alibi = Alibi::none;
   std::string score_mod, mask_mod;
+  MaskType mask = MaskType::none; // the mask tensor's element type
   bool sinks = false;
   /// Sequences: packed Q (cu_seqlens_q), packed K/V (cu_seqlens_k), per-batch key
   /// counts (seqused_k), a paged KV cache.
@@ -111,11 +135,15 @@ struct AttentionSpec {
   ///   softcap > 0:  score = softcap * tanh(score / softcap) (the cap is a run-time value)
   ///   alibi:        score -= slope * |q_idx + seqlen_k - seqlen_q - kv_idx| (slopes per call)
   ///   score_mod:    an expression of score, b, h, q_idx, kv_idx, seqlen_q, seqlen_k
+  ///   mask:         a mask tensor's element (mask_strides) added, or where
+  ///                 false, the key hidden
   ///   mask_mod:     an expression of the same names but score; 0 hides the key
   /// (FlexAttention's names; q_idx and kv_idx count from each sequence's start).
   double softcap = 0;
   Alibi alibi = Alibi::none;
   std::string score_mod, mask_mod;
+  MaskType mask = MaskType::none;
+  MaskStrides mask_strides; // of the mask tensor (unused without one)
   /// Attention sinks (gpt-oss): a learned logit per query head, f32 [heads] given
   /// per call, that joins each row's softmax denominator (in the units of the
   /// modified score) without a value: out = sum_j p_j v_j with p_j =
@@ -148,6 +176,8 @@ struct AttentionSpec {
   int64_t v_elements() const { return extent(v, kv_batches(), kv_heads, kv_rows(), head_dim_v); }
   int64_t o_elements() const { return extent(o, q_batches(), heads, q_rows(), head_dim_v); }
   int64_t lse_elements() const { return q_batches() * heads * q_rows(); }
+  /// Elements the mask tensor's buffer must hold (0 without one).
+  int64_t mask_elements() const;
   /// The batch and row extents of the Q/O buffers: (1, total_q) when packed.
   int64_t q_batches() const { return seqs.packed_q ? 1 : batch; }
   int64_t q_rows() const { return seqs.packed_q ? seqs.total_q : seqlen_q; }
@@ -164,7 +194,8 @@ struct AttentionSpec {
   Status validate_sequences() const;
   Status validate_modifiers() const;
   bool has_score_modifier() const {
-    return softcap > 0 || alibi != Alibi::none || !score_mod.empty() || !mask_mod.empty();
+    return softcap > 0 || alibi != Alibi::none || !score_mod.empty() || !mask_mod.empty() ||
+           mask != MaskType::none;
   }
   /// What of this spec a kernel specializes on.
   KernelSignature signature() const;

@@ -509,10 +509,11 @@ private:
                              "one (both become identifiers of the generated kernel)",
                              name);
     }
-    for (const std::string &name : p_.arrays)
-      if (!is_identifier(name) || name.find('.') != std::string::npos || p_.scalar(name) ||
+    for (const ArrayParam &a : p_.arrays)
+      if (const std::string &name = a.name;
+          !is_identifier(name) || name.find('.') != std::string::npos || p_.scalar(name) ||
           p_.has_index(name) || p_.tensor(name) || value_names_used.count(name) ||
-          std::count(p_.arrays.begin(), p_.arrays.end(), name) != 1)
+          p_.array(name) != &a)
         return Status::error("array @{} is not a C identifier, is declared twice, or has the name "
                              "of a scalar, index array, tensor or value",
                              name);

@@ -239,8 +239,14 @@ Expected<Lowered> KernelEmitter::run() {
   }
   for (const std::string &index : p_.indices)
     params.push_back({index, KernelParam::Kind::tensor, ir::ScalarType::i64, "const int *"});
-  for (const std::string &array : p_.arrays)
-    params.push_back({array, KernelParam::Kind::tensor, ir::ScalarType::i64, "const float *"});
+  for (const ir::ArrayParam &array : p_.arrays) {
+    // Each element reads as a float (templates/attention_common.hip).
+    const char *element = array.element == ir::ArrayElement::u8     ? "const unsigned char *"
+                          : array.element == ir::ArrayElement::f16  ? "const fj_f16_elem *"
+                          : array.element == ir::ArrayElement::bf16 ? "const fj_bf16_elem *"
+                                                                    : "const float *";
+    params.push_back({array.name, KernelParam::Kind::tensor, ir::ScalarType::i64, element});
+  }
   for (const ir::ScalarParam &sp : p_.scalars)
     params.push_back({sp.name, KernelParam::Kind::scalar, sp.type, c_scalar_type(sp.type)});
   if (const int blocks = nvidia_min_blocks(); blocks > 1)

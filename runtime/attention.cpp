@@ -124,6 +124,24 @@ int64_t alibi_slopes(const AttentionSpec &s) {
   return s.alibi == Alibi::none ? 0 : s.alibi == Alibi::heads ? s.heads : s.batch * s.heads;
 }
 
+/// The bytes of a spec's mask tensor (0 without one).
+size_t mask_bytes(const AttentionSpec &s) {
+  return size_t(s.mask_elements()) * size_t(mask_type_bytes(s.mask));
+}
+
+/// The mask pointer exactly when the spec has a mask, aligned to its element.
+Status check_mask_pointer(const AttentionSpec &s, const void *mask) {
+  if ((s.mask != MaskType::none) != (mask != nullptr))
+    return Status::error("attn_mask is {} but the spec {}", mask ? "given" : "null",
+                         mask ? "has no mask tensor: pass null, or set spec.mask"
+                              : fmt::format("has a {} mask tensor: pass its {} elements",
+                                            mask_type_name(s.mask), s.mask_elements()));
+  if (mask && reinterpret_cast<uintptr_t>(mask) % uintptr_t(mask_type_bytes(s.mask)) != 0)
+    return Status::error("attn_mask ({}) is not aligned to its {}-byte elements", mask,
+                         mask_type_bytes(s.mask));
+  return Status::ok();
+}
+
 /// Runs `run` over host copies of host buffers.
 Status run_on_host(const AttentionSpec &spec, const AttentionTensors &in,
                    const std::function<Status(HostTensors &)> &run) {
@@ -140,6 +158,8 @@ Status run_on_host(const AttentionSpec &spec, const AttentionTensors &in,
     t.alibi_slopes.assign(in.alibi_slopes, in.alibi_slopes + n);
   if (spec.sinks)
     t.sinks.assign(in.sinks, in.sinks + spec.heads);
+  if (spec.mask != MaskType::none)
+    t.attn_mask = mask_values(spec.mask, in.attn_mask, spec.mask_elements());
   FJ_RETURN_IF_ERROR(check_sequences(spec, t).with_context("forward"));
   FJ_RETURN_IF_ERROR(run(t));
   from_floats(t.o, spec, sh.o, in.out);
@@ -357,7 +377,8 @@ Status Attention::Impl::run_split_gpu(const SplitKv &sk, const AttentionSpec &sh
                                          {"cu_seqlens_k", t.cu_seqlens_k},
                                          {"seqused_k", t.seqused_k},
                                          {"block_table", t.block_table},
-                                         {"alibi_slopes", t.alibi_slopes}};
+                                         {"alibi_slopes", t.alibi_slopes},
+                                         {"attn_mask", t.attn_mask}};
   const runtime::NamedPointer second[] = {
       {"O_partial", o_partial}, {"LSE_partial", lse_partial}, {"O", t.out}, {"LSE", t.lse}};
   Status s = launch(sk.partial.lowered, *sk.partial_kernel, ir::bind_split_kv(shape, splits), first,
@@ -443,6 +464,7 @@ Status Attention::Impl::check_arguments(const AttentionSpec &shape,
   if (t.alibi_slopes && reinterpret_cast<uintptr_t>(t.alibi_slopes) % alignof(float) != 0)
     return Status::error("forward: alibi_slopes ({}) is not aligned to 4 bytes",
                          static_cast<const void *>(t.alibi_slopes));
+  FJ_RETURN_IF_ERROR(check_mask_pointer(shape, t.attn_mask).with_context("forward"));
   // Each index array exactly when the spec's sequences need it.
   const std::vector<IndexArray> wanted = index_arrays(shape, t);
   const std::pair<const char *, const int32_t *> given[] = {{"cu_seqlens_q", t.cu_seqlens_q},
@@ -535,11 +557,15 @@ Status Attention::Impl::check_backward(const AttentionSpec &shape, const Backwar
                          t.alibi_slopes ? "has no ALiBi: pass null, or set spec.alibi"
                                         : fmt::format("has ALiBi: pass the forward's {} f32 slopes",
                                                       alibi_slopes(shape)));
+  FJ_RETURN_IF_ERROR(check_mask_pointer(shape, t.attn_mask).with_context("backward"));
   if (driver == nullptr)
     return Status::ok();
   if (t.alibi_slopes)
     FJ_RETURN_IF_ERROR(driver->check_buffer(
         device.index, t.alibi_slopes, size_t(alibi_slopes(shape)) * 4, "backward: alibi_slopes"));
+  if (t.attn_mask)
+    FJ_RETURN_IF_ERROR(
+        driver->check_buffer(device.index, t.attn_mask, mask_bytes(shape), "backward: attn_mask"));
   const int64_t e = dtype_bytes(shape.dtype);
   const std::tuple<const char *, const void *, int64_t> buffers[] = {
       {"q", t.q, shape.q_elements() * e},
@@ -590,7 +616,8 @@ Status Attention::Impl::run_backward(const Backward &b, const AttentionSpec &sha
   const Arg q{"Q", t.q, shape.q_elements() * e, e}, k{"K", t.k, shape.k_elements() * e, e},
       v{"V", t.v, shape.v_elements() * e, e}, dout{"dO", t.dout, shape.o_elements() * e, e},
       l_arg{"L", l, rows * 4, 4}, d_arg{"D", d, rows * 4, 4},
-      slopes{"alibi_slopes", t.alibi_slopes, alibi_slopes(shape) * 4, 4};
+      slopes{"alibi_slopes", t.alibi_slopes, alibi_slopes(shape) * 4, 4},
+      mask{"attn_mask", t.attn_mask, int64_t(mask_bytes(shape)), mask_type_bytes(shape.mask)};
   const int64_t dk_bytes = (ws.dv_offset - ws.dk_offset) * 4,
                 dv_bytes = (ws.elements - ws.dv_offset) * 4;
   // Arguments with a null pointer (alibi_slopes without ALiBi) are not the kernel's.
@@ -623,7 +650,8 @@ Status Attention::Impl::run_backward(const Backward &b, const AttentionSpec &sha
       0,
       {dout, {"O", t.out, shape.o_elements() * e, e}, {"LSE", t.lse, rows * 4, 4}, l_arg, d_arg});
   if (s)
-    s = run(1, {q, k, v, dout, l_arg, d_arg, slopes, {"dQ", t.dq, shape.q_elements() * e, e}});
+    s = run(1,
+            {q, k, v, dout, l_arg, d_arg, slopes, mask, {"dQ", t.dq, shape.q_elements() * e, e}});
   if (s)
     s = run(2, {q,
                 k,
@@ -632,6 +660,7 @@ Status Attention::Impl::run_backward(const Backward &b, const AttentionSpec &sha
                 l_arg,
                 d_arg,
                 slopes,
+                mask,
                 {"dK", dk_heads, dk_bytes, 4},
                 {"dV", dv_heads, dv_bytes, 4}});
   if (s)
@@ -669,6 +698,8 @@ Status Attention::Impl::check_device_buffers(const AttentionSpec &shape, const A
                          alibi_slopes(shape) * int64_t(sizeof(float)));
   if (t.sinks)
     buffers.emplace_back("sinks", t.sinks, shape.heads * int64_t(sizeof(float)));
+  if (t.attn_mask)
+    buffers.emplace_back("attn_mask", t.attn_mask, int64_t(mask_bytes(shape)));
   for (const auto &[name, pointer, bytes] : buffers)
     FJ_RETURN_IF_ERROR(driver->check_buffer(device.index, pointer, size_t(bytes),
                                             fmt::format("forward: {}", name)));
@@ -711,7 +742,8 @@ Status Attention::Impl::run_gpu(const AttentionSpec &shape, const AttentionTenso
                                             {"seqused_k", t.seqused_k},
                                             {"block_table", t.block_table},
                                             {"alibi_slopes", t.alibi_slopes},
-                                            {"sinks", t.sinks}};
+                                            {"sinks", t.sinks},
+                                            {"attn_mask", t.attn_mask}};
   FJ_RETURN_IF_ERROR(launch(l, *kernel, ir::bind_attention(shape), pointers, stream));
   if (options.synchronize)
     FJ_RETURN_IF_ERROR(
@@ -775,6 +807,11 @@ Status Attention::Impl::run_interpreter(const AttentionSpec &shape, const Attent
     FJ_RETURN_IF_ERROR(
         driver->copy_to_host(device.index, sinks.data(), in.sinks, sinks.size() * sizeof(float)));
     host.sinks = sinks.data();
+  }
+  std::vector<uint8_t> mask(mask_bytes(shape));
+  if (!mask.empty()) {
+    FJ_RETURN_IF_ERROR(driver->copy_to_host(device.index, mask.data(), in.attn_mask, mask.size()));
+    host.attn_mask = mask.data();
   }
   FJ_RETURN_IF_ERROR(run_on_host(shape, host, interpret));
   FJ_RETURN_IF_ERROR(driver->copy_to_device(device.index, in.out, ho->data(), ho->size()));

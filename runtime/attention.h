@@ -91,6 +91,9 @@ struct AttentionTensors {
   const float *alibi_slopes = nullptr;
   /// Attention sinks' logits, f32 [heads] (AttentionSpec::sinks); null otherwise.
   const float *sinks = nullptr;
+  /// The mask tensor (AttentionSpec::mask): elements of its type (bool: 1 byte)
+  /// laid out by AttentionSpec::mask_strides, aligned to its element; null otherwise.
+  const void *attn_mask = nullptr;
 };
 
 /// The buffers of one backward() call, laid out by the shapes' strides like
@@ -104,6 +107,9 @@ struct BackwardTensors {
   void *dq = nullptr, *dk = nullptr, *dv = nullptr;
   /// ALiBi's slopes as forward took them (AttentionSpec::alibi); null otherwise.
   const float *alibi_slopes = nullptr;
+  /// The mask tensor as forward took it (AttentionSpec::mask); null otherwise.
+  /// It gets no gradient: an additive mask is a constant of the backward.
+  const void *attn_mask = nullptr;
 };
 
 namespace detail {

@@ -153,6 +153,11 @@ void from_spec(const flashjit::AttentionSpec &s, fj_spec *out) {
   out->softcap = s.softcap;
   out->alibi = int32_t(s.alibi);
   out->sinks = s.sinks;
+  out->mask_type = int32_t(s.mask);
+  out->mask_batch_stride = s.mask_strides.batch;
+  out->mask_head_stride = s.mask_strides.head;
+  out->mask_q_stride = s.mask_strides.q;
+  out->mask_k_stride = s.mask_strides.k;
   out->page_size = s.seqs.page_size;
   out->num_pages = s.seqs.num_pages;
   out->pages_per_seq = s.seqs.pages_per_seq;
@@ -199,6 +204,14 @@ fj_error to_spec(const fj_spec *in, flashjit::AttentionSpec *out) {
   out->score_mod = in->score_mod ? in->score_mod : "";
   out->mask_mod = in->mask_mod ? in->mask_mod : "";
   out->sinks = in->sinks != 0;
+  if (in->mask_type < FJ_MASK_NONE || in->mask_type > FJ_MASK_BF16)
+    return fail(FJ_ERROR_INVALID_SPEC,
+                fmt::format("spec.mask_type is {}: expected an fj_mask_type, 0 (none), 1 (bool), "
+                            "2 (f32), 3 (f16) or 4 (bf16)",
+                            in->mask_type));
+  out->mask = flashjit::MaskType(in->mask_type);
+  out->mask_strides = {in->mask_batch_stride, in->mask_head_stride, in->mask_q_stride,
+                       in->mask_k_stride};
   out->q = to_strides(in->q);
   out->k = to_strides(in->k);
   out->v = to_strides(in->v);
@@ -488,6 +501,7 @@ fj_error fj_attention_forward_tensors(fj_attention *attention, const fj_spec *sh
     t.block_table = tensors->block_table;
     t.alibi_slopes = tensors->alibi_slopes;
     t.sinks = tensors->sinks;
+    t.attn_mask = tensors->attn_mask;
     Failure failure = Failure::none;
     Status status =
         flashjit::detail::AttentionAccess::forward(attention->attention, s, t, stream, &failure);
@@ -506,9 +520,10 @@ fj_error fj_attention_backward(fj_attention *attention, const fj_spec *shape,
     if (shape != nullptr)
       if (fj_error e = to_spec(shape, &s); e != FJ_OK)
         return e;
-    const flashjit::BackwardTensors t{tensors->q,   tensors->k,           tensors->v,  tensors->out,
-                                      tensors->lse, tensors->dout,        tensors->dq, tensors->dk,
-                                      tensors->dv,  tensors->alibi_slopes};
+    const flashjit::BackwardTensors t{
+        tensors->q,        tensors->k,  tensors->v,  tensors->out, tensors->lse,
+        tensors->dout,     tensors->dq, tensors->dk, tensors->dv,  tensors->alibi_slopes,
+        tensors->attn_mask};
     Failure failure = Failure::none;
     Status status =
         flashjit::detail::AttentionAccess::backward(attention->attention, s, t, stream, &failure);

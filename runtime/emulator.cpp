@@ -902,7 +902,7 @@ namespace {
 /// The attention tensors as device buffers: 16-bit Q, K, V and O (poisoned),
 /// f32 LSE (poisoned) when the spec has one.
 struct DeviceTensors {
-  AlignedBytes q, k, v, o, lse;
+  AlignedBytes q, k, v, o, lse, mask;
   std::vector<EmulatorBuffer> buffers;
 };
 
@@ -935,6 +935,9 @@ Status check_attention(const lowering::Lowered &k, const AttentionSpec &spec,
   if (tensors.sinks.size() != (spec.sinks ? size_t(spec.heads) : 0))
     return Status::error("emulator: host sinks holds {} values; the spec needs {}",
                          tensors.sinks.size(), spec.sinks ? spec.heads : 0);
+  if (int64_t(tensors.attn_mask.size()) != spec.mask_elements())
+    return Status::error("emulator: host attn_mask holds {} values; the spec's mask needs {}",
+                         tensors.attn_mask.size(), spec.mask_elements());
   return check_sequences(spec, tensors).with_context("emulator");
 }
 
@@ -971,6 +974,13 @@ Status to_device_tensors(const AttentionSpec &spec, const HostTensors &tensors, 
   if (!tensors.alibi_slopes.empty())
     d.buffers.push_back({"alibi_slopes", const_cast<float *>(tensors.alibi_slopes.data()),
                          tensors.alibi_slopes.size() * 4, 4, false});
+  if (spec.mask != MaskType::none) { // in its own element type, as a GPU reads it
+    const int bytes = mask_type_bytes(spec.mask);
+    const size_t size = tensors.attn_mask.size() * size_t(bytes);
+    d.mask = AlignedBytes(size);
+    mask_storage(spec.mask, tensors.attn_mask, d.mask.data);
+    d.buffers.push_back({"attn_mask", d.mask.data, size, bytes, false});
+  }
   return Status::ok();
 }
 

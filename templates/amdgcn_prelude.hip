@@ -3,6 +3,7 @@
 // below; the CPU emulator provides the same wrappers with exact semantics.
 #define FJ_GLOBAL extern "C" __attribute__((global))
 #define FJ_DEVICE static inline __attribute__((device, always_inline))
+#define FJ_METHOD inline __attribute__((device, always_inline)) // a member function
 #define FJ_INF __builtin_inff() // +infinity, as a float expression
 #define FJ_WORKGROUP_SIZE(n) __attribute__((amdgpu_flat_work_group_size(n, n)))
 #define FJ_LDS_ARRAY(type, name, count) __attribute__((shared)) type name[count]

@@ -1,3 +1,15 @@
+// ---- mask tensor elements ----
+// f16 and bf16 elements of a mask tensor (kernel parameters `const
+// fj_f16_elem *attn_mask`): each reads as a float where a score expression uses it.
+struct fj_f16_elem {
+  fj_bits bits;
+  FJ_METHOD operator float() const { return fj_f16_to_f32(bits); }
+};
+struct fj_bf16_elem {
+  fj_bits bits;
+  FJ_METHOD operator float() const { return fj_bf16_to_f32(bits); }
+};
+
 // ---- attention index math ----
 // The run-time shapes come in as arguments: the sequence lengths and the
 // sliding window's sizes (-1: unbounded on that side). kCausal, kBlockM and

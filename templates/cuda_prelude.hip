@@ -3,6 +3,7 @@
 // map each HIP-side operation onto its CUDA counterpart, as HIP does on NVIDIA.
 #define FJ_GLOBAL extern "C" __global__
 #define FJ_DEVICE static __device__ __forceinline__
+#define FJ_METHOD __device__ __forceinline__ // a member function
 #define FJ_INF __int_as_float(0x7f800000) // +infinity, as a float expression
 #define FJ_WORKGROUP_SIZE(n) __launch_bounds__(n)
 // At least b blocks of n threads resident per SM: ptxas caps the registers to fit.

@@ -6,6 +6,7 @@
 // (fj_barrier) before they complete.
 #define FJ_GLOBAL extern "C"
 #define FJ_DEVICE static inline __attribute__((always_inline))
+#define FJ_METHOD inline __attribute__((always_inline)) // a member function
 #define FJ_INF __builtin_inff() // +infinity, as a float expression
 // The emulator reads the declared size back from the module and checks the launch against it.
 #define FJ_WORKGROUP_SIZE(n) __attribute__((annotate("flashjit.workgroup_size=" #n)))

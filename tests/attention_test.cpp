@@ -882,6 +882,9 @@ void gpu_matches_reference(runtime::GpuDriver &cuda, const AttentionSpec &spec, 
   a.alibi_slopes =
       static_cast<const float *>(upload(t.alibi_slopes.data(), t.alibi_slopes.size() * 4));
   a.sinks = static_cast<const float *>(upload(t.sinks.data(), t.sinks.size() * 4));
+  std::vector<uint32_t> mask((t.attn_mask.size() * 4 + 3) / 4);
+  mask_storage(spec.mask, t.attn_mask, mask.data());
+  a.attn_mask = upload(mask.data(), t.attn_mask.size() * size_t(mask_type_bytes(spec.mask)));
   Status s = attn->forward(spec, a);
   ASSERT_TRUE(s) << s.message();
   ASSERT_TRUE(cuda.copy_to_host(0, o.data(), a.out, o.size() * 2));
@@ -931,6 +934,8 @@ TEST(AttentionCuda, ScoreModifiersMatchTheReference) {
     Alibi alibi;
     const char *score_mod, *mask_mod;
     bool sinks = false;
+    MaskType mask = MaskType::none; // a mask tensor, dense over mask_axes of bhqk
+    const char *mask_axes = "bhqk";
   };
   const Mod mods[] = {
       {2, 8, 2, 300, 300, 128, false, 30.0, Alibi::none, "", ""},
@@ -941,6 +946,11 @@ TEST(AttentionCuda, ScoreModifiersMatchTheReference) {
       {1, 2, 2, 100, 100, 96, true, 0, Alibi::none, "", "q_idx % 3 != 0"},
       {2, 8, 1, 1, 2000, 64, true, 0, Alibi::none, "", "", true},
       {1, 8, 2, 300, 300, 128, true, 20.0, Alibi::none, "", "", true},
+      {2, 8, 2, 257, 300, 128, false, 0, Alibi::none, "", "", false, MaskType::boolean, "bhqk"},
+      {3, 4, 4, 190, 190, 64, true, 0, Alibi::none, "", "", false, MaskType::boolean, "bk"},
+      {1, 8, 2, 300, 700, 80, false, 0, Alibi::none, "", "", false, MaskType::f32, "qk"},
+      {2, 4, 2, 128, 128, 128, false, 25.0, Alibi::heads, "", "", false, MaskType::bf16, "bqk"},
+      {2, 8, 2, 1, 2500, 128, false, 0, Alibi::none, "", "", false, MaskType::f16, "bhqk"},
   };
   for (const Mod &m : mods) {
     AttentionSpec spec = make_spec(m.b, m.hq, m.hkv, m.sq, m.sk, m.d, m.d, DType::bf16);
@@ -951,6 +961,12 @@ TEST(AttentionCuda, ScoreModifiersMatchTheReference) {
     spec.mask_mod = m.mask_mod;
     spec.sinks = m.sinks;
     spec.lse = true;
+    if (m.mask != MaskType::none) {
+      spec.mask = m.mask;
+      spec.mask_strides =
+          dense_mask_strides(m.mask_axes, spec.batch, spec.heads, spec.seqlen_q, spec.seqlen_k)
+              .value();
+    }
     SCOPED_TRACE(spec.summary());
     HostTensors t = make_random_inputs(spec, 3);
     gpu_matches_reference(*cuda, spec, t);

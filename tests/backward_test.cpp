@@ -49,6 +49,10 @@ struct Case {
   const char *score_mod = "", *mask_mod = "";
   double ref_scale = 1;
   bool ref_causal = false;
+  // A mask tensor (AttentionSpec::mask), dense over these axes of bhqk; the
+  // reference takes it as it is.
+  MaskType mask = MaskType::none;
+  const char *mask_axes = "bhqk";
 };
 
 const Case kCases[] = {
@@ -123,6 +127,66 @@ const Case kCases[] = {
      "kv_idx <= q_idx + seqlen_k - seqlen_q",
      1.0,
      true},
+    {"bool_mask_gqa",
+     1,
+     4,
+     2,
+     40,
+     72,
+     32,
+     32,
+     false,
+     {},
+     DType::bf16,
+     Layout::bshd,
+     0,
+     Alibi::none,
+     "",
+     "",
+     1.0,
+     false,
+     MaskType::boolean,
+     "bhqk"},
+    {"additive_f32_key_padding_causal",
+     2,
+     2,
+     2,
+     30,
+     50,
+     64,
+     64,
+     true,
+     {},
+     DType::f16,
+     Layout::bshd,
+     0,
+     Alibi::none,
+     "",
+     "",
+     1.0,
+     false,
+     MaskType::f32,
+     "bk"},
+    {"additive_bf16_qk_softcap",
+     1,
+     2,
+     1,
+     48,
+     40,
+     48,
+     48,
+     false,
+     {},
+     DType::bf16,
+     Layout::bshd,
+     2.5,
+     Alibi::none,
+     "",
+     "",
+     1.0,
+     false,
+     MaskType::bf16,
+     "qk"},
 };
 
 AttentionSpec spec_of(const Case &c) {
@@ -135,6 +199,11 @@ AttentionSpec spec_of(const Case &c) {
   s.alibi = c.alibi;
   s.score_mod = c.score_mod;
   s.mask_mod = c.mask_mod;
+  if (c.mask != MaskType::none) {
+    s.mask = c.mask;
+    s.mask_strides =
+        dense_mask_strides(c.mask_axes, s.batch, s.heads, s.seqlen_q, s.seqlen_k).value();
+  }
   return s;
 }
 
@@ -313,12 +382,17 @@ void run_attention(const AttentionSpec &spec, const std::string &device, const O
       dk(t.k.size(), 0x7fc1), dv(t.v.size(), 0x7fc1);
   std::vector<float> lse(size_t(spec.lse_elements()), std::nanf(""));
   const float *slopes = t.alibi_slopes.empty() ? nullptr : t.alibi_slopes.data();
+  // The mask tensor in its own element type, as a GPU reads it.
+  std::vector<uint32_t> mask_words((t.attn_mask.size() * 4 + 3) / 4);
+  mask_storage(spec.mask, t.attn_mask, mask_words.data());
+  const void *mask = spec.mask == MaskType::none ? nullptr : mask_words.data();
   AttentionTensors fwd{q.data(), k.data(), v.data(), o.data(), lse.data()};
   fwd.alibi_slopes = slopes;
+  fwd.attn_mask = mask;
   Status s = attn->forward(spec, fwd);
   ASSERT_TRUE(s) << s.message();
   s = attn->backward(spec, {q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(),
-                            dq.data(), dk.data(), dv.data(), slopes});
+                            dq.data(), dk.data(), dv.data(), slopes, mask});
   ASSERT_TRUE(s) << s.message();
   t.o = floats_of(spec, o);
   t.dq = floats_of(spec, dq);
@@ -327,7 +401,7 @@ void run_attention(const AttentionSpec &spec, const std::string &device, const O
   // The same call again: the same bits (no atomics, sums in a fixed order).
   std::vector<uint16_t> dq2(dq.size(), 0x7fc1), dk2(dk.size(), 0x7fc1), dv2(dv.size(), 0x7fc1);
   s = attn->backward(spec, {q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(),
-                            dq2.data(), dk2.data(), dv2.data(), slopes});
+                            dq2.data(), dk2.data(), dv2.data(), slopes, mask});
   ASSERT_TRUE(s) << s.message();
   EXPECT_EQ(dq, dq2);
   EXPECT_EQ(dk, dk2);

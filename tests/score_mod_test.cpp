@@ -136,6 +136,9 @@ struct ModCase {
   Alibi alibi;
   const char *score_mod, *mask_mod;
   bool sinks = false;
+  // A mask tensor (AttentionSpec::mask), dense over these axes of bhqk.
+  MaskType mask = MaskType::none;
+  const char *mask_axes = "bhqk";
 };
 
 void PrintTo(const ModCase &c, std::ostream *os) { *os << c.name; }
@@ -165,6 +168,20 @@ const ModCase kCases[] = {
      Alibi::none, "", "", true},
     {"sinks_every_key_hidden", 1, 2, 1, 20, 40, 64, DType::bf16, false, kNoWindow, 0, Alibi::none,
      "", "kv_idx < 0", true},
+    // Mask tensors (SDPA's attn_mask): random bools (1 in 4 false) or values in
+    // [-2, 1) with 1 in 5 -inf, broadcast by 0 strides over the axes they lack.
+    {"bool_mask_bhqk_gqa", 2, 4, 2, 45, 70, 64, DType::bf16, false, kNoWindow, 0, Alibi::none, "",
+     "", false, MaskType::boolean},
+    {"bool_key_padding_causal", 2, 2, 1, 40, 90, 72, DType::f16, true, kNoWindow, 0, Alibi::none,
+     "", "", false, MaskType::boolean, "bk"},
+    {"additive_f32_qk_sq_gt_sk", 1, 4, 4, 90, 33, 64, DType::bf16, false, kNoWindow, 0, Alibi::none,
+     "", "", false, MaskType::f32, "qk"},
+    {"additive_f16_hqk_window", 1, 2, 2, 64, 64, 48, DType::f16, false, Window{10, 3}, 0,
+     Alibi::none, "", "", false, MaskType::f16, "hqk"},
+    {"additive_bf16_softcap_alibi_mods", 2, 2, 1, 30, 50, 64, DType::bf16, true, kNoWindow, 3.0,
+     Alibi::heads, "score * 0.5", "q_idx % 3 != 1", false, MaskType::bf16, "bqk"},
+    {"additive_f32_sinks_d100", 1, 2, 2, 25, 60, 100, DType::bf16, false, kNoWindow, 0, Alibi::none,
+     "", "", true, MaskType::f32, "bhqk"},
 };
 
 AttentionSpec spec_of(const ModCase &c) {
@@ -177,6 +194,11 @@ AttentionSpec spec_of(const ModCase &c) {
   s.mask_mod = c.mask_mod;
   s.sinks = c.sinks;
   s.lse = true;
+  if (c.mask != MaskType::none) {
+    s.mask = c.mask;
+    s.mask_strides =
+        dense_mask_strides(c.mask_axes, s.batch, s.heads, s.seqlen_q, s.seqlen_k).value();
+  }
   return s;
 }
 

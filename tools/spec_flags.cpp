@@ -30,6 +30,12 @@ std::vector<FlagSpec> spec_flags() {
        "none"},
       {"--mask-mod", "EXPR",
        "mask: an expression of b, h, q_idx, kv_idx, seqlen_q, seqlen_k; 0 hides the key", "none"},
+      {"--attn-mask", "TYPE[:AXES]",
+       "a mask tensor (SDPA's attn_mask): TYPE bool (nonzero attends) or f32|f16|bf16 (added to "
+       "the scaled score), dense over AXES, the letters of [batch, heads, seqlen_q, seqlen_k] it "
+       "has (the others broadcast): bhqk, bqk, hqk, qk, bk (key padding), ... (run draws it at "
+       "random)",
+       "none"},
       {"--num-splits", "N",
        "split-KV (flash-decoding): each query block's keys over N workgroups, merged by LSE "
        "(run --device emulator; 1: off)",
@@ -55,6 +61,28 @@ std::vector<FlagSpec> config_flags() {
        "auto"},
   };
 }
+
+namespace {
+
+/// `--attn-mask TYPE[:AXES]`: the mask type and dense strides over the named
+/// axes of [batch, heads, seqlen_q, seqlen_k] (0 for the broadcast ones).
+Status set_attn_mask(const std::string &value, AttentionSpec &s) {
+  const size_t colon = value.find(':');
+  auto type = parse_mask_type(value.substr(0, colon));
+  if (!type || *type == MaskType::none)
+    return Status::error("--attn-mask expects TYPE[:AXES] with TYPE bool, f32, f16 or bf16, got "
+                         "'{}'",
+                         value);
+  const std::string axes = colon == std::string::npos ? "bhqk" : value.substr(colon + 1);
+  auto strides = dense_mask_strides(axes, s.batch, s.heads, s.seqlen_q, s.seqlen_k);
+  if (!strides)
+    return strides.status().with_context("--attn-mask");
+  s.mask = *type;
+  s.mask_strides = *strides;
+  return Status::ok();
+}
+
+} // namespace
 
 Expected<AttentionSpec> spec_from(const Args &a) {
   AttentionSpec s;
@@ -120,6 +148,8 @@ Expected<AttentionSpec> spec_from(const Args &a) {
   }
   s.score_mod = a.get("--score-mod", "");
   s.mask_mod = a.get("--mask-mod", "");
+  if (a.has("--attn-mask"))
+    FJ_RETURN_IF_ERROR(set_attn_mask(a.get("--attn-mask"), s));
   s.set_layout(*layout);
   FJ_RETURN_IF_ERROR(s.validate());
   return s;

@@ -84,6 +84,16 @@ typedef FJ_ENUM(fj_layout) {
   FJ_LAYOUT_INTERLEAVED = 2 /* fused QKV projection: [batch, seq, Hq*Dqk + Hkv*Dqk + Hkv*Dv] */
 } fj_layout;
 
+/* The element type of a mask tensor (fj_spec.mask_type): bool (1 byte, nonzero
+ * attends), or f32 / f16 / bf16 values added to the scaled score. */
+typedef FJ_ENUM(fj_mask_type) {
+  FJ_MASK_NONE = 0,
+  FJ_MASK_BOOL = 1,
+  FJ_MASK_F32 = 2,
+  FJ_MASK_F16 = 3,
+  FJ_MASK_BF16 = 4
+} fj_mask_type;
+
 /* Element strides of a logical [batch, head, seq, dim] tensor. */
 typedef struct fj_strides {
   int64_t batch, head, seq, dim;
@@ -135,6 +145,13 @@ typedef struct fj_spec {
    * [heads] given per call (fj_tensors.sinks), joins each row's softmax
    * denominator without a value. Split-KV does not run with sinks. */
   int32_t sinks;
+  /* A mask tensor (SDPA's attn_mask), given per call (fj_tensors.attn_mask):
+   * mask_type is an fj_mask_type; its element of (b, h, q_idx, kv_idx) sits at
+   * b * mask_batch_stride + h * mask_head_stride + q_idx * mask_q_stride +
+   * kv_idx * mask_k_stride (0 broadcasts an axis). Applied after score_mod,
+   * before mask_mod. Not with sequences. */
+  int32_t mask_type;
+  int64_t mask_batch_stride, mask_head_stride, mask_q_stride, mask_k_stride;
 } fj_spec;
 
 /* The defaults of flashjit::AttentionSpec: all sizes 1, head dims 64, bf16, BSHD. */
@@ -227,6 +244,7 @@ typedef struct fj_tensors {
   const int32_t *cu_seqlens_q, *cu_seqlens_k, *seqused_k, *block_table;
   const float *alibi_slopes; /* f32 [heads] or [batch, heads] when spec.alibi is 1 or 2 */
   const float *sinks;        /* f32 [heads] when spec.sinks is 1 */
+  const void *attn_mask;     /* the mask tensor when spec.mask_type is not 0 */
 } fj_tensors;
 
 /* The general call: the shapes of `shape` (NULL: the handle's spec) over
@@ -244,6 +262,7 @@ typedef struct fj_backward_tensors {
   const void *dout;
   void *dq, *dk, *dv;
   const float *alibi_slopes; /* as the forward took them when spec.alibi is 1 or 2, else NULL */
+  const void *attn_mask;     /* as the forward took it when spec.mask_type is not 0 (no gradient) */
 } fj_backward_tensors;
 
 /* The gradients of out = attention(q, k, v) with respect to q, k and v given

@@ -1,0 +1,207 @@
+// Mask tensors (issue 14: SDPA's attn_mask, padding masks): bool or additive
+// (f32, f16, bf16) [batch | 1, heads | 1, seqlen_q, seqlen_k] tensors broadcast
+// by 0 strides. The numeric cases of every family and the simt rules live with
+// the other score modifiers (score_mod_test: forward; backward_test: gradients);
+// here:
+//
+//   * the spec: validation names the field, the type is in the signature and
+//     the strides are not, dense_mask_strides;
+//   * the IR: a typed array prints, parses and verifies; bad types are refused;
+//   * flashjit::Attention on the emulator: one kernel serves every broadcast
+//     shape of one mask type (a full mask, a key-padding mask, a [Sq, Sk] one),
+//     split-KV decode reads the mask, the pointer is checked by name.
+//
+// Tolerance: tolerance_for(dtype), as every forward test.
+#include "ir/build.h"
+#include "ir/reference.h"
+#include "runtime/attention.h"
+#include "runtime/emulator.h"
+#include "tests/support/describe.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+namespace flashjit {
+namespace {
+
+AttentionSpec masked_spec(MaskType type, std::string_view axes, int64_t b = 2, int64_t h = 4,
+                          int64_t sq = 40, int64_t sk = 70) {
+  AttentionSpec s = make_spec(b, h, 2, sq, sk, 64, 64, DType::bf16);
+  s.mask = type;
+  s.mask_strides = dense_mask_strides(axes, b, h, sq, sk).value();
+  s.lse = true;
+  return s;
+}
+
+TEST(MaskSpec, DenseStridesBroadcastTheMissingAxes) {
+  EXPECT_EQ(dense_mask_strides("bhqk", 2, 3, 5, 7).value(), (MaskStrides{105, 35, 7, 1}));
+  EXPECT_EQ(dense_mask_strides("bk", 2, 3, 5, 7).value(), (MaskStrides{7, 0, 0, 1}));
+  EXPECT_EQ(dense_mask_strides("qk", 2, 3, 5, 7).value(), (MaskStrides{0, 0, 7, 1}));
+  EXPECT_EQ(dense_mask_strides("", 2, 3, 5, 7).value(), (MaskStrides{0, 0, 0, 0}));
+  for (const char *bad : {"kq", "bbk", "x", "hbk"}) {
+    auto s = dense_mask_strides(bad, 2, 3, 5, 7);
+    ASSERT_FALSE(s) << bad;
+    EXPECT_NE(s.status().message().find("letters of bhqk in that order"), std::string::npos);
+  }
+  EXPECT_EQ(masked_spec(MaskType::f16, "bk").mask_elements(), 2 * 70);
+  EXPECT_EQ(masked_spec(MaskType::none, "bk").mask_elements(), 0);
+}
+
+TEST(MaskSpec, ValidationNamesTheFieldAndTheFix) {
+  AttentionSpec s = masked_spec(MaskType::boolean, "bhqk");
+  EXPECT_TRUE(s.validate()) << s.validate().message();
+  s.mask_strides.q = -70;
+  EXPECT_NE(s.validate().message().find("mask_strides.q (-70) must be in 0..2^40"),
+            std::string::npos)
+      << s.validate().message();
+  s = masked_spec(MaskType::f32, "qk");
+  s.seqs.used_k = true;
+  EXPECT_NE(s.validate().message().find("a mask tensor with varlen batches"), std::string::npos)
+      << s.validate().message();
+  s = masked_spec(MaskType::f32, "qk");
+  s.mask = MaskType(9);
+  EXPECT_NE(s.validate().message().find("mask type 9 is unknown"), std::string::npos);
+  EXPECT_EQ(parse_mask_type("bool").value(), MaskType::boolean);
+  EXPECT_EQ(parse_mask_type("bf16").value(), MaskType::bf16);
+  EXPECT_NE(parse_mask_type("int8").status().message().find("unknown mask type 'int8'"),
+            std::string::npos);
+}
+
+TEST(MaskSpec, TheTypeIsTheSignatureTheStridesAreNot) {
+  const AttentionSpec full = masked_spec(MaskType::boolean, "bhqk");
+  const AttentionSpec padding = masked_spec(MaskType::boolean, "bk", 3, 4, 10, 500);
+  EXPECT_EQ(full.signature(), padding.signature());
+  EXPECT_TRUE(padding.matches(full.signature()));
+  const AttentionSpec additive = masked_spec(MaskType::f16, "bhqk");
+  Status s = additive.matches(full.signature());
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.message().find("mask tensor type (f16) differs from the kernel's (bool)"),
+            std::string::npos)
+      << s.message();
+  EXPECT_NE(full.signature().summary().find("mask=bool"), std::string::npos);
+  EXPECT_NE(padding.summary().find("mask=bool[500,0,0,1]"), std::string::npos)
+      << padding.summary();
+}
+
+TEST(MaskIr, TypedArraysRoundTripAndBadTypesAreRefused) {
+  const AttentionSpec spec = masked_spec(MaskType::bf16, "qk");
+  ir::Config config;
+  config.block_m = 16;
+  config.block_n = 32;
+  auto p = ir::build_attention(spec, config);
+  ASSERT_TRUE(p) << p.status().message();
+  const std::string text = ir::print(*p);
+  EXPECT_NE(text.find("arrays (@attn_mask : bf16)"), std::string::npos) << text;
+  EXPECT_NE(text.find("%mask_q_stride : i64"), std::string::npos) << text;
+  auto back = ir::parse(text);
+  ASSERT_TRUE(back) << back.status().message();
+  EXPECT_EQ(ir::print(*back), text);
+  std::string bad = text;
+  bad.replace(bad.find("@attn_mask : bf16"), 17, "@attn_mask : i8");
+  auto refused = ir::parse(bad);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.status().message().find("unknown element type 'i8' of array @attn_mask"),
+            std::string::npos)
+      << refused.status().message();
+}
+
+// ---- flashjit::Attention on the emulator ----------------------------------------------
+
+/// One forward through `attn` of `shape` with fresh inputs and mask; checked
+/// against the float64 reference. The mask goes in its own element type.
+void forward_matches(Attention &attn, const AttentionSpec &shape, uint64_t seed) {
+  HostTensors t = make_random_inputs(shape, seed);
+  auto bits = [&](const std::vector<float> &x) {
+    std::vector<uint16_t> out(x.size());
+    for (size_t i = 0; i < x.size(); ++i)
+      out[i] = uint16_t(to_bits(shape.dtype, x[i]));
+    return out;
+  };
+  std::vector<uint16_t> q = bits(t.q), k = bits(t.k), v = bits(t.v), o(t.o.size(), 0x7fc1);
+  std::vector<uint32_t> mask(t.attn_mask.size()); // 4 bytes per element is room for any type
+  mask_storage(shape.mask, t.attn_mask, mask.data());
+  AttentionTensors a{q.data(), k.data(), v.data(), o.data(), t.lse.data()};
+  a.attn_mask = mask.data();
+  Status s = attn.forward(shape, a);
+  ASSERT_TRUE(s) << s.message();
+  for (size_t i = 0; i < o.size(); ++i)
+    t.o[i] = from_bits(shape.dtype, o[i]);
+  const Tolerance tol = tolerance_for(shape.dtype);
+  const ErrorStats e = compare(shape, t, reference_attention(shape, t));
+  EXPECT_TRUE(e.within(tol.abs, tol.rel)) << shape.summary() << ": " << test::describe(e, tol);
+}
+
+Options emulator_options() {
+  Options o;
+  o.compiler = "none";
+  o.cpu_threads = 2;
+  return o;
+}
+
+TEST(MaskAttention, OneKernelServesEveryBroadcastShape) {
+  if (!runtime::emulator_available())
+    GTEST_SKIP() << "this build has no emulator (FLASHJIT_WITH_LLVM=OFF)";
+  auto attn = Attention::create(masked_spec(MaskType::boolean, "bhqk"), "emulator:gfx1201",
+                                emulator_options());
+  ASSERT_TRUE(attn) << attn.status().message();
+  forward_matches(*attn, masked_spec(MaskType::boolean, "bhqk"), 1);
+  forward_matches(*attn, masked_spec(MaskType::boolean, "bk", 3, 4, 33, 95), 2); // key padding
+  forward_matches(*attn, masked_spec(MaskType::boolean, "qk", 1, 2, 64, 64), 3);
+  // Strides of a transposed [Sk, Sq] buffer: any non-negative strides work.
+  AttentionSpec transposed = masked_spec(MaskType::boolean, "qk", 1, 2, 24, 40);
+  transposed.mask_strides = {0, 0, 1, 24};
+  forward_matches(*attn, transposed, 4);
+  EXPECT_NE(attn->explain().find("4 forward calls"), std::string::npos) << attn->explain();
+}
+
+TEST(MaskAttention, SplitKvDecodeReadsTheMask) {
+  if (!runtime::emulator_available())
+    GTEST_SKIP() << "this build has no emulator (FLASHJIT_WITH_LLVM=OFF)";
+  AttentionSpec spec = masked_spec(MaskType::f32, "bhqk", 2, 4, 1, 300);
+  auto attn = Attention::create(spec, "emulator:gfx942", emulator_options());
+  ASSERT_TRUE(attn) << attn.status().message();
+  for (int64_t splits : {1, 3, 8}) {
+    spec.num_splits = splits;
+    forward_matches(*attn, spec, uint64_t(splits));
+  }
+  EXPECT_NE(attn->explain().find("split"), std::string::npos) << attn->explain();
+}
+
+TEST(MaskAttention, TheMaskPointerIsChecked) {
+  if (!runtime::emulator_available())
+    GTEST_SKIP() << "this build has no emulator (FLASHJIT_WITH_LLVM=OFF)";
+  const AttentionSpec spec = masked_spec(MaskType::f16, "bk");
+  auto attn = Attention::create(spec, "emulator:gfx1201", emulator_options());
+  ASSERT_TRUE(attn) << attn.status().message();
+  std::vector<uint16_t> q(size_t(spec.q_elements())), k(size_t(spec.k_elements())),
+      v(size_t(spec.v_elements())), o(size_t(spec.o_elements()));
+  std::vector<float> lse(size_t(spec.lse_elements()));
+  std::vector<uint16_t> mask(size_t(spec.mask_elements()) + 1);
+  AttentionTensors a{q.data(), k.data(), v.data(), o.data(), lse.data()};
+  Status s = attn->forward(spec, a);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.message().find("attn_mask is null but the spec has a f16 mask tensor: pass its 140 "
+                             "elements"),
+            std::string::npos)
+      << s.message();
+  a.attn_mask = reinterpret_cast<const uint8_t *>(mask.data()) + 1;
+  s = attn->forward(spec, a);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.message().find("is not aligned to its 2-byte elements"), std::string::npos)
+      << s.message();
+  // A spec without a mask refuses one.
+  AttentionSpec plain = spec;
+  plain.mask = MaskType::none;
+  auto unmasked = Attention::create(plain, "emulator:gfx1201", emulator_options());
+  ASSERT_TRUE(unmasked) << unmasked.status().message();
+  a.attn_mask = mask.data();
+  s = unmasked->forward(plain, a);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.message().find("attn_mask is given but the spec has no mask tensor"),
+            std::string::npos)
+      << s.message();
+}
+
+} // namespace
+} // namespace flashjit
