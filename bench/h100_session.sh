@@ -7,6 +7,8 @@
 #   bench/h100_session.sh split    split-KV correctness: the CUDA ctest cases, the torch tests
 #   bench/h100_session.sh decode   bench/bench_decode.py (DECODE_ARGS adds its arguments)
 #   bench/h100_session.sh sequences bench/bench_sequences.py (varlen prefill, paged decode)
+#   bench/h100_session.sh masks    mask tensors: CUDA ctest cases, the torch SDPA/gradient
+#                                  tests, bench/bench_masks.py (MASKS_ARGS adds its arguments)
 #   bench/h100_session.sh backward the backward: CUDA ctest cases, the torch gradient tests,
 #                                  bench/bench_backward.py (BACKWARD_ARGS adds its arguments)
 # Logs go to $OUT (or ./h100-out).
@@ -68,6 +70,19 @@ backward)
   tail -15 "$out/torch_tests.log"
   FLASHJIT_CACHE_DIR=$(mktemp -d) PYTHONUNBUFFERED=1 timeout 300 python3 bench/bench_backward.py \
     --out "$out" ${BACKWARD_ARGS:-} 2>&1 | tee "$out/backward.log"
+  ;;
+masks)
+  build . /tmp/fj || { tail -50 "$out/build-fj.log"; exit 1; }
+  export FLASHJIT_LIBRARY=/tmp/fj/runtime/libflashjit.so
+  ctest --test-dir /tmp/fj -j8 -R "Cuda|Mask|Nvrtc" --output-on-failure >"$out/ctest_cuda.log" 2>&1
+  tail -5 "$out/ctest_cuda.log"
+  grep -E "Failed|\*\*\*" "$out/ctest_cuda.log" | head -20
+  FLASHJIT_CACHE_DIR=$(mktemp -d) timeout 400 python3 -m pytest -q -x \
+    python/tests/test_sdpa.py python/tests/test_torch_grad.py python/tests/test_torch_cuda.py \
+    >"$out/torch_tests.log" 2>&1
+  tail -15 "$out/torch_tests.log"
+  FLASHJIT_CACHE_DIR=$(mktemp -d) PYTHONUNBUFFERED=1 timeout 240 python3 bench/bench_masks.py \
+    --out "$out" ${MASKS_ARGS:-} 2>&1 | tee "$out/masks.log"
   ;;
 split)
   # Split-KV correctness on the GPU: the CUDA ctest cases and the torch suites.

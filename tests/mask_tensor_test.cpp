@@ -80,8 +80,7 @@ TEST(MaskSpec, TheTypeIsTheSignatureTheStridesAreNot) {
             std::string::npos)
       << s.message();
   EXPECT_NE(full.signature().summary().find("mask=bool"), std::string::npos);
-  EXPECT_NE(padding.summary().find("mask=bool[500,0,0,1]"), std::string::npos)
-      << padding.summary();
+  EXPECT_NE(padding.summary().find("mask=bool[500,0,0,1]"), std::string::npos) << padding.summary();
 }
 
 TEST(MaskIr, TypedArraysRoundTripAndBadTypesAreRefused) {

@@ -42,6 +42,10 @@ class Spec(ctypes.Structure):
         ("softcap", ctypes.c_double), ("alibi", ctypes.c_int32),
         ("score_mod", ctypes.c_char_p), ("mask_mod", ctypes.c_char_p),
         ("sinks", ctypes.c_int32),
+        # A mask tensor (fj_mask_type, and the strides of [batch, heads, seqlen_q, seqlen_k]).
+        ("mask_type", ctypes.c_int32),
+        ("mask_batch_stride", ctypes.c_int64), ("mask_head_stride", ctypes.c_int64),
+        ("mask_q_stride", ctypes.c_int64), ("mask_k_stride", ctypes.c_int64),
     ]
 
 
@@ -53,6 +57,7 @@ class Tensors(ctypes.Structure):
         ("cu_seqlens_q", ctypes.c_void_p), ("cu_seqlens_k", ctypes.c_void_p),
         ("seqused_k", ctypes.c_void_p), ("block_table", ctypes.c_void_p),
         ("alibi_slopes", ctypes.c_void_p), ("sinks", ctypes.c_void_p),
+        ("attn_mask", ctypes.c_void_p),
     ]
 
 
@@ -62,7 +67,7 @@ class BackwardTensors(ctypes.Structure):
         ("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
         ("out", ctypes.c_void_p), ("lse", ctypes.c_void_p), ("dout", ctypes.c_void_p),
         ("dq", ctypes.c_void_p), ("dk", ctypes.c_void_p), ("dv", ctypes.c_void_p),
-        ("alibi_slopes", ctypes.c_void_p),
+        ("alibi_slopes", ctypes.c_void_p), ("attn_mask", ctypes.c_void_p),
     ]
 
 

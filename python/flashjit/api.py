@@ -232,6 +232,44 @@ def _modifiers(spec, kind, device_of, batch, heads, softcap, alibi_slopes, score
     return (cap > 0, alibi, texts[0], texts[1], sinks is not None), slopes_ptr, sinks_ptr, keep
 
 
+# fj_mask_type of a mask tensor's dtype name (torch's without "torch.").
+_MASK_TYPES = {"bool": 1, "float32": 2, "float16": 3, "bfloat16": 4}
+
+
+def _mask_tensor(spec, kind, device_of, attn_mask, shape):
+    """Sets the spec's mask tensor from attn_mask (None: none), broadcast to `shape`
+    = (batch, heads, seqlen_q, seqlen_k) by 0 strides as SDPA broadcasts it. Returns
+    (fj_mask_type, pointer, the broadcast view to keep alive until the call returns)."""
+    if attn_mask is None:
+        return 0, None, None
+    if _kind(attn_mask) != kind:
+        raise TypeError(f"flashjit: attn_mask must be of the inputs' kind ({kind}), got "
+                        f"{type(attn_mask).__name__}")
+    name = str(attn_mask.dtype).replace("torch.", "")
+    if name not in _MASK_TYPES:
+        raise TypeError(f"flashjit: attn_mask must be bool (True attends) or float32, float16 or "
+                        f"bfloat16 (added to the scaled scores), got {attn_mask.dtype}")
+    if kind == "torch" and str(attn_mask.device) != device_of:
+        raise ValueError(f"flashjit: attn_mask is on {attn_mask.device} but the inputs are on "
+                         f"{device_of}")
+    try:
+        if len(attn_mask.shape) > 4:
+            raise ValueError
+        if kind == "torch":
+            view = attn_mask.expand(*shape)
+        else:
+            xp = __import__(kind)
+            view = xp.broadcast_to(attn_mask, shape)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"flashjit: attn_mask of shape {tuple(attn_mask.shape)} does not "
+                         f"broadcast to [batch, heads, seqlen_q, seqlen_k] = {tuple(shape)}") \
+            from None
+    spec.mask_type = _MASK_TYPES[name]
+    (spec.mask_batch_stride, spec.mask_head_stride, spec.mask_q_stride,
+     spec.mask_k_stride) = _strides(view, kind)
+    return spec.mask_type, _ptr(view, kind), view
+
+
 def _array(x, kind, device_of, name, dtype):
     """(pointer, object to keep alive) of a small array flashjit reads as `dtype`
     (int32 or float32): same kind and device as q, contiguous, that dtype."""
@@ -337,7 +375,7 @@ def _attention(signature, spec, device, config=None, kind=None):
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
                     return_attn_probs=False, *, return_lse=False, arch=None, config=None,
-                    num_splits=0, score_mod=None, mask_mod=None, sinks=None):
+                    num_splits=0, score_mod=None, mask_mod=None, sinks=None, attn_mask=None):
     """Attention with FlashAttention 2's signature and conventions.
 
     q: [batch, seqlen_q, heads, head_dim]; k: [batch, seqlen_k, kv_heads, head_dim];
@@ -371,7 +409,12 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     score_mod of score, b, h, q_idx, kv_idx, seqlen_q, seqlen_k gives the new score,
     mask_mod of the same names but score hides a key where it is 0 (e.g.
     mask_mod="q_idx / 512 == kv_idx / 512"); sinks, float32 [heads], gpt-oss's attention
-    sinks (a logit per head in each row's softmax denominator).
+    sinks (a logit per head in each row's softmax denominator); attn_mask, SDPA's mask
+    tensor in its layout [batch, heads, seqlen_q, seqlen_k] (or any shape that
+    broadcasts to it, e.g. [batch, 1, 1, seqlen_k] for key padding): bool, True
+    where the query attends, or float32/float16/bfloat16 added to the scaled
+    scores (-inf hides a key); it gets no gradient (one that requires grad raises
+    NotImplementedError).
     """
     if dropout_p != 0.0:
         raise NotImplementedError("flashjit: dropout is not implemented yet (issue 15): pass "
@@ -381,7 +424,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                          "one (return_attn_probs gives FlashAttention's (out, softmax_lse, None))")
     want_lse = bool(return_attn_probs or return_lse)
     args = (softmax_scale, causal, window_size, softcap, alibi_slopes, arch, config, num_splits,
-            score_mod, mask_mod, sinks)
+            score_mod, mask_mod, sinks, attn_mask)
     if _kind(q) == "torch":
         import torch
         if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in (q, k, v)):
@@ -402,7 +445,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 
 
 def _attention_forward(q, k, v, want_lse, softmax_scale, causal, window_size, softcap,
-                       alibi_slopes, arch, config, num_splits, score_mod, mask_mod, sinks):
+                       alibi_slopes, arch, config, num_splits, score_mod, mask_mod, sinks,
+                       attn_mask=None):
     """The forward call of flash_attn_func: (out, lse or None), lse -inf where a query
     sees no key."""
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or \
@@ -448,10 +492,13 @@ def _attention_forward(q, k, v, want_lse, softmax_scale, causal, window_size, so
     mods, slopes, sink_ptr, keep = _modifiers(
         spec, kind, None if kind == "numpy" else str(q.device), b, hq, softcap, alibi_slopes,
         score_mod, mask_mod, sinks)
-    signature = _signature(dtype, d, dv, causal, window, want_lse, strides) + mods
+    mask_type, mask_ptr, mask_view = _mask_tensor(
+        spec, kind, None if kind == "numpy" else str(q.device), attn_mask, (b, hq, sq, sk))
+    signature = _signature(dtype, d, dv, causal, window, want_lse, strides) + mods + (mask_type,)
     handle = _attention(signature, spec, device, config, kind)  # creating one validates the spec
-    _forward(handle, spec, kind, stream, *ins, out16, lse, alibi_slopes=slopes, sinks=sink_ptr)
-    del keep
+    _forward(handle, spec, kind, stream, *ins, out16, lse, alibi_slopes=slopes, sinks=sink_ptr,
+             attn_mask=mask_ptr)
+    del keep, mask_view
     out = out16
     if kind == "numpy" and dtype == "bf16":
         out = (out16.astype("uint32") << 16).view("float32")

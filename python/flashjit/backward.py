@@ -5,13 +5,13 @@ import ctypes
 
 from . import _lib
 from .api import (_attention, _attention_forward, _bf16_bits, _check_qkv, _device, _kind,
-                  _modifiers, _scale, _signature, _spec, _strides, _window)
+                  _mask_tensor, _modifiers, _scale, _signature, _spec, _strides, _window)
 
 
 def flash_attn_backward(dout, q, k, v, out, softmax_lse, dropout_p=0.0, softmax_scale=None,
                         causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                         deterministic=False, *, arch=None, config=None, score_mod=None,
-                        mask_mod=None):
+                        mask_mod=None, attn_mask=None):
     """(dq, dk, dv): the gradients of out = flash_attn_func(q, k, v, ...) given dout.
 
     out and softmax_lse are the forward's, from flash_attn_func(..., return_attn_probs=True)
@@ -20,7 +20,8 @@ def flash_attn_backward(dout, q, k, v, out, softmax_lse, dropout_p=0.0, softmax_
     back with the shapes, dtypes and strides of q, k and v. Torch tensors run on their
     GPU on torch's current stream, NumPy arrays on the CPU emulator of `arch`. The
     score modifiers (softcap, alibi_slopes, score_mod, mask_mod) are differentiated
-    through: pass the forward's. Deterministic (no atomics): the same bits run to run,
+    through, and attn_mask is read as the forward read it (it gets no gradient): pass
+    the forward's. Deterministic (no atomics): the same bits run to run,
     so `deterministic` changes nothing. dropout_p != 0 raises NotImplementedError.
     """
     if dropout_p != 0.0:
@@ -73,17 +74,19 @@ def flash_attn_backward(dout, q, k, v, out, softmax_lse, dropout_p=0.0, softmax_
     spec = _spec(b, sq, sk, hq, hkv, d, dv, dtype, scale, causal, window, True, strides)
     mods, slopes, _, keep = _modifiers(spec, kind, None if kind == "numpy" else str(q.device),
                                        b, hq, softcap, alibi_slopes, score_mod, mask_mod, None)
+    mask_type, mask_ptr, mask_view = _mask_tensor(
+        spec, kind, None if kind == "numpy" else str(q.device), attn_mask, (b, hq, sq, sk))
     # One handle with the forward's: the signature of a forward that returned the LSE.
-    signature = _signature(dtype, d, dv, causal, window, True, strides) + mods
+    signature = _signature(dtype, d, dv, causal, window, True, strides) + mods + (mask_type,)
     handle = _attention(signature, spec, device, config, kind)
     ptr = (lambda x: x.data_ptr()) if kind == "torch" else (lambda x: x.ctypes.data)
     t = _lib.BackwardTensors(q=ptr(ins[0]), k=ptr(ins[1]), v=ptr(ins[2]), out=ptr(ins[3]),
                              lse=ptr(lse), dout=ptr(ins[4]), dq=ptr(bufs[0]), dk=ptr(bufs[1]),
-                             dv=ptr(bufs[2]), alibi_slopes=slopes)
+                             dv=ptr(bufs[2]), alibi_slopes=slopes, attn_mask=mask_ptr)
     _lib.check(_lib.lib.fj_attention_backward(
         handle, ctypes.byref(spec), ctypes.byref(t), ctypes.c_void_p(stream) if stream else None),
         "fj_attention_backward")
-    del keep
+    del keep, mask_view
     if kind == "numpy" and dtype == "bf16":
         return tuple((x.astype("uint32") << 16).view("float32") for x in bufs)
     return tuple(bufs)
@@ -101,15 +104,15 @@ def _function():
         class FlashAttnFunction(torch.autograd.Function):
             @staticmethod
             def forward(ctx, q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                        config, num_splits, score_mod, mask_mod):
+                        config, num_splits, score_mod, mask_mod, attn_mask):
                 out, lse = _attention_forward(q, k, v, True, softmax_scale, causal, window_size,
                                               softcap, alibi_slopes, None, config, num_splits,
-                                              score_mod, mask_mod, None)
+                                              score_mod, mask_mod, None, attn_mask)
                 ctx.save_for_backward(q, k, v, out, lse)
                 ctx.args = dict(softmax_scale=softmax_scale, causal=causal,
                                 window_size=window_size, softcap=softcap,
                                 alibi_slopes=alibi_slopes, config=config, score_mod=score_mod,
-                                mask_mod=mask_mod)
+                                mask_mod=mask_mod, attn_mask=attn_mask)
                 ctx.mark_non_differentiable(lse)
                 return out, lse
 
@@ -117,15 +120,16 @@ def _function():
             def backward(ctx, dout, _dlse):
                 q, k, v, out, lse = ctx.saved_tensors
                 dq, dk, dv = flash_attn_backward(dout, q, k, v, out, lse, **ctx.args)
-                # No gradient for the slopes (FlashAttention's ALiBi is not learned).
-                return dq, dk, dv, None, None, None, None, None, None, None, None, None
+                # No gradient for the slopes (FlashAttention's ALiBi is not learned) nor
+                # for attn_mask (attention_with_grad refuses one that requires grad).
+                return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
         _FUNCTION = FlashAttnFunction
     return _FUNCTION
 
 
 def attention_with_grad(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, arch,
-                        config, num_splits, score_mod, mask_mod, sinks):
+                        config, num_splits, score_mod, mask_mod, sinks, attn_mask=None):
     """flash_attn_func's call when a torch input requires grad: (out, lse) through the
     autograd function, or NotImplementedError naming what the backward does not take,
     so that no gradient is ever dropped without a word."""
@@ -135,7 +139,12 @@ def attention_with_grad(q, k, v, softmax_scale, causal, window_size, softcap, al
             "not take sinks yet (issue 15): no gradient would flow through attention. For "
             "inference, call it under torch.no_grad() or torch.inference_mode(); to run it on "
             "purpose without gradients, pass q.detach(), k.detach(), v.detach()")
+    if attn_mask is not None and getattr(attn_mask, "requires_grad", False):
+        raise NotImplementedError(
+            "flashjit: attn_mask requires grad, but flashjit computes no gradient for a mask "
+            "tensor (only for q, k and v): pass attn_mask.detach(), or use a score_mod "
+            "expression if the bias is learned")
     if arch:
         raise ValueError(f"flashjit: arch={arch!r} applies to NumPy inputs (the emulator)")
     return _function().apply(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                             config, num_splits, score_mod, mask_mod)
+                             config, num_splits, score_mod, mask_mod, attn_mask)

@@ -12,20 +12,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     value [batch, kv_heads, seqlen_k, head_dim_v] (3-D inputs without the batch work
     too); kv_heads != heads needs enable_gqa=True, as in PyTorch. is_causal is
     SDPA's top-left causal mask (query i sees keys 0..i, also when seqlen_q !=
-    seqlen_k; flash_attn_func's causal is FlashAttention's bottom-right one). scale
-    None means 1/sqrt(head_dim). Returns [batch, heads, seqlen_q, head_dim_v] (a view of
+    seqlen_k; flash_attn_func's causal is FlashAttention's bottom-right one). attn_mask
+    broadcasts to [batch, heads, seqlen_q, seqlen_k] as in PyTorch: bool (True takes
+    part in attention) or float32/float16/bfloat16 added to the scaled scores; a query
+    whose keys are all masked gets output 0 (PyTorch's math backend gives NaN there).
+    It combines with is_causal. scale None means 1/sqrt(head_dim). Returns [batch, heads, seqlen_q, head_dim_v] (a view of
     flashjit's [batch, seqlen_q, heads, head_dim_v] output). Gradients flow as through
     flash_attn_func. NumPy arrays run on the CPU emulator of `arch`.
 
-    Not built yet, each raising NotImplementedError rather than computing something
-    else: attn_mask (boolean or additive mask tensors, issue 14; a key-padding or
-    document mask can be written as flash_attn_func's mask_mod) and dropout_p != 0.
+    Not built yet, raising NotImplementedError rather than computing something else:
+    dropout_p != 0 (issue 15).
     """
-    if attn_mask is not None:
-        raise NotImplementedError(
-            "flashjit: attn_mask tensors are not built yet (issue 14): pass is_causal for the "
-            "causal mask, or express the mask as flashjit.flash_attn_func(..., "
-            "mask_mod='...') (docs/masks.md)")
     if dropout_p != 0.0:
         raise NotImplementedError("flashjit: dropout is not implemented yet (issue 15): pass "
                                   "dropout_p=0.0")
@@ -52,7 +49,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             causal = True  # top-left and bottom-right agree: the kernels' causal loop
         else:
             mask_mod = "kv_idx <= q_idx"  # SDPA's top-left diagonal
+    if attn_mask is not None and ndim == 3 and len(attn_mask.shape) == 4:
+        raise ValueError(f"flashjit: attn_mask {tuple(attn_mask.shape)} is 4-D but the inputs "
+                         "are 3-D [heads, seqlen, head_dim]: pass a mask of at most 3 dims")
     out = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, mask_mod=mask_mod,
-                          arch=arch, config=config)
+                          arch=arch, config=config, attn_mask=attn_mask)
     out = out.transpose(1, 2) if kind == "torch" else out.transpose(0, 2, 1, 3)
     return out[0] if ndim == 3 else out

@@ -5,9 +5,10 @@ import numpy as np
 
 
 def attention(q, k, v, causal=False, window_size=(-1, -1), softmax_scale=None, softcap=0.0,
-              alibi_slopes=None, mask=None, sinks=None):
-    """mask: bool [sq, sk] (False hides); alibi_slopes [h] or [b, h]; sinks [h] (a logit
-    per head in the denominator, without a value)."""
+              alibi_slopes=None, mask=None, sinks=None, bias=None):
+    """mask: bool, broadcast to [b, h, sq, sk] (False hides); bias: added to the scaled
+    scores after ALiBi, broadcast likewise (SDPA's float attn_mask); alibi_slopes [h] or
+    [b, h]; sinks [h] (a logit per head in the denominator, without a value)."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     b, sq, hq, d = q.shape
     _, sk, hkv, dv = v.shape
@@ -25,6 +26,8 @@ def attention(q, k, v, causal=False, window_size=(-1, -1), softmax_scale=None, s
         slopes = np.asarray(alibi_slopes, dtype=np.float64)
         slopes = np.broadcast_to(slopes, (b, hq)) if slopes.ndim == 1 else slopes
         s = s - slopes[:, :, None, None] * np.abs(diag - j)[None, None]
+    if bias is not None:
+        s = s + np.asarray(bias, dtype=np.float64)
     visible = np.ones((sq, sk), dtype=bool)
     if causal:
         visible &= j <= diag
@@ -33,7 +36,7 @@ def attention(q, k, v, causal=False, window_size=(-1, -1), softmax_scale=None, s
     if window_size[1] >= 0:
         visible &= j <= diag + window_size[1]
     if mask is not None:
-        visible &= mask
+        visible = visible & mask
     s = np.where(visible, s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
     if sinks is not None:
@@ -56,11 +59,11 @@ def bf16_round(a):
 
 
 def attention_grads(q, k, v, dout, causal=False, window_size=(-1, -1), softmax_scale=None,
-                    softcap=0.0, alibi_slopes=None, mask=None):
+                    softcap=0.0, alibi_slopes=None, mask=None, bias=None):
     """float64 (dq, dk, dv) of attention(q, k, v, ...)'s output against dout, by the
     analytic formulas: P = softmax(S), dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dO o
     O)), through softcap (times 1 - tanh^2), dQ = scale dS K, dK = scale dS^T Q; a kv
-    head's gradient sums its group of query heads. mask: bool [sq, sk] as attention()."""
+    head's gradient sums its group of query heads. mask and bias as attention()."""
     q, k, v, dout = (np.asarray(x, dtype=np.float64) for x in (q, k, v, dout))
     b, sq, hq, d = q.shape
     _, sk, hkv, dv = v.shape
@@ -79,6 +82,8 @@ def attention_grads(q, k, v, dout, causal=False, window_size=(-1, -1), softmax_s
         slopes = np.asarray(alibi_slopes, dtype=np.float64)
         slopes = np.broadcast_to(slopes, (b, hq)) if slopes.ndim == 1 else slopes
         s = s - slopes[:, :, None, None] * np.abs(diag - j)[None, None]
+    if bias is not None:
+        s = s + np.asarray(bias, dtype=np.float64)
     visible = np.ones((sq, sk), dtype=bool)
     if causal:
         visible &= j <= diag
@@ -87,7 +92,7 @@ def attention_grads(q, k, v, dout, causal=False, window_size=(-1, -1), softmax_s
     if window_size[1] >= 0:
         visible &= j <= diag + window_size[1]
     if mask is not None:
-        visible &= mask
+        visible = visible & mask
     s = np.where(visible, s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
     m = np.where(np.isinf(m), 0.0, m)

@@ -1,5 +1,5 @@
 """flashjit.scaled_dot_product_attention: PyTorch SDPA's signature and semantics (BHSD,
-top-left is_causal, enable_gqa), on NumPy arrays through the emulator against the float64
+top-left is_causal, enable_gqa, bool and additive attn_mask tensors), on NumPy arrays through the emulator against the float64
 reference, and on CUDA against torch.nn.functional.scaled_dot_product_attention (forward
 and gradients). Inputs fresh random in [-1, 1); tolerances as test_numpy_emulator.py
 (bf16 abs 3e-2, f16 4e-3) and test_torch_grad.py (gradients within 2e-2 / 1e-2 relative
@@ -50,8 +50,11 @@ def test_three_d_inputs_scale_and_refusals():
     kv = make(rng, (1, 1, 24, 32), "f16")
     with pytest.raises(ValueError, match="enable_gqa=True"):
         flashjit.scaled_dot_product_attention(q[None], kv, kv, arch=ARCH)
-    with pytest.raises(NotImplementedError, match="attn_mask tensors are not built yet"):
-        flashjit.scaled_dot_product_attention(q, q, q, attn_mask=np.ones((24, 24), bool),
+    with pytest.raises(ValueError, match=r"attn_mask of shape \(23, 24\) does not broadcast"):
+        flashjit.scaled_dot_product_attention(q, q, q, attn_mask=np.ones((23, 24), bool),
+                                              arch=ARCH)
+    with pytest.raises(TypeError, match="attn_mask must be bool"):
+        flashjit.scaled_dot_product_attention(q, q, q, attn_mask=np.ones((24, 24), np.int32),
                                               arch=ARCH)
     with pytest.raises(NotImplementedError, match="dropout"):
         flashjit.scaled_dot_product_attention(q, q, q, dropout_p=0.1, arch=ARCH)
@@ -82,3 +85,90 @@ def test_matches_torch_sdpa_forward_and_backward(sq, sk, gqa):
         err = ((got - want).norm() / want.norm()).item()
         assert err < 2e-2, f"d{name}: relative L2 error {err:.3g}"
     assert math.isfinite(out.float().sum().item())
+
+
+def mask_case(rng, kind, shape, dtype):
+    """An SDPA attn_mask of `shape`: bool with 1 in 4 False, or values in [-2, 1) with
+    1 in 5 -inf, every query keeping its first key (PyTorch's math backend gives NaN
+    for a query whose keys are all masked; flashjit gives 0)."""
+    u = rng.uniform(size=shape)
+    if kind == "bool":
+        m = u >= 0.25
+        m[..., 0] = True
+        return m
+    m = np.where(u < 0.2, -np.inf, 3 * u - 2).astype(np.float32)
+    m[..., 0] = 0.5
+    return m.astype(dtype)
+
+
+@pytest.mark.parametrize("kind,mshape,causal,dtype", [
+    ("bool", (2, 4, 40, 72), False, "bf16"),         # full [b, h, sq, sk]
+    ("bool", (2, 1, 1, 72), True, "f16"),            # key padding, with is_causal
+    ("float32", (40, 72), False, "bf16"),            # [sq, sk], broadcast over b and h
+    ("float16", (1, 4, 40, 72), False, "f16"),       # per head
+])
+def test_attn_mask_matches_float64(kind, mshape, causal, dtype):
+    rng = np.random.default_rng(len(mshape) * 7 + causal)
+    b, hq, hkv, sq, sk, d = 2, 4, 2, 40, 72, 64
+    q, k, v = make(rng, (b, hq, sq, d), dtype), make(rng, (b, hkv, sk, d), dtype), \
+        make(rng, (b, hkv, sk, d), dtype)
+    mask = mask_case(rng, kind, mshape, kind if kind != "bool" else None)
+    out = flashjit.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                                enable_gqa=True, arch=ARCH)
+    t = (lambda x: x.transpose(0, 2, 1, 3))
+    top_left = np.tril(np.ones((sq, sk), dtype=bool)) if causal else np.ones((sq, sk), bool)
+    if kind == "bool":
+        ref, _ = attention(t(q), t(k), t(v), mask=top_left & mask)
+    else:
+        ref, _ = attention(t(q), t(k), t(v), mask=top_left,
+                           bias=np.asarray(mask, np.float64))
+    tol = 3e-2 if dtype == "bf16" else 4e-3
+    np.testing.assert_allclose(np.asarray(out, np.float64), t(ref), atol=tol, rtol=0)
+
+
+def test_attn_mask_gradients_match_float64():
+    rng = np.random.default_rng(11)
+    b, hq, hkv, sq, sk, d = 1, 4, 2, 48, 40, 32
+    q, k, v, dout = (make(rng, (b, s, h, d), "f16") for s, h in
+                     ((sq, hq), (sk, hkv), (sk, hkv), (sq, hq)))
+    bias = mask_case(rng, "float32", (b, 1, sq, sk), np.float32)
+    out, lse = flashjit.flash_attn_func(q, k, v, attn_mask=bias, return_lse=True, arch=ARCH)
+    dq, dk, dv = flashjit.flash_attn_backward(dout, q, k, v, out, lse, attn_mask=bias, arch=ARCH)
+    want = attention_grads(q, k, v, dout, bias=np.asarray(bias, np.float64))
+    for name, got, ref in zip("qkv", (dq, dk, dv), want):
+        err = np.linalg.norm(np.asarray(got, np.float64) - ref) / np.linalg.norm(ref)
+        assert err < 1e-2, f"d{name}: relative L2 error {err:.3g}"
+
+
+@pytest.mark.parametrize("kind", ["bool", "float32", "bfloat16"])
+def test_attn_mask_matches_torch_sdpa_forward_and_backward(kind):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    F = torch.nn.functional
+    torch.manual_seed(3)
+    b, hq, sq, sk, d = 2, 8, 200, 333, 128
+    q = (torch.rand(b, hq, sq, d, device="cuda") * 2 - 1).bfloat16().requires_grad_()
+    k = (torch.rand(b, hq, sk, d, device="cuda") * 2 - 1).bfloat16().requires_grad_()
+    v = (torch.rand(b, hq, sk, d, device="cuda") * 2 - 1).bfloat16().requires_grad_()
+    dout = (torch.rand(b, hq, sq, d, device="cuda") * 2 - 1).bfloat16()
+    rng = np.random.default_rng(4)
+    shape = (b, 1, sq, sk) if kind == "bool" else (sq, sk)
+    m = mask_case(rng, "bool" if kind == "bool" else "float32", shape, np.float32)
+    mask = torch.from_numpy(m).cuda()
+    if kind == "bfloat16":
+        mask = mask.bfloat16()
+    out = flashjit.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    out.backward(dout)
+    mine = [x.grad.double() for x in (q, k, v)]
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    ref = F.scaled_dot_product_attention(q64, k64, v64,
+                                         attn_mask=mask if kind == "bool" else mask.double())
+    ref.backward(dout.double())
+    assert (out.double() - ref).abs().max().item() < 3e-2
+    for name, got, want in zip("qkv", mine, (q64.grad, k64.grad, v64.grad)):
+        err = ((got - want).norm() / want.norm()).item()
+        assert err < 2e-2, f"d{name}: relative L2 error {err:.3g}"
+    with pytest.raises(NotImplementedError, match="attn_mask requires grad"):
+        flashjit.scaled_dot_product_attention(
+            q, k, v, attn_mask=torch.zeros(sq, sk, device="cuda", requires_grad=True))
