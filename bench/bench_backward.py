@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE.parent / "python"))
 import flashjit  # noqa: E402
 
 L2_FLUSH_BYTES = 256 << 20
-FIELDS = ["date", "gpu", "batch", "seqlen", "heads", "head_dim", "causal", "contender",
+FIELDS = ["date", "gpu", "batch", "seqlen", "heads", "head_dim", "causal", "dropout", "contender",
           "time_us", "tflops", "vs_flash", "rel_err"]
 
 
@@ -37,6 +37,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--seqlens", default="1024,4096")
     p.add_argument("--head-dims", default="64,128")
+    p.add_argument("--dropout", type=float, default=0.0,
+                   help="dropout probability of every contender (their patterns differ, so no "
+                        "gradient comparison)")
     return p.parse_args(argv)
 
 
@@ -65,10 +68,11 @@ def case(torch, args, rows, day, gpu, S, D, causal):
     dout = torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16)
     flops = 2.5 * 4 * B * H * S * S * D / (2 if causal else 1)
     results, grads = {}, {}
-    out, lse = flashjit.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    drop = dict(dropout_p=args.dropout, dropout_seed=1) if args.dropout else {}
+    out, lse = flashjit.flash_attn_func(q, k, v, causal=causal, return_lse=True, **drop)
 
     def fj():
-        return flashjit.flash_attn_backward(dout, q, k, v, out, lse, causal=causal)
+        return flashjit.flash_attn_backward(dout, q, k, v, out, lse, causal=causal, **drop)
     grads["flashjit"] = fj()
     results["flashjit"] = timed(torch, fj, args)
     qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
@@ -78,7 +82,8 @@ def case(torch, args, rows, day, gpu, S, D, causal):
                           ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
         try:
             with sdpa_kernel(backend):
-                o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
+                                                   dropout_p=args.dropout)
 
                 def run():
                     return torch.autograd.grad(o, (qt, kt, vt), dt, retain_graph=True)
@@ -87,14 +92,15 @@ def case(torch, args, rows, day, gpu, S, D, causal):
                 results[name] = timed(torch, run, args)
         except RuntimeError as e:
             print(f"  {name}: not run ({str(e).splitlines()[0][:80]})")
-    ref = grads.get("sdpa_flash")
+    ref = grads.get("sdpa_flash") if not args.dropout else None
     for name, t in results.items():
         err = ""
         if ref is not None:
             err = max(((a.double() - b.double()).norm() / b.double().norm()).item()
                       for a, b in zip(grads[name], ref))
         rows.append({"date": day, "gpu": gpu, "batch": B, "seqlen": S, "heads": H,
-                     "head_dim": D, "causal": int(causal), "contender": name,
+                     "head_dim": D, "causal": int(causal), "dropout": args.dropout,
+                     "contender": name,
                      "time_us": f"{t:.1f}", "tflops": f"{flops / t / 1e6:.1f}",
                      "vs_flash": f"{results['sdpa_flash'] / t:.3f}" if "sdpa_flash" in results
                      else "", "rel_err": f"{err:.2e}" if err != "" else ""})
@@ -120,7 +126,7 @@ def main(argv=None):
         for S in (int(x) for x in args.seqlens.split(",")):
             for causal in (False, True):
                 case(torch, args, rows, day, gpu, S, D, causal)
-    path = out / f"backward_{day}_{short}.csv"
+    path = out / f"backward_{day}_{short}{f'_dropout{args.dropout}' if args.dropout else ''}.csv"
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, FIELDS)
         w.writeheader()

@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""Attention with mask tensors on one GPU: flashjit.scaled_dot_product_attention with an
-attn_mask against PyTorch SDPA's backends that take one (EFFICIENT, CUDNN), in one
-process (issue 14).
+"""Attention with mask tensors, or dropout, on one GPU: flashjit.scaled_dot_product_attention
+with an attn_mask (or dropout_p = 0.1) against PyTorch SDPA's backends that take one (EFFICIENT,
+CUDNN; FLASH for dropout), in one process (issues 14 and 15).
 
 Masks: a bool key-padding mask [B, 1, 1, S] (batch b keeps its first S * (1 - b / (2 B))
 keys), and an additive bf16 bias [S, S] broadcast over batch and heads (values in
 [-2, 1), 1 in 10 -inf, each query keeping key 0). Shapes: B * S = 16k tokens, H * D =
 2048, bf16, forward only. TFLOP/s count the dense 4 * B * H * S^2 * D. Timing: --iters
 calls between CUDA events, each after a 256 MB write that flushes L2; the median.
-flashjit's output is checked against SDPA EFFICIENT's (max abs difference printed).
+flashjit's output is checked against SDPA EFFICIENT's (max abs difference printed; not
+with dropout, whose random patterns differ).
 Writes masks_<date>_<gpu>.csv, .png and prints the command line first.
 
     FLASHJIT_LIBRARY=build/runtime/libflashjit.so python3 bench/bench_masks.py --out bench/results
@@ -58,25 +59,29 @@ def case(torch, args, rows, day, gpu, S, D, kind):
     B, H = max(1, 16384 // S), max(1, 2048 // D)
     torch.manual_seed(S + D)
     q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    mask = make_mask(torch, kind, B, S)
+    mask = make_mask(torch, kind, B, S) if kind != "dropout" else None
+    p = 0.1 if kind == "dropout" else 0.0
     flops = 4 * B * H * S * S * D
     results, outs = {}, {}
 
     def fj():
-        return flashjit.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return flashjit.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
     outs["flashjit"] = fj()
     results["flashjit"] = timed(torch, fj, args)
-    for name, backend in (("sdpa_efficient", SDPBackend.EFFICIENT_ATTENTION),
-                          ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
+    backends = [("sdpa_efficient", SDPBackend.EFFICIENT_ATTENTION),
+                ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)]
+    if kind == "dropout":
+        backends.append(("sdpa_flash", SDPBackend.FLASH_ATTENTION))
+    for name, backend in backends:
         try:
             with sdpa_kernel(backend):
                 def run():
-                    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+                    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
                 outs[name] = run()
                 results[name] = timed(torch, run, args)
         except RuntimeError as e:
             print(f"  {name}: not run ({str(e).splitlines()[0][:80]})")
-    ref = outs.get("sdpa_efficient")
+    ref = outs.get("sdpa_efficient") if kind != "dropout" else None
     for name, t in results.items():
         diff = (outs[name].float() - ref.float()).abs().max().item() if ref is not None else None
         rows.append({"date": day, "gpu": gpu, "batch": B, "seqlen": S, "heads": H,
@@ -102,7 +107,7 @@ def main(argv=None):
     rows = []
     for D in (int(x) for x in args.head_dims.split(",")):
         for S in (int(x) for x in args.seqlens.split(",")):
-            for kind in ("padding", "bias"):
+            for kind in ("padding", "bias", "dropout"):
                 case(torch, args, rows, day, gpu, S, D, kind)
     path = out / f"masks_{day}_{short}.csv"
     with open(path, "w", newline="") as f:

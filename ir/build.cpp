@@ -231,9 +231,26 @@ void declare_modifiers(const AttentionSpec &spec, Program &p) {
     p.scalars.push_back({fmt::format("mask_{}_stride", axis), ScalarType::i64});
 }
 
+void declare_dropout(const AttentionSpec &spec, Program &p) {
+  if (!spec.signature().dropout)
+    return;
+  p.scalars.push_back({"dropout_p", ScalarType::f32});
+  p.scalars.push_back({"dropout_scale", ScalarType::f32});
+  p.scalars.push_back({"dropout_seed", ScalarType::i64});
+  p.scalars.push_back({"dropout_offset", ScalarType::i64});
+  p.functions.push_back({"dropout", "((uniform(dropout_seed, dropout_offset, b, h, q_idx, "
+                                    "kv_idx) >= dropout_p) ? (score * dropout_scale) : 0.0)"});
+}
+
 void bind_modifiers(const AttentionSpec &spec, Bindings &b) {
   if (spec.softcap > 0)
     b.set_real("softcap", spec.softcap);
+  if (spec.dropout_p > 0) { // the kernels compare in f32: bind the f32 value
+    b.set_real("dropout_p", double(float(spec.dropout_p)));
+    b.set_real("dropout_scale", 1.0 / (1.0 - spec.dropout_p));
+    b.set_int("dropout_seed", int64_t(spec.dropout_seed));
+    b.set_int("dropout_offset", int64_t(spec.dropout_offset));
+  }
   if (spec.mask == MaskType::none)
     return;
   b.set_int("mask_batch_stride", spec.mask_strides.batch);
@@ -364,6 +381,7 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, bool sp
       return f.status();
     p.functions.push_back({"score_mod", f.take()});
   }
+  declare_dropout(spec, p);
   if (spec.sinks) { // the running max and sum start from the sink's logit (log2 domain)
     p.arrays.push_back({"sinks"});
     p.functions.push_back({"sink_max", "(sinks[h] * 1.44269504)"});
@@ -487,8 +505,13 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, bool sp
         b.emit(OpKind::Add,
                {b.emit(OpKind::Mul, {l_i, alpha}, row), b.emit(OpKind::RowSum, {p_f32}, row)}, row);
     const ValueId acc_scaled = b.emit(OpKind::MulRow, {acc_i, alpha}, acc_type);
+    // Dropout weighs V with the kept probabilities; the sums above are without it.
+    const ValueId p_kept = spec.signature().dropout
+                               ? b.emit(OpKind::ScoreMod, {p_f32, q_block, kb}, s_type,
+                                        {{"function", Symbol{"dropout"}}})
+                               : p_f32;
     const ValueId p_lo =
-        b.emit(OpKind::Convert, {p_f32}, Type::tile(bm, bn, dt, TileLayout::mma_acc));
+        b.emit(OpKind::Convert, {p_kept}, Type::tile(bm, bn, dt, TileLayout::mma_acc));
     const ValueId p_a =
         b.emit(OpKind::ConvertLayout, {p_lo}, Type::tile(bm, bn, dt, TileLayout::mma_a));
     const ValueId v = b.emit(OpKind::Load, {kb}, Type::tile(bn, dv, dt, TileLayout::mma_b),

@@ -86,6 +86,11 @@ Expected<Program> build_backward_dkdv(const AttentionSpec &spec, const Config &c
 /// ALiBi's slopes, the mask tensor (`attn_mask` and its four i64 strides).
 /// Forward and backward programs share it, and bind_modifiers binds it.
 void declare_modifiers(const AttentionSpec &spec, Program &p);
+/// Dropout's scalars (dropout_p, dropout_scale, dropout_seed, dropout_offset)
+/// and its function @dropout of `p`: an element x stays x * dropout_scale where
+/// uniform(seed, offset, b, h, q_idx, kv_idx) >= dropout_p, else 0. The forward
+/// applies it to P after the row sums, the backward to P before dV and to dP.
+void declare_dropout(const AttentionSpec &spec, Program &p);
 void bind_modifiers(const AttentionSpec &spec, Bindings &b);
 /// The spec's score modifiers as one score function of `p`'s scope (its scalars
 /// and arrays), in FlashAttention's order: softcap, ALiBi, the user's score_mod,

@@ -156,6 +156,8 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, Kernel 
     p.functions.push_back({"score_mod", f.take()});
     p.functions.push_back({"score_grad", print_expr(*d)});
   }
+  declare_dropout(spec, p);
+  const bool dropout = spec.signature().dropout;
   p.config = {{"block_m", bm},
               {"block_n", bn},
               {"waves", config.waves},
@@ -240,7 +242,14 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, Kernel 
     // dP (or dP^T) = dO V^T (V dO^T), then dS = P (dP - D).
     const ValueId x1 = load(b, dq ? "V" : "dO", col_block, b_tile(bn, dv));
     const ValueId zero2 = b.emit(OpKind::Fill, {}, s_type, {{"value", 0.0}});
-    const ValueId dp = b.emit(OpKind::MmaABt, {a1, x1, zero2}, s_type);
+    ValueId dp = b.emit(OpKind::MmaABt, {a1, x1, zero2}, s_type);
+    // Dropout: O = (P o Z) V with Z the kept elements times 1 / (1 - p), so dV
+    // takes P o Z and dS = P o (dP o Z - D) (D = rowsum(dO o O) of the dropped O).
+    Attrs drop_attrs = {{"function", Symbol{"dropout"}}};
+    if (!dq)
+      drop_attrs["transposed"] = int64_t{1};
+    if (dropout)
+      dp = b.emit(OpKind::ScoreMod, {dp, row_block, col_block}, s_type, drop_attrs);
     const ValueId d = dq ? d_rows : load(b, "D", col_block, vec);
     ValueId ds = b.emit(OpKind::Mul, {pr, b.emit(sub, {dp, d}, s_type)}, s_type);
     if (modified) {
@@ -259,7 +268,9 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, Kernel 
       b.emit_void(OpKind::Yield, {g});
     } else {
       const ValueId dot = load(b, "dO", col_block, b_tile(bn, dv));
-      const ValueId gv = b.emit(OpKind::MmaAB, {operand(pr), dot, loop.region_args[2]}, acc(dv));
+      const ValueId kept =
+          dropout ? b.emit(OpKind::ScoreMod, {pr, row_block, col_block}, s_type, drop_attrs) : pr;
+      const ValueId gv = b.emit(OpKind::MmaAB, {operand(kept), dot, loop.region_args[2]}, acc(dv));
       const ValueId qt = load(b, "Q", col_block, b_tile(bn, dqk));
       const ValueId gk = b.emit(OpKind::MmaAB, {operand(ds), qt, loop.region_args[1]}, acc(dqk));
       b.emit_void(OpKind::Yield, {gk, gv});

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -16,10 +17,14 @@ namespace {
 
 constexpr std::string_view kVariables[] = {"score",  "b",        "h",       "q_idx",
                                            "kv_idx", "seqlen_q", "seqlen_k"};
-constexpr std::string_view kFunctions[] = {"min", "max", "abs", "exp", "log", "tanh"};
+constexpr std::string_view kFunctions[] = {"min", "max", "abs", "exp", "log", "tanh", "uniform"};
 
-bool is_float_function(std::string_view f) { return f == "exp" || f == "log" || f == "tanh"; }
-int arity(std::string_view f) { return f == "min" || f == "max" ? 2 : 1; }
+bool is_float_function(std::string_view f) {
+  return f == "exp" || f == "log" || f == "tanh" || f == "uniform";
+}
+int arity(std::string_view f) {
+  return f == "min" || f == "max" ? 2 : f == "uniform" ? kUniformArgs : 1;
+}
 
 class Parser {
 public:
@@ -209,6 +214,9 @@ private:
         return error(fmt::format("expected ')' after the arguments of {}", name));
       out.is_int = !is_float_function(name) && std::all_of(out.args.begin(), out.args.end(),
                                                            [](const Expr &a) { return a.is_int; });
+      if (name == "uniform" &&
+          !std::all_of(out.args.begin(), out.args.end(), [](const Expr &a) { return a.is_int; }))
+        return error("uniform takes integers: uniform(seed, offset, b, h, q_idx, kv_idx)");
       return Status::ok();
     }
     for (const auto &[scalar, is_int] : scope_.scalars)
@@ -237,7 +245,7 @@ private:
     for (const std::string &array : scope_.arrays)
       known += ", " + array + "[...]";
     return error(fmt::format("unknown name '{}': the names are {} and the functions min, max, "
-                             "abs, exp, log, tanh",
+                             "abs, exp, log, tanh, uniform",
                              name, known));
   }
 
@@ -461,6 +469,10 @@ double evaluate(const Expr &e, const ExprContext &c) {
   case Expr::Kind::select:
     return arg(0) != 0 ? arg(1) : arg(2);
   case Expr::Kind::call: {
+    if (e.name == "uniform")
+      return philox_uniform(uint64_t(arg(0)), uint64_t(arg(1)), uint32_t(int64_t(arg(2))),
+                            uint32_t(int64_t(arg(3))), uint32_t(int64_t(arg(4))),
+                            uint32_t(int64_t(arg(5))));
     const double x = arg(0);
     if (e.name == "min")
       return std::min(x, arg(1));
@@ -510,6 +522,41 @@ double evaluate(const Expr &e, const ExprContext &c) {
   return 0;
 }
 
+namespace {
+
+/// One Philox-4x32 round on counter c with key k.
+void philox_round(uint32_t c[4], const uint32_t k[2]) {
+  const uint64_t p0 = uint64_t(0xD2511F53u) * c[0], p1 = uint64_t(0xCD9E8D57u) * c[2];
+  const uint32_t hi0 = uint32_t(p0 >> 32), lo0 = uint32_t(p0), hi1 = uint32_t(p1 >> 32),
+                 lo1 = uint32_t(p1);
+  const uint32_t next[4] = {hi1 ^ c[1] ^ k[0], lo1, hi0 ^ c[3] ^ k[1], lo0};
+  std::copy(next, next + 4, c);
+}
+
+} // namespace
+
+std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> c, std::array<uint32_t, 2> k) {
+  for (int r = 0; r < 10; ++r) {
+    if (r > 0) {
+      k[0] += 0x9E3779B9u;
+      k[1] += 0xBB67AE85u;
+    }
+    philox_round(c.data(), k.data());
+  }
+  return c;
+}
+
+double philox_uniform(uint64_t seed, uint64_t offset, uint32_t b, uint32_t h, uint32_t q_idx,
+                      uint32_t kv_idx) {
+  // The key: Philox of (seed, offset) under a fixed key, so that every (seed,
+  // offset) pair draws its own stream; then the element's counter under it.
+  const std::array<uint32_t, 4> key = philox4x32_10(
+      {uint32_t(seed), uint32_t(seed >> 32), uint32_t(offset), uint32_t(offset >> 32)},
+      {0x2545F491u, 0x9E3779B9u});
+  const std::array<uint32_t, 4> c = philox4x32_10({kv_idx, q_idx, h, b}, {key[0], key[1]});
+  return double(c[0] >> 8) * 0x1p-24;
+}
+
 std::string emit_c(const Expr &e, const std::function<std::string(const std::string &)> &names) {
   auto arg = [&](int i) { return emit_c(e.args[size_t(i)], names); };
   switch (e.kind) {
@@ -533,6 +580,10 @@ std::string emit_c(const Expr &e, const std::function<std::string(const std::str
     return fmt::format("({} ? {} : {})", arg(0), arg(1), arg(2));
   case Expr::Kind::call: {
     const std::string x = arg(0);
+    if (e.name == "uniform")
+      return fmt::format("fj_uniform((unsigned long long)({}), (unsigned long long)({}), "
+                         "(unsigned)({}), (unsigned)({}), (unsigned)({}), (unsigned)({}))",
+                         x, arg(1), arg(2), arg(3), arg(4), arg(5));
     if (e.name == "min" || e.name == "max") {
       const std::string y = arg(1);
       // Typed to the result, so an int and a float operand compare as floats.

@@ -10,6 +10,8 @@
 //   literals              1, 2.5, 1e-3, inf
 //   - ! * / % + - < <= > >= == != && || ?:   with C's precedence and types
 //   min max abs exp log tanh                 functions
+//   uniform(seed, offset, b, h, q_idx, kv_idx)  a uniform draw in [0, 1) of six
+//                         integers (Philox-4x32-10; philox_uniform): dropout's
 //
 // Integers stay integers (/ and % truncate as in C); any float operand makes an
 // operation float (f32 in the kernels, f64 in the reference). A comparison or
@@ -20,6 +22,8 @@
 
 #include "ir/status.h"
 
+#include <array>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -70,6 +74,18 @@ struct ExprContext {
   bool f32 = false; // round every float result to f32 (the kernels' arithmetic)
 };
 double evaluate(const Expr &e, const ExprContext &c);
+
+/// Philox-4x32-10 (Random123's philox4x32_10) of a counter under a key.
+std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> counter, std::array<uint32_t, 2> key);
+
+/// The arguments of `uniform`.
+constexpr int kUniformArgs = 6;
+/// A uniform draw in [0, 1) with 24 random bits, a pure function of its
+/// arguments: Philox-4x32-10 (Salmon et al., SC'11) of the counter (kv_idx,
+/// q_idx, h, b) under a key that is itself Philox-4x32-10 of (seed, offset) under
+/// a fixed key. fj_uniform in templates/attention_common.hip computes the same bits.
+double philox_uniform(uint64_t seed, uint64_t offset, uint32_t b, uint32_t h, uint32_t q_idx,
+                      uint32_t kv_idx);
 
 /// C for the kernels. `names` maps the built-in variables (score, b, h, q_idx,
 /// kv_idx, seqlen_q, seqlen_k) to C expressions; scalars and arrays keep their

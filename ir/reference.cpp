@@ -141,6 +141,16 @@ ModifiedScore softcap_and_alibi(const AttentionSpec &spec, const HostTensors &in
   return {s, derivative};
 }
 
+/// Dropout's weight of P[i, j] (AttentionSpec::dropout_p): 0 where dropped, else
+/// 1 / (1 - p); 1 without dropout. The draw compares in f32, as the kernels do.
+double dropout_weight(const AttentionSpec &spec, int64_t b, int64_t h, int64_t i, int64_t j) {
+  if (spec.dropout_p <= 0)
+    return 1;
+  const double u = ir::philox_uniform(spec.dropout_seed, spec.dropout_offset, uint32_t(b),
+                                      uint32_t(h), uint32_t(i), uint32_t(j));
+  return u >= double(float(spec.dropout_p)) ? 1 / (1 - spec.dropout_p) : 0;
+}
+
 /// A scaled score with the mask tensor applied (AttentionSpec::mask): its
 /// element added, or the key hidden (-inf) where a bool element is false. The
 /// derivative is 1 (0 where hidden, which P's 0 covers).
@@ -424,6 +434,7 @@ ReferenceResult reference_attention(const AttentionSpec &spec, const HostTensors
             continue;
           double p = std::exp(scores[j] - max);
           sum += p;
+          p *= dropout_weight(spec, b, h, i, j); // after the sum: the LSE is without it
           for (int64_t d = 0; d < Dv; ++d)
             out[d] += p * v[j * Dv + d];
         }
@@ -470,7 +481,8 @@ Expected<ReferenceGrads> reference_attention_backward(const AttentionSpec &spec,
   // dO; p and dscore hold the row's probabilities and d(modified)/d(scaled).
   std::vector<double> k(static_cast<size_t>(Sk * Dqk)), v(static_cast<size_t>(Sk * Dv));
   std::vector<double> q(static_cast<size_t>(Dqk)), dout(static_cast<size_t>(Dv));
-  std::vector<double> p(static_cast<size_t>(Sk)), dscore(static_cast<size_t>(Sk));
+  std::vector<double> p(static_cast<size_t>(Sk)), dscore(static_cast<size_t>(Sk)),
+      z(static_cast<size_t>(Sk));
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < H; ++h) {
       const int64_t kvh = h / spec.group();
@@ -510,12 +522,15 @@ Expected<ReferenceGrads> reference_attention_backward(const AttentionSpec &spec,
           sum += p[j] = std::exp(p[j] - max);
         for (int64_t j = keys.lo; j < keys.hi; ++j)
           p[j] /= sum;
+        // Dropout's weights Z: O = (P o Z) V.
+        for (int64_t j = keys.lo; j < keys.hi; ++j)
+          z[j] = dropout_weight(spec, b, h, i, j);
         // delta = rowsum(dO * O), with O recomputed in float64 (not the stored one).
         double delta = 0;
         for (int64_t d = 0; d < Dv; ++d) {
           double o = 0;
           for (int64_t j = keys.lo; j < keys.hi; ++j)
-            o += p[j] * v[j * Dv + d];
+            o += p[j] * z[j] * v[j * Dv + d];
           delta += dout[d] * o;
         }
 
@@ -525,13 +540,13 @@ Expected<ReferenceGrads> reference_attention_backward(const AttentionSpec &spec,
           double dp = 0;
           for (int64_t d = 0; d < Dv; ++d)
             dp += dout[d] * v[j * Dv + d];
-          const double ds = p[j] * (dp - delta) * dscore[j];
+          const double ds = p[j] * (dp * z[j] - delta) * dscore[j];
           for (int64_t d = 0; d < Dqk; ++d) {
             dq[d] += scale * ds * k[j * Dqk + d];
             dk[j * Dqk + d] += scale * ds * q[d];
           }
           for (int64_t d = 0; d < Dv; ++d)
-            dv[j * Dv + d] += p[j] * dout[d];
+            dv[j * Dv + d] += p[j] * z[j] * dout[d];
         }
       }
     }

@@ -355,6 +355,15 @@ Status AttentionSpec::validate_modifiers() const {
                            "from b, h, q_idx and kv_idx; put score expressions in score_mod",
                            mask_mod);
   }
+  if (!(dropout_p >= 0 && dropout_p < 1))
+    return Status::error("dropout_p ({}) must be in [0, 1): the probability of dropping each "
+                         "attention weight (0: off)",
+                         dropout_p);
+  constexpr uint64_t kSeedLimit = uint64_t(1) << 53;
+  if (dropout_seed >= kSeedLimit || dropout_offset >= kSeedLimit)
+    return Status::error("dropout_seed ({}) and dropout_offset ({}) must be below 2^53 (the "
+                         "kernels' scalars round-trip through doubles in the reference)",
+                         dropout_seed, dropout_offset);
   if (mask == MaskType::none)
     return Status::ok();
   if (int(mask) < 0 || int(mask) > int(MaskType::bf16))
@@ -434,6 +443,7 @@ KernelSignature AttentionSpec::signature() const {
   s.mask_mod = mask_mod;
   s.mask = mask;
   s.sinks = sinks;
+  s.dropout = dropout_p > 0;
   s.packed_q = seqs.packed_q;
   s.packed_k = seqs.packed_k;
   s.used_k = seqs.used_k;
@@ -472,6 +482,8 @@ std::string KernelSignature::summary() const {
     s += fmt::format(" mask={}", mask_type_name(mask));
   if (sinks)
     s += " sinks";
+  if (dropout)
+    s += " dropout";
   if (packed_q)
     s += " varlen-q";
   if (packed_k)
@@ -520,6 +532,8 @@ Status AttentionSpec::matches(const KernelSignature &want) const {
     return differ("mask tensor type", mask_type_name(have.mask), mask_type_name(want.mask));
   if (have.sinks != want.sinks)
     return differ("attention sinks", have.sinks, want.sinks);
+  if (have.dropout != want.dropout)
+    return differ("dropout (on/off)", have.dropout, want.dropout);
   if (have.packed_q != want.packed_q)
     return differ("packed Q (cu_seqlens_q)", have.packed_q, want.packed_q);
   if (have.packed_k != want.packed_k)
@@ -566,6 +580,8 @@ std::string AttentionSpec::summary() const {
                      mask_strides.head, mask_strides.q, mask_strides.k);
   if (sinks)
     s += " sinks";
+  if (dropout_p > 0)
+    s += fmt::format(" dropout={}(seed={} offset={})", dropout_p, dropout_seed, dropout_offset);
   if (seqs.packed_q)
     s += fmt::format(" varlen-q(total={})", seqs.total_q);
   if (seqs.packed_k)

@@ -99,6 +99,7 @@ struct KernelSignature {
   std::string score_mod, mask_mod;
   MaskType mask = MaskType::none; // the mask tensor's element type
   bool sinks = false;
+  bool dropout = false; // dropout_p > 0 (its probability and seed are run-time values)
   /// Sequences: packed Q (cu_seqlens_q), packed K/V (cu_seqlens_k), per-batch key
   /// counts (seqused_k), a paged KV cache.
   bool packed_q = false, packed_k = false, used_k = false, paged = false;
@@ -144,6 +145,15 @@ struct AttentionSpec {
   std::string score_mod, mask_mod;
   MaskType mask = MaskType::none;
   MaskStrides mask_strides; // of the mask tensor (unused without one)
+  /// Dropout (training, FlashAttention's dropout_p): each probability P[i, j] is
+  /// kept with probability 1 - dropout_p and scaled by 1 / (1 - dropout_p), else
+  /// zeroed, before it weighs V; the row sums and the LSE are those without
+  /// dropout. Element (b, h, i, j) is dropped where ir::philox_uniform(seed,
+  /// offset, b, h, i, j) < dropout_p, so a backward with the same seed and offset
+  /// drops the same elements. Seed and offset are below 2^53; a new offset per
+  /// call gives a new pattern under one seed.
+  double dropout_p = 0;
+  uint64_t dropout_seed = 0, dropout_offset = 0;
   /// Attention sinks (gpt-oss): a learned logit per query head, f32 [heads] given
   /// per call, that joins each row's softmax denominator (in the units of the
   /// modified score) without a value: out = sum_j p_j v_j with p_j =

@@ -158,6 +158,9 @@ void from_spec(const flashjit::AttentionSpec &s, fj_spec *out) {
   out->mask_head_stride = s.mask_strides.head;
   out->mask_q_stride = s.mask_strides.q;
   out->mask_k_stride = s.mask_strides.k;
+  out->dropout_p = s.dropout_p;
+  out->dropout_seed = s.dropout_seed;
+  out->dropout_offset = s.dropout_offset;
   out->page_size = s.seqs.page_size;
   out->num_pages = s.seqs.num_pages;
   out->pages_per_seq = s.seqs.pages_per_seq;
@@ -212,6 +215,9 @@ fj_error to_spec(const fj_spec *in, flashjit::AttentionSpec *out) {
   out->mask = flashjit::MaskType(in->mask_type);
   out->mask_strides = {in->mask_batch_stride, in->mask_head_stride, in->mask_q_stride,
                        in->mask_k_stride};
+  out->dropout_p = in->dropout_p;
+  out->dropout_seed = in->dropout_seed;
+  out->dropout_offset = in->dropout_offset;
   out->q = to_strides(in->q);
   out->k = to_strides(in->k);
   out->v = to_strides(in->v);

@@ -10,6 +10,37 @@ struct fj_bf16_elem {
   FJ_METHOD operator float() const { return fj_bf16_to_f32(bits); }
 };
 
+// ---- uniform draws (dropout) ----
+// Philox-4x32-10 as ir::philox_uniform computes it on the host, bit for bit: the
+// key is Philox of (seed, offset) under a fixed key (the same for every element
+// of a kernel, so the compiler hoists it), the element's counter (kv_idx, q_idx,
+// h, b) is drawn under it, and 24 bits of the first word give [0, 1).
+FJ_DEVICE void fj_philox10(unsigned c[4], unsigned k0, unsigned k1) {
+#pragma unroll
+  for (int r = 0; r < 10; ++r) {
+    if (r > 0) {
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    const unsigned long long p0 = 0xD2511F53ull * c[0], p1 = 0xCD9E8D57ull * c[2];
+    const unsigned n0 = (unsigned)(p1 >> 32) ^ c[1] ^ k0, n1 = (unsigned)p1;
+    const unsigned n2 = (unsigned)(p0 >> 32) ^ c[3] ^ k1, n3 = (unsigned)p0;
+    c[0] = n0;
+    c[1] = n1;
+    c[2] = n2;
+    c[3] = n3;
+  }
+}
+FJ_DEVICE float fj_uniform(unsigned long long seed, unsigned long long offset, unsigned b,
+                           unsigned h, unsigned q_idx, unsigned kv_idx) {
+  unsigned key[4] = {(unsigned)seed, (unsigned)(seed >> 32), (unsigned)offset,
+                     (unsigned)(offset >> 32)};
+  fj_philox10(key, 0x2545F491u, 0x9E3779B9u);
+  unsigned c[4] = {kv_idx, q_idx, h, b};
+  fj_philox10(c, key[0], key[1]);
+  return (float)(c[0] >> 8) * 5.9604644775390625e-08f; // 2^-24
+}
+
 // ---- attention index math ----
 // The run-time shapes come in as arguments: the sequence lengths and the
 // sliding window's sizes (-1: unbounded on that side). kCausal, kBlockM and

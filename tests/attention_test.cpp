@@ -936,6 +936,7 @@ TEST(AttentionCuda, ScoreModifiersMatchTheReference) {
     bool sinks = false;
     MaskType mask = MaskType::none; // a mask tensor, dense over mask_axes of bhqk
     const char *mask_axes = "bhqk";
+    double dropout_p = 0; // seed 77
   };
   const Mod mods[] = {
       {2, 8, 2, 300, 300, 128, false, 30.0, Alibi::none, "", ""},
@@ -951,6 +952,8 @@ TEST(AttentionCuda, ScoreModifiersMatchTheReference) {
       {1, 8, 2, 300, 700, 80, false, 0, Alibi::none, "", "", false, MaskType::f32, "qk"},
       {2, 4, 2, 128, 128, 128, false, 25.0, Alibi::heads, "", "", false, MaskType::bf16, "bqk"},
       {2, 8, 2, 1, 2500, 128, false, 0, Alibi::none, "", "", false, MaskType::f16, "bhqk"},
+      {2, 8, 2, 300, 300, 128, true, 0, Alibi::none, "", "", false, MaskType::none, "", 0.2},
+      {1, 4, 4, 1, 3000, 64, false, 0, Alibi::none, "", "", false, MaskType::boolean, "bk", 0.5},
   };
   for (const Mod &m : mods) {
     AttentionSpec spec = make_spec(m.b, m.hq, m.hkv, m.sq, m.sk, m.d, m.d, DType::bf16);
@@ -967,6 +970,8 @@ TEST(AttentionCuda, ScoreModifiersMatchTheReference) {
           dense_mask_strides(m.mask_axes, spec.batch, spec.heads, spec.seqlen_q, spec.seqlen_k)
               .value();
     }
+    spec.dropout_p = m.dropout_p;
+    spec.dropout_seed = 77;
     SCOPED_TRACE(spec.summary());
     HostTensors t = make_random_inputs(spec, 3);
     gpu_matches_reference(*cuda, spec, t);

@@ -53,7 +53,15 @@ struct Case {
   // reference takes it as it is.
   MaskType mask = MaskType::none;
   const char *mask_axes = "bhqk";
+  double dropout_p = 0; // seed 99, offset 3: the reference draws the same elements
 };
+
+/// A case with dropout probability p on top of `c`.
+constexpr Case with_dropout(Case c, const char *name, double p) {
+  c.name = name;
+  c.dropout_p = p;
+  return c;
+}
 
 const Case kCases[] = {
     {"plain_d64", 1, 2, 2, 80, 96, 64, 64},
@@ -187,6 +195,8 @@ const Case kCases[] = {
      false,
      MaskType::bf16,
      "qk"},
+    with_dropout({"", 2, 4, 2, 40, 56, 32, 32}, "dropout_gqa", 0.25),
+    with_dropout({"", 1, 2, 2, 48, 48, 64, 64, true, {}, DType::f16}, "dropout_causal_f16", 0.5),
 };
 
 AttentionSpec spec_of(const Case &c) {
@@ -204,6 +214,9 @@ AttentionSpec spec_of(const Case &c) {
     s.mask_strides =
         dense_mask_strides(c.mask_axes, s.batch, s.heads, s.seqlen_q, s.seqlen_k).value();
   }
+  s.dropout_p = c.dropout_p;
+  s.dropout_seed = 99;
+  s.dropout_offset = 3;
   return s;
 }
 

@@ -22,6 +22,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 
 using namespace flashjit;
@@ -105,6 +106,43 @@ TEST(ScoreExpr, FuzzDeepNestingAndLongChainsAreRefused) {
   EXPECT_TRUE(ir::parse_expr(chain, {}, "score_mod"));
 }
 
+TEST(ScoreExpr, UniformIsPhiloxAndUniform) {
+  // Random123's known answers for philox4x32_10.
+  using A4 = std::array<uint32_t, 4>;
+  EXPECT_EQ(ir::philox4x32_10({0, 0, 0, 0}, {0, 0}),
+            (A4{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}));
+  EXPECT_EQ(ir::philox4x32_10({~0u, ~0u, ~0u, ~0u}, {~0u, ~0u}),
+            (A4{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}));
+  EXPECT_EQ(
+      ir::philox4x32_10({0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0}),
+      (A4{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}));
+  // Draws in [0, 1): 1 in 5 below 0.2 over 2^16 elements, another offset another stream.
+  int below = 0, same = 0;
+  for (uint32_t i = 0; i < 256; ++i)
+    for (uint32_t j = 0; j < 256; ++j) {
+      const double u = ir::philox_uniform(42, 0, 1, 3, i, j);
+      ASSERT_TRUE(u >= 0 && u < 1);
+      below += u < 0.2;
+      same += (u < 0.2) == (ir::philox_uniform(42, 1, 1, 3, i, j) < 0.2);
+    }
+  EXPECT_NEAR(below / 65536.0, 0.2, 0.01);
+  EXPECT_NEAR(same / 65536.0, 0.8 * 0.8 + 0.2 * 0.2, 0.01); // independent patterns
+  const ir::ExprScope scope{{{"seed", true}}, {}};
+  auto e = ir::parse_expr("uniform(seed, 7, b, h, q_idx, kv_idx) < 0.5 ? score : 0.0", scope, "s");
+  ASSERT_TRUE(e) << e.status().message();
+  ir::ExprContext c;
+  c.scalar = [](const std::string &) { return 42.0; };
+  c.b = 1;
+  c.h = 3;
+  c.q_idx = 5;
+  c.kv_idx = 9;
+  c.score = 2.0;
+  EXPECT_EQ(ir::evaluate(*e, c), ir::philox_uniform(42, 7, 1, 3, 5, 9) < 0.5 ? 2.0 : 0.0);
+  auto bad = ir::parse_expr("uniform(1, 2, b, h, q_idx, score)", {}, "s");
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.status().message().find("uniform takes integers"), std::string::npos);
+}
+
 TEST(ScoreModSpec, ValidationNamesTheField) {
   AttentionSpec s = make_spec(1, 2, 2, 8, 8, 64, 64, DType::bf16);
   s.softcap = -1;
@@ -119,6 +157,13 @@ TEST(ScoreModSpec, ValidationNamesTheField) {
   EXPECT_NE(s.validate().message().find("does not run with attention sinks"), std::string::npos)
       << s.validate().message();
   s.num_splits = 0;
+  s.dropout_p = 1.0;
+  EXPECT_NE(s.validate().message().find("dropout_p (1) must be in [0, 1)"), std::string::npos)
+      << s.validate().message();
+  s.dropout_p = 0.1;
+  s.dropout_seed = uint64_t(1) << 60;
+  EXPECT_NE(s.validate().message().find("must be below 2^53"), std::string::npos);
+  s.dropout_seed = 0;
   s.score_mod = "score * (1 + )";
   EXPECT_NE(s.validate().message().find("score_mod, column 14"), std::string::npos)
       << s.validate().message();
@@ -139,6 +184,7 @@ struct ModCase {
   // A mask tensor (AttentionSpec::mask), dense over these axes of bhqk.
   MaskType mask = MaskType::none;
   const char *mask_axes = "bhqk";
+  double dropout_p = 0; // with seed 1234 + the case's batch, offset 7
 };
 
 void PrintTo(const ModCase &c, std::ostream *os) { *os << c.name; }
@@ -182,6 +228,14 @@ const ModCase kCases[] = {
      Alibi::heads, "score * 0.5", "q_idx % 3 != 1", false, MaskType::bf16, "bqk"},
     {"additive_f32_sinks_d100", 1, 2, 2, 25, 60, 100, DType::bf16, false, kNoWindow, 0, Alibi::none,
      "", "", true, MaskType::f32, "bhqk"},
+    // Dropout: the float64 reference draws the same Philox elements and drops them
+    // after the row sums, as the kernels must.
+    {"dropout_gqa", 2, 4, 2, 50, 70, 64, DType::bf16, false, kNoWindow, 0, Alibi::none, "", "",
+     false, MaskType::none, "", 0.2},
+    {"dropout_causal_softcap_f16", 1, 2, 1, 70, 40, 80, DType::f16, true, kNoWindow, 5.0,
+     Alibi::none, "", "", false, MaskType::none, "", 0.5},
+    {"dropout_bool_mask_sinks", 1, 4, 4, 33, 64, 64, DType::bf16, false, kNoWindow, 0, Alibi::none,
+     "", "", true, MaskType::boolean, "bk", 0.1},
 };
 
 AttentionSpec spec_of(const ModCase &c) {
@@ -199,6 +253,9 @@ AttentionSpec spec_of(const ModCase &c) {
     s.mask_strides =
         dense_mask_strides(c.mask_axes, s.batch, s.heads, s.seqlen_q, s.seqlen_k).value();
   }
+  s.dropout_p = c.dropout_p;
+  s.dropout_seed = 1234 + uint64_t(c.b);
+  s.dropout_offset = 7;
   return s;
 }
 

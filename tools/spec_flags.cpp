@@ -36,6 +36,11 @@ std::vector<FlagSpec> spec_flags() {
        "has (the others broadcast): bhqk, bqk, hqk, qk, bk (key padding), ... (run draws it at "
        "random)",
        "none"},
+      {"--dropout", "P",
+       "dropout: drop each attention weight with probability P in [0, 1), scale the kept by "
+       "1 / (1 - P) (Philox draws of --dropout-seed)",
+       "0 (off)"},
+      {"--dropout-seed", "S", "the seed of dropout's draws, below 2^53", "0"},
       {"--num-splits", "N",
        "split-KV (flash-decoding): each query block's keys over N workgroups, merged by LSE "
        "(run --device emulator; 1: off)",
@@ -150,6 +155,16 @@ Expected<AttentionSpec> spec_from(const Args &a) {
   s.mask_mod = a.get("--mask-mod", "");
   if (a.has("--attn-mask"))
     FJ_RETURN_IF_ERROR(set_attn_mask(a.get("--attn-mask"), s));
+  auto dropout = a.get_double("--dropout", 0.0);
+  if (!dropout)
+    return dropout.status();
+  s.dropout_p = *dropout;
+  auto seed = a.get_int("--dropout-seed", 0);
+  if (!seed)
+    return seed.status();
+  if (*seed < 0)
+    return Status::error("--dropout-seed ({}) must be in 0..2^53", *seed);
+  s.dropout_seed = uint64_t(*seed);
   s.set_layout(*layout);
   FJ_RETURN_IF_ERROR(s.validate());
   return s;

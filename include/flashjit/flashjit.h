@@ -152,6 +152,12 @@ typedef struct fj_spec {
    * before mask_mod. Not with sequences. */
   int32_t mask_type;
   int64_t mask_batch_stride, mask_head_stride, mask_q_stride, mask_k_stride;
+  /* Dropout (training): each attention weight is dropped with probability
+   * dropout_p in [0, 1) (0: off) and the kept ones scaled by 1 / (1 - dropout_p);
+   * which ones is a pure function of (dropout_seed, dropout_offset, b, h, q_idx,
+   * kv_idx), both below 2^53, so the backward with the same values drops the same. */
+  double dropout_p;
+  uint64_t dropout_seed, dropout_offset;
 } fj_spec;
 
 /* The defaults of flashjit::AttentionSpec: all sizes 1, head dims 64, bf16, BSHD. */

@@ -46,6 +46,9 @@ class Spec(ctypes.Structure):
         ("mask_type", ctypes.c_int32),
         ("mask_batch_stride", ctypes.c_int64), ("mask_head_stride", ctypes.c_int64),
         ("mask_q_stride", ctypes.c_int64), ("mask_k_stride", ctypes.c_int64),
+        # Dropout: probability, and the seed and offset of its Philox draws.
+        ("dropout_p", ctypes.c_double), ("dropout_seed", ctypes.c_uint64),
+        ("dropout_offset", ctypes.c_uint64),
     ]
 
 

@@ -236,6 +236,28 @@ def _modifiers(spec, kind, device_of, batch, heads, softcap, alibi_slopes, score
 _MASK_TYPES = {"bool": 1, "float32": 2, "float16": 3, "bfloat16": 4}
 
 
+def _dropout(dropout_p, dropout_seed, kind):
+    """(p, seed) of a call: p a float in [0, 1); seed below 2^53, drawn when None from
+    torch's default generator (torch inputs; torch.manual_seed repeats it) or NumPy's
+    global one, so every call draws a new pattern."""
+    try:
+        p = float(dropout_p)
+    except (TypeError, ValueError):
+        raise ValueError(f"flashjit: dropout_p must be a number in [0, 1), got "
+                         f"{dropout_p!r}") from None
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"flashjit: dropout_p ({dropout_p}) must be in [0, 1)")
+    if p == 0.0:
+        return 0.0, 0
+    if dropout_seed is None:
+        if kind == "torch":
+            import torch
+            return p, int(torch.randint(0, 1 << 53, (1,)).item())
+        import numpy as np
+        return p, int(np.random.randint(0, 1 << 53, dtype=np.int64))
+    return p, _int("dropout_seed", dropout_seed, 0, (1 << 53) - 1)
+
+
 def _mask_tensor(spec, kind, device_of, attn_mask, shape):
     """Sets the spec's mask tensor from attn_mask (None: none), broadcast to `shape`
     = (batch, heads, seqlen_q, seqlen_k) by 0 strides as SDPA broadcasts it. Returns
@@ -375,7 +397,8 @@ def _attention(signature, spec, device, config=None, kind=None):
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
                     return_attn_probs=False, *, return_lse=False, arch=None, config=None,
-                    num_splits=0, score_mod=None, mask_mod=None, sinks=None, attn_mask=None):
+                    num_splits=0, score_mod=None, mask_mod=None, sinks=None, attn_mask=None,
+                    dropout_seed=None):
     """Attention with FlashAttention 2's signature and conventions.
 
     q: [batch, seqlen_q, heads, head_dim]; k: [batch, seqlen_k, kv_heads, head_dim];
@@ -391,11 +414,16 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     flashjit's backward (flash_attn_backward, through softcap, ALiBi, score_mod and
     mask_mod; deterministic, so `deterministic` changes nothing); the backward does
     not take sinks yet, and such a call raises NotImplementedError rather than
-    dropping the gradient. dropout_p != 0 raises NotImplementedError (issue 15).
+    dropping the gradient. dropout_p in [0, 1) drops each attention weight with
+    that probability after the softmax and scales the kept ones by 1 / (1 - dropout_p),
+    as FlashAttention does (in training; pass 0 for inference): which ones is a Philox
+    draw of (dropout_seed, b, h, q_idx, kv_idx), dropout_seed None drawing a new seed
+    from torch's (or NumPy's) default generator per call; the backward drops the same.
 
     Returns out; with return_attn_probs, FlashAttention's (out, softmax_lse, S_dmask):
     softmax_lse [batch, heads, seqlen_q] float32 (natural log), +inf where a query
-    sees no key, as FlashAttention writes it; S_dmask None (there is no dropout).
+    sees no key, as FlashAttention writes it; S_dmask None (flashjit does not return
+    the dropout pattern).
 
     flashjit's keyword-only extras: return_lse returns (out, lse), lse as above but
     -inf where a query sees no key (log of an empty sum); arch, the AMD arch that
@@ -416,15 +444,12 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     scores (-inf hides a key); it gets no gradient (one that requires grad raises
     NotImplementedError).
     """
-    if dropout_p != 0.0:
-        raise NotImplementedError("flashjit: dropout is not implemented yet (issue 15): pass "
-                                  "dropout_p=0.0")
     if return_attn_probs and return_lse:
         raise ValueError("flashjit: return_attn_probs and return_lse both ask for the LSE: pass "
                          "one (return_attn_probs gives FlashAttention's (out, softmax_lse, None))")
     want_lse = bool(return_attn_probs or return_lse)
     args = (softmax_scale, causal, window_size, softcap, alibi_slopes, arch, config, num_splits,
-            score_mod, mask_mod, sinks, attn_mask)
+            score_mod, mask_mod, sinks, attn_mask, *_dropout(dropout_p, dropout_seed, _kind(q)))
     if _kind(q) == "torch":
         import torch
         if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in (q, k, v)):
@@ -446,7 +471,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 
 def _attention_forward(q, k, v, want_lse, softmax_scale, causal, window_size, softcap,
                        alibi_slopes, arch, config, num_splits, score_mod, mask_mod, sinks,
-                       attn_mask=None):
+                       attn_mask=None, dropout_p=0.0, dropout_seed=0):
     """The forward call of flash_attn_func: (out, lse or None), lse -inf where a query
     sees no key."""
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or \
@@ -494,7 +519,9 @@ def _attention_forward(q, k, v, want_lse, softmax_scale, causal, window_size, so
         score_mod, mask_mod, sinks)
     mask_type, mask_ptr, mask_view = _mask_tensor(
         spec, kind, None if kind == "numpy" else str(q.device), attn_mask, (b, hq, sq, sk))
-    signature = _signature(dtype, d, dv, causal, window, want_lse, strides) + mods + (mask_type,)
+    spec.dropout_p, spec.dropout_seed = dropout_p, dropout_seed
+    signature = (_signature(dtype, d, dv, causal, window, want_lse, strides) + mods +
+                 (mask_type, dropout_p > 0))
     handle = _attention(signature, spec, device, config, kind)  # creating one validates the spec
     _forward(handle, spec, kind, stream, *ins, out16, lse, alibi_slopes=slopes, sinks=sink_ptr,
              attn_mask=mask_ptr)

@@ -4,14 +4,14 @@ uses when a torch input requires grad."""
 import ctypes
 
 from . import _lib
-from .api import (_attention, _attention_forward, _bf16_bits, _check_qkv, _device, _kind,
-                  _mask_tensor, _modifiers, _scale, _signature, _spec, _strides, _window)
+from .api import (_attention, _attention_forward, _bf16_bits, _check_qkv, _device, _dropout,
+                  _kind, _mask_tensor, _modifiers, _scale, _signature, _spec, _strides, _window)
 
 
 def flash_attn_backward(dout, q, k, v, out, softmax_lse, dropout_p=0.0, softmax_scale=None,
                         causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                         deterministic=False, *, arch=None, config=None, score_mod=None,
-                        mask_mod=None, attn_mask=None):
+                        mask_mod=None, attn_mask=None, dropout_seed=None):
     """(dq, dk, dv): the gradients of out = flash_attn_func(q, k, v, ...) given dout.
 
     out and softmax_lse are the forward's, from flash_attn_func(..., return_attn_probs=True)
@@ -22,11 +22,13 @@ def flash_attn_backward(dout, q, k, v, out, softmax_lse, dropout_p=0.0, softmax_
     score modifiers (softcap, alibi_slopes, score_mod, mask_mod) are differentiated
     through, and attn_mask is read as the forward read it (it gets no gradient): pass
     the forward's. Deterministic (no atomics): the same bits run to run,
-    so `deterministic` changes nothing. dropout_p != 0 raises NotImplementedError.
+    so `deterministic` changes nothing. With dropout_p > 0, dropout_seed must be the
+    forward's (pass one to flash_attn_func), so the backward drops the same weights.
     """
-    if dropout_p != 0.0:
-        raise NotImplementedError("flashjit: dropout is not implemented yet (issue 15): pass "
-                                  "dropout_p=0.0")
+    if dropout_p != 0.0 and dropout_seed is None:
+        raise ValueError("flashjit: dropout_p > 0 needs the forward's dropout_seed: pass "
+                         "dropout_seed=S to both flash_attn_func and flash_attn_backward (or let "
+                         "autograd run the backward)")
     window = _window(window_size)
     scale = _scale(softmax_scale)
     kind = _kind(q)
@@ -76,8 +78,10 @@ def flash_attn_backward(dout, q, k, v, out, softmax_lse, dropout_p=0.0, softmax_
                                        b, hq, softcap, alibi_slopes, score_mod, mask_mod, None)
     mask_type, mask_ptr, mask_view = _mask_tensor(
         spec, kind, None if kind == "numpy" else str(q.device), attn_mask, (b, hq, sq, sk))
+    spec.dropout_p, spec.dropout_seed = _dropout(dropout_p, dropout_seed, kind)
     # One handle with the forward's: the signature of a forward that returned the LSE.
-    signature = _signature(dtype, d, dv, causal, window, True, strides) + mods + (mask_type,)
+    signature = (_signature(dtype, d, dv, causal, window, True, strides) + mods +
+                 (mask_type, spec.dropout_p > 0))
     handle = _attention(signature, spec, device, config, kind)
     ptr = (lambda x: x.data_ptr()) if kind == "torch" else (lambda x: x.ctypes.data)
     t = _lib.BackwardTensors(q=ptr(ins[0]), k=ptr(ins[1]), v=ptr(ins[2]), out=ptr(ins[3]),
@@ -104,15 +108,18 @@ def _function():
         class FlashAttnFunction(torch.autograd.Function):
             @staticmethod
             def forward(ctx, q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                        config, num_splits, score_mod, mask_mod, attn_mask):
+                        config, num_splits, score_mod, mask_mod, attn_mask, dropout_p,
+                        dropout_seed):
                 out, lse = _attention_forward(q, k, v, True, softmax_scale, causal, window_size,
                                               softcap, alibi_slopes, None, config, num_splits,
-                                              score_mod, mask_mod, None, attn_mask)
+                                              score_mod, mask_mod, None, attn_mask, dropout_p,
+                                              dropout_seed)
                 ctx.save_for_backward(q, k, v, out, lse)
                 ctx.args = dict(softmax_scale=softmax_scale, causal=causal,
                                 window_size=window_size, softcap=softcap,
                                 alibi_slopes=alibi_slopes, config=config, score_mod=score_mod,
-                                mask_mod=mask_mod, attn_mask=attn_mask)
+                                mask_mod=mask_mod, attn_mask=attn_mask, dropout_p=dropout_p,
+                                dropout_seed=dropout_seed)
                 ctx.mark_non_differentiable(lse)
                 return out, lse
 
@@ -122,14 +129,15 @@ def _function():
                 dq, dk, dv = flash_attn_backward(dout, q, k, v, out, lse, **ctx.args)
                 # No gradient for the slopes (FlashAttention's ALiBi is not learned) nor
                 # for attn_mask (attention_with_grad refuses one that requires grad).
-                return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+                return (dq, dk, dv) + (None,) * 12
 
         _FUNCTION = FlashAttnFunction
     return _FUNCTION
 
 
 def attention_with_grad(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, arch,
-                        config, num_splits, score_mod, mask_mod, sinks, attn_mask=None):
+                        config, num_splits, score_mod, mask_mod, sinks, attn_mask=None,
+                        dropout_p=0.0, dropout_seed=0):
     """flash_attn_func's call when a torch input requires grad: (out, lse) through the
     autograd function, or NotImplementedError naming what the backward does not take,
     so that no gradient is ever dropped without a word."""
@@ -147,4 +155,5 @@ def attention_with_grad(q, k, v, softmax_scale, causal, window_size, softcap, al
     if arch:
         raise ValueError(f"flashjit: arch={arch!r} applies to NumPy inputs (the emulator)")
     return _function().apply(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                             config, num_splits, score_mod, mask_mod, attn_mask)
+                             config, num_splits, score_mod, mask_mod, attn_mask, dropout_p,
+                             dropout_seed)

@@ -5,7 +5,7 @@ from .api import _kind, flash_attn_func
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False, *, arch=None,
-                                 config=None):
+                                 config=None, dropout_seed=None):
     """torch.nn.functional.scaled_dot_product_attention's semantics, run by flashjit.
 
     query [batch, heads, seqlen_q, head_dim], key [batch, kv_heads, seqlen_k, head_dim],
@@ -20,12 +20,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     flashjit's [batch, seqlen_q, heads, head_dim_v] output). Gradients flow as through
     flash_attn_func. NumPy arrays run on the CPU emulator of `arch`.
 
-    Not built yet, raising NotImplementedError rather than computing something else:
-    dropout_p != 0 (issue 15).
+    dropout_p drops attention weights as flash_attn_func does (a Philox pattern of
+    dropout_seed, None: a new seed per call from torch's or NumPy's generator), not
+    with PyTorch's random stream: the same probability, another pattern.
     """
-    if dropout_p != 0.0:
-        raise NotImplementedError("flashjit: dropout is not implemented yet (issue 15): pass "
-                                  "dropout_p=0.0")
     ndim = len(query.shape)
     if ndim not in (3, 4) or len(key.shape) != ndim or len(value.shape) != ndim:
         raise ValueError(f"flashjit: query, key and value must all be 4-D [batch, heads, seqlen, "
@@ -53,6 +51,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         raise ValueError(f"flashjit: attn_mask {tuple(attn_mask.shape)} is 4-D but the inputs "
                          "are 3-D [heads, seqlen, head_dim]: pass a mask of at most 3 dims")
     out = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, mask_mod=mask_mod,
-                          arch=arch, config=config, attn_mask=attn_mask)
+                          arch=arch, config=config, attn_mask=attn_mask, dropout_p=dropout_p,
+                          dropout_seed=dropout_seed)
     out = out.transpose(1, 2) if kind == "torch" else out.transpose(0, 2, 1, 3)
     return out[0] if ndim == 3 else out

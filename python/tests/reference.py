@@ -4,11 +4,40 @@ import math
 import numpy as np
 
 
+def _philox10(c, k0, k1):
+    """Philox-4x32-10 (Random123) of counters c (4 uint64 arrays holding uint32 values)
+    under key (k0, k1), vectorized."""
+    M = np.uint64(0xFFFFFFFF)
+    c = [np.asarray(x, dtype=np.uint64) & M for x in c]
+    k0, k1 = np.uint64(k0) & M, np.uint64(k1) & M
+    for r in range(10):
+        if r:
+            k0, k1 = (k0 + np.uint64(0x9E3779B9)) & M, (k1 + np.uint64(0xBB67AE85)) & M
+        p0 = np.uint64(0xD2511F53) * c[0]
+        p1 = np.uint64(0xCD9E8D57) * c[2]
+        c = [(p1 >> np.uint64(32)) ^ c[1] ^ k0, p1 & M, (p0 >> np.uint64(32)) ^ c[3] ^ k1, p0 & M]
+    return c
+
+
+def dropout_weights(p, seed, offset, b, h, sq, sk):
+    """[b, h, sq, sk] float64: 0 where flashjit drops P[b, h, i, j], 1 / (1 - p) where it
+    keeps it: Philox of (seed, offset) gives the key, of (j, i, h, b) the draw (as
+    ir::philox_uniform), compared in float32 with p."""
+    key = _philox10([seed & 0xFFFFFFFF, seed >> 32, offset & 0xFFFFFFFF, offset >> 32],
+                    0x2545F491, 0x9E3779B9)
+    B, H, I, J = np.meshgrid(np.arange(b), np.arange(h), np.arange(sq), np.arange(sk),
+                             indexing="ij")
+    r = _philox10([J, I, H, B], int(key[0]), int(key[1]))
+    u = (r[0] >> np.uint64(8)).astype(np.float64) * 2.0 ** -24
+    return np.where(u >= float(np.float32(p)), 1.0 / (1.0 - p), 0.0)
+
+
 def attention(q, k, v, causal=False, window_size=(-1, -1), softmax_scale=None, softcap=0.0,
-              alibi_slopes=None, mask=None, sinks=None, bias=None):
+              alibi_slopes=None, mask=None, sinks=None, bias=None, dropout=None):
     """mask: bool, broadcast to [b, h, sq, sk] (False hides); bias: added to the scaled
     scores after ALiBi, broadcast likewise (SDPA's float attn_mask); alibi_slopes [h] or
-    [b, h]; sinks [h] (a logit per head in the denominator, without a value)."""
+    [b, h]; sinks [h] (a logit per head in the denominator, without a value); dropout:
+    dropout_weights() applied to P after the row sums (the LSE is without it)."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     b, sq, hq, d = q.shape
     _, sk, hkv, dv = v.shape
@@ -47,7 +76,7 @@ def attention(q, k, v, causal=False, window_size=(-1, -1), softmax_scale=None, s
     l = p.sum(axis=-1, keepdims=True)
     if sinks is not None:
         l = l + np.exp(sink - m)
-    o = np.einsum("bhqk,bkhd->bhqd", p, v)
+    o = np.einsum("bhqk,bkhd->bhqd", p * (1.0 if dropout is None else dropout), v)
     o = np.where(l > 0, o / np.where(l > 0, l, 1), 0.0)
     lse = np.where(l[..., 0] > 0, (m + np.log(np.where(l > 0, l, 1)))[..., 0], -np.inf)
     return o.transpose(0, 2, 1, 3), lse
@@ -59,11 +88,13 @@ def bf16_round(a):
 
 
 def attention_grads(q, k, v, dout, causal=False, window_size=(-1, -1), softmax_scale=None,
-                    softcap=0.0, alibi_slopes=None, mask=None, bias=None):
+                    softcap=0.0, alibi_slopes=None, mask=None, bias=None, dropout=None):
     """float64 (dq, dk, dv) of attention(q, k, v, ...)'s output against dout, by the
     analytic formulas: P = softmax(S), dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dO o
     O)), through softcap (times 1 - tanh^2), dQ = scale dS K, dK = scale dS^T Q; a kv
-    head's gradient sums its group of query heads. mask and bias as attention()."""
+    head's gradient sums its group of query heads. mask, bias and dropout as attention():
+    with dropout weights Z, O = (P o Z) V, dV = (P o Z)^T dO, dS = P (dP o Z - rowsum(dO o
+    O))."""
     q, k, v, dout = (np.asarray(x, dtype=np.float64) for x in (q, k, v, dout))
     b, sq, hq, d = q.shape
     _, sk, hkv, dv = v.shape
@@ -100,9 +131,10 @@ def attention_grads(q, k, v, dout, causal=False, window_size=(-1, -1), softmax_s
     l = p.sum(axis=-1, keepdims=True)
     p = np.where(l > 0, p / np.where(l > 0, l, 1), 0.0)  # rows that see no key: P = 0
     do = dout.transpose(0, 2, 1, 3)  # b h q d
-    o = np.einsum("bhqk,bkhd->bhqd", p, vr)
-    dvr = np.einsum("bhqk,bhqd->bkhd", p, do)
-    dp = np.einsum("bhqd,bkhd->bhqk", do, vr)
+    z = 1.0 if dropout is None else dropout
+    o = np.einsum("bhqk,bkhd->bhqd", p * z, vr)
+    dvr = np.einsum("bhqk,bhqd->bkhd", p * z, do)
+    dp = np.einsum("bhqd,bkhd->bhqk", do, vr) * z
     ds = p * (dp - (do * o).sum(axis=-1, keepdims=True)) * cap_grad
     dq = np.einsum("bhqk,bkhd->bqhd", ds, kr) * scale
     dkr = np.einsum("bhqk,bqhd->bkhd", ds, q) * scale
