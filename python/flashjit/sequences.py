@@ -88,7 +88,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     (issue 15). NumPy inputs run on the emulator of `arch`; there every array entry is
     checked (a bad one is an error naming it)."""
     if dropout_p != 0.0:
-        raise NotImplementedError("flashjit: dropout is not implemented yet (issue 15): pass "
+        raise NotImplementedError("flashjit: dropout in the varlen and KV-cache calls is not "
+                                  "built yet (issue 15: they have no backward yet): pass "
                                   "dropout_p=0.0")
     if return_attn_probs and return_lse:
         raise ValueError("flashjit: return_attn_probs and return_lse both ask for the LSE: pass "

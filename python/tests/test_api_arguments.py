@@ -63,11 +63,13 @@ def test_deterministic_is_accepted_and_changes_nothing():
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    ({"dropout_p": 0.1}, r"dropout .*issue 15"),
+    ({"dropout_p": 1.0}, r"dropout_p \(1.0\) must be in \[0, 1\)"),
+    ({"dropout_p": "x"}, r"dropout_p must be a number"),
+    ({"dropout_p": 0.1, "dropout_seed": 1 << 53}, r"dropout_seed"),
 ])
-def test_features_not_built_yet_are_named(kwargs, message):
+def test_bad_dropout_arguments_are_named(kwargs, message):
     q = np.zeros((1, 8, 2, 16), dtype=np.float16)
-    with pytest.raises(NotImplementedError, match=message):
+    with pytest.raises(ValueError, match=message):
         flashjit.flash_attn_func(q, q, q, arch=ARCH, **kwargs)
 
 

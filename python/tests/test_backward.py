@@ -83,7 +83,7 @@ def test_backward_refuses_what_it_does_not_take():
     rng = np.random.default_rng(3)
     q = make(rng, (1, 8, 2, 32), "f16")
     out, lse = flashjit.flash_attn_func(q, q, q, return_lse=True, arch=ARCH)
-    with pytest.raises(NotImplementedError, match="dropout"):
+    with pytest.raises(ValueError, match="needs the forward's dropout_seed"):
         flashjit.flash_attn_backward(q, q, q, q, out, lse, dropout_p=0.1, arch=ARCH)
     with pytest.raises(ValueError, match="softmax_lse must be"):
         flashjit.flash_attn_backward(q, q, q, q, out, lse[:, :1], arch=ARCH)

@@ -60,8 +60,8 @@ def test_non_contiguous_inputs_work_through_strides():
 
 def test_bad_inputs_raise_clear_errors():
     q = np.zeros((1, 8, 2, 16), dtype=np.float16)
-    with pytest.raises(NotImplementedError, match="dropout"):
-        flashjit.flash_attn_func(q, q, q, dropout_p=0.1, arch=ARCH)
+    with pytest.raises(ValueError, match="dropout_p"):
+        flashjit.flash_attn_func(q, q, q, dropout_p=-0.1, arch=ARCH)
     with pytest.raises(TypeError, match="float16"):
         flashjit.flash_attn_func(q.astype(np.int32), q, q, arch=ARCH)
     with pytest.raises(ValueError, match="arch="):

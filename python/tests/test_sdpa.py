@@ -56,8 +56,8 @@ def test_three_d_inputs_scale_and_refusals():
     with pytest.raises(TypeError, match="attn_mask must be bool"):
         flashjit.scaled_dot_product_attention(q, q, q, attn_mask=np.ones((24, 24), np.int32),
                                               arch=ARCH)
-    with pytest.raises(NotImplementedError, match="dropout"):
-        flashjit.scaled_dot_product_attention(q, q, q, dropout_p=0.1, arch=ARCH)
+    with pytest.raises(ValueError, match="dropout_p"):
+        flashjit.scaled_dot_product_attention(q, q, q, dropout_p=1.5, arch=ARCH)
 
 
 @pytest.mark.parametrize("sq,sk,gqa", [(128, 300, False), (200, 90, True), (256, 256, False)])
