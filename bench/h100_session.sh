@@ -79,7 +79,8 @@ masks)
   grep -E "Failed|\*\*\*" "$out/ctest_cuda.log" | head -20
   FLASHJIT_CACHE_DIR=$(mktemp -d) timeout 400 python3 -m pytest -q -x \
     python/tests/test_sdpa.py python/tests/test_dropout.py python/tests/test_torch_grad.py \
-    python/tests/test_torch_cuda.py -k "torch or cuda" \
+    python/tests/test_torch_cuda.py python/tests/test_torch_compile.py \
+    python/tests/test_transformers.py -k "torch or cuda or llama" \
     >"$out/torch_tests.log" 2>&1
   tail -15 "$out/torch_tests.log"
   FLASHJIT_CACHE_DIR=$(mktemp -d) PYTHONUNBUFFERED=1 timeout 240 python3 bench/bench_masks.py \

@@ -11,13 +11,21 @@ resource report of its code object. flash_attn_varlen_func and flash_attn_with_k
 are FlashAttention's varlen and KV-cache calls (packed batches, paged caches);
 flash_attn_backward is the backward pass, which flash_attn_func also runs through
 torch's autograd when an input requires grad. scaled_dot_product_attention is
-PyTorch's SDPA signature (BHSD, top-left is_causal).
+PyTorch's SDPA signature (BHSD, top-left is_causal, attn_mask, dropout). Under
+torch.compile the torch path runs as custom ops (flashjit.torch_ops);
+flashjit.integrations registers flashjit with transformers.
 """
 
 from .api import FlashJitError, compile, emit, flash_attn_func, version
 from .backward import flash_attn_backward
 from .sdpa import scaled_dot_product_attention
 from .sequences import flash_attn_varlen_func, flash_attn_with_kvcache
+
+import sys as _sys
+
+if "torch" in _sys.modules:  # torch.compile needs the custom ops before it traces
+    from . import torch_ops as _torch_ops
+    _torch_ops.ops()
 
 __all__ = ["flash_attn_func", "flash_attn_backward", "flash_attn_varlen_func",
            "flash_attn_with_kvcache", "scaled_dot_product_attention", "emit", "compile",

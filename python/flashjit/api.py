@@ -5,7 +5,7 @@ import ctypes
 import json
 import operator
 
-from . import _lib
+from . import _lib, torch_ops
 from ._lib import FlashJitError
 
 # (kernel signature, device, config) -> fj_attention handle: one handle (one compiled
@@ -448,11 +448,18 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         raise ValueError("flashjit: return_attn_probs and return_lse both ask for the LSE: pass "
                          "one (return_attn_probs gives FlashAttention's (out, softmax_lse, None))")
     want_lse = bool(return_attn_probs or return_lse)
+    if dropout_p and dropout_seed is None and _kind(q) == "torch" and torch_ops.compiling():
+        raise NotImplementedError("flashjit: under torch.compile, dropout needs dropout_seed (a "
+                                  "seed drawn while tracing would be baked into the graph: the "
+                                  "same pattern every step): pass one per step")
     args = (softmax_scale, causal, window_size, softcap, alibi_slopes, arch, config, num_splits,
             score_mod, mask_mod, sinks, attn_mask, *_dropout(dropout_p, dropout_seed, _kind(q)))
     if _kind(q) == "torch":
         import torch
-        if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in (q, k, v)):
+        if torch_ops.compiling():  # torch.compile: the custom op, traced without a break
+            out, lse = torch_ops.attention(q, k, v, *args, seed_given=dropout_seed is not None)
+        elif torch.is_grad_enabled() and any(getattr(x, "requires_grad", False)
+                                             for x in (q, k, v)):
             from .backward import attention_with_grad
             out, lse = attention_with_grad(q, k, v, *args)
         else:

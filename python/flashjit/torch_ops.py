@@ -1,0 +1,98 @@
+"""flash_attn_func as torch.library custom ops (flashjit::attention_forward and
+flashjit::attention_backward) with fake implementations and autograd, so that
+torch.compile traces through flashjit without a graph break (fullgraph=True works).
+flash_attn_func routes torch tensors here while torch.compile traces; eager calls
+keep the direct path (no dispatcher overhead). `import flashjit` registers the ops
+when torch is already imported (else call ops() before torch.compile traces)."""
+
+from typing import Optional
+
+_OPS = None
+
+
+def compiling():
+    """Whether torch.compile is tracing the caller (False without torch.compiler)."""
+    import torch
+    check = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return bool(check and check())
+
+
+def ops():
+    """The registered (forward, backward) ops."""
+    global _OPS
+    if _OPS is not None:
+        return _OPS
+    import torch
+    from torch import Tensor
+    from torch.library import custom_op
+
+    from .api import _attention_forward
+    from .backward import flash_attn_backward
+
+    @custom_op("flashjit::attention_forward", mutates_args=())
+    def forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float], causal: bool,
+                window_left: int, window_right: int, softcap: float,
+                alibi_slopes: Optional[Tensor], num_splits: int, score_mod: Optional[str],
+                mask_mod: Optional[str], attn_mask: Optional[Tensor], dropout_p: float,
+                dropout_seed: int) -> tuple[Tensor, Tensor]:
+        return _attention_forward(q, k, v, True, softmax_scale, causal,
+                                  (window_left, window_right), softcap, alibi_slopes, None, None,
+                                  num_splits, score_mod, mask_mod, None, attn_mask, dropout_p,
+                                  dropout_seed)
+
+    @forward.register_fake
+    def _(q, k, v, *args):
+        b, sq, hq, _ = q.shape
+        return (q.new_empty((b, sq, hq, v.shape[-1])),
+                q.new_empty((b, hq, sq), dtype=torch.float32))
+
+    @custom_op("flashjit::attention_backward", mutates_args=())
+    def backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                 softmax_scale: Optional[float], causal: bool, window_left: int,
+                 window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
+                 score_mod: Optional[str], mask_mod: Optional[str],
+                 attn_mask: Optional[Tensor], dropout_p: float,
+                 dropout_seed: int) -> tuple[Tensor, Tensor, Tensor]:
+        return flash_attn_backward(dout, q, k, v, out, lse, dropout_p, softmax_scale, causal,
+                                   (window_left, window_right), softcap, alibi_slopes,
+                                   score_mod=score_mod, mask_mod=mask_mod, attn_mask=attn_mask,
+                                   dropout_seed=dropout_seed if dropout_p else None)
+
+    @backward.register_fake
+    def _(dout, q, k, v, *args):
+        return tuple(torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+                     for x in (q, k, v))
+
+    def setup_context(ctx, inputs, output):
+        q, k, v = inputs[:3]
+        ctx.save_for_backward(q, k, v, *output)
+        ctx.args = inputs[3:]
+
+    def run_backward(ctx, dout, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        (softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, _splits,
+         score_mod, mask_mod, attn_mask, dropout_p, dropout_seed) = ctx.args
+        dq, dk, dv = backward(dout, q, k, v, out, lse, softmax_scale, causal, window_left,
+                              window_right, softcap, alibi_slopes, score_mod, mask_mod,
+                              attn_mask, dropout_p, dropout_seed)
+        return (dq, dk, dv) + (None,) * len(ctx.args)
+
+    forward.register_autograd(run_backward, setup_context=setup_context)
+    _OPS = (forward, backward)
+    return _OPS
+
+
+def attention(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes, arch, config,
+              num_splits, score_mod, mask_mod, sinks, attn_mask, dropout_p, dropout_seed,
+              seed_given=True):
+    """flash_attn_func's (out, lse) through the custom op, for torch.compile."""
+    refused = [name for name, value in (("arch", arch), ("config", config), ("sinks", sinks))
+               if value is not None]
+    if refused:
+        raise NotImplementedError(f"flashjit: under torch.compile, flash_attn_func does not take "
+                                  f"{', '.join(refused)} yet: call it eagerly (e.g. "
+                                  f"torch.compiler.disable) or drop them")
+    window_left, window_right = window_size
+    return ops()[0](q, k, v, softmax_scale, bool(causal), int(window_left), int(window_right),
+                    float(softcap), alibi_slopes, int(num_splits), score_mod, mask_mod,
+                    attn_mask, float(dropout_p), int(dropout_seed))

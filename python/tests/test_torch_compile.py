@@ -1,0 +1,77 @@
+"""flash_attn_func under torch.compile(fullgraph=True) (the flashjit::attention_forward
+and attention_backward custom ops with fake implementations) and inside a CUDA graph,
+on CUDA. The compiled and the eager calls run the same kernels, so outputs and
+gradients agree within 1e-6 (the same bits, up to the order of the backward's sums,
+which is fixed); the eager result is checked against float64 elsewhere
+(test_torch_cuda.py, test_torch_grad.py)."""
+import pytest
+
+
+def cuda_torch():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    return torch
+
+
+def test_compile_fullgraph_forward_and_backward():
+    torch = cuda_torch()
+    import flashjit
+
+    def loss(q, k, v, mask):
+        out = flashjit.flash_attn_func(q, k, v, causal=True, softcap=20.0)
+        sdpa = flashjit.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                     v.transpose(1, 2), attn_mask=mask,
+                                                     enable_gqa=True)
+        return (out.float() ** 2).sum() + sdpa.float().sum()
+
+    torch.manual_seed(0)
+    b, s, hq, hkv, d = 2, 160, 8, 2, 64
+    base = [torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+            for h in (hq, hkv, hkv)]
+    mask = torch.rand(b, 1, s, s, device="cuda") > 0.2
+    compiled = torch.compile(loss, fullgraph=True)
+    results = []
+    for fn in (compiled, loss):
+        q, k, v = (x.clone().requires_grad_() for x in base)
+        value = fn(q, k, v, mask)
+        value.backward()
+        results.append((value.detach(), q.grad, k.grad, v.grad))
+    for got, want in zip(*results):
+        assert torch.allclose(got.float(), want.float(), atol=1e-6, rtol=1e-6)
+
+
+def test_compile_refuses_dropout_without_a_seed():
+    torch = cuda_torch()
+    import flashjit
+    q = torch.randn(1, 64, 2, 64, device="cuda", dtype=torch.bfloat16)
+    f = torch.compile(lambda q: flashjit.flash_attn_func(q, q, q, dropout_p=0.1), fullgraph=True)
+    with pytest.raises(Exception, match="dropout needs dropout_seed"):
+        f(q)
+    g = torch.compile(lambda q: flashjit.flash_attn_func(q, q, q, dropout_p=0.1, dropout_seed=3),
+                      fullgraph=True)
+    assert torch.equal(g(q), flashjit.flash_attn_func(q, q, q, dropout_p=0.1, dropout_seed=3))
+
+
+def test_cuda_graph_capture_and_replay():
+    torch = cuda_torch()
+    import flashjit
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(2, 300, 8, 128, device="cuda", dtype=torch.bfloat16)
+               for _ in range(3))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up: create and compile the kernel off the graph
+        flashjit.flash_attn_func(q, k, v, causal=True, num_splits=1)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = flashjit.flash_attn_func(q, k, v, causal=True, num_splits=1)
+    for seed in (2, 3):
+        torch.manual_seed(seed)
+        for x in (q, k, v):
+            x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = flashjit.flash_attn_func(q, k, v, causal=True, num_splits=1)
+        assert torch.equal(out, want)
