@@ -4,6 +4,7 @@
 // estimate of `run` on the CPU; and, through the built tool (FLASHJIT_CLI),
 // what only a whole process shows.
 #include "compiler/select.h"
+#include "runtime/attention.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
 #include "tools/json.h"
@@ -441,6 +442,43 @@ TEST(RunEstimate, Issue18Finding17SlowCpuRunsAreEstimatedAndRefused) {
   Ran interpreter = run_tool("", "run --device interpreter --seqlen-q 100000 --heads 2");
   EXPECT_EQ(interpreter.code, 1);
   EXPECT_HAS(interpreter.err, "on the interpreter at 1.0 GFLOP/s");
+}
+
+/// `--attn-mask TYPE[:AXES]` and `--dropout P --dropout-seed S` set the spec's mask
+/// tensor (dense over the named axes, 0 strides for the rest) and dropout.
+TEST(SpecFlags, AttnMaskAndDropout) {
+  auto s = spec_from(flags({{"--batch", "2"},
+                            {"--heads", "3"},
+                            {"--seqlen-q", "5"},
+                            {"--seqlen-k", "7"},
+                            {"--attn-mask", "f16:bk"},
+                            {"--dropout", "0.25"},
+                            {"--dropout-seed", "9"}}));
+  ASSERT_TRUE(s) << s.status().message();
+  EXPECT_EQ(s->mask, MaskType::f16);
+  EXPECT_EQ(s->mask_strides, (MaskStrides{7, 0, 0, 1}));
+  EXPECT_EQ(s->dropout_p, 0.25);
+  EXPECT_EQ(s->dropout_seed, 9u);
+  s = spec_from(flags({{"--attn-mask", "bool"}, {"--seqlen-q", "4"}, {"--seqlen-k", "6"}}));
+  ASSERT_TRUE(s) << s.status().message();
+  EXPECT_EQ(s->mask_strides, (MaskStrides{24, 24, 6, 1}));
+  const std::pair<std::map<std::string, std::string>, const char *> bad[] = {
+      {{{"--attn-mask", "int8"}}, "--attn-mask expects TYPE[:AXES]"},
+      {{{"--attn-mask", "bool:kq"}}, "letters of bhqk in that order"},
+      {{{"--dropout", "1"}}, "dropout_p (1) must be in [0, 1)"},
+      {{{"--dropout", "0.1"}, {"--dropout-seed", "-2"}}, "--dropout-seed (-2)"}};
+  for (const auto &[values, message] : bad) {
+    auto refused = spec_from(flags(values));
+    ASSERT_FALSE(refused) << message;
+    EXPECT_NE(refused.status().message().find(message), std::string::npos)
+        << refused.status().message();
+  }
+}
+
+TEST(Cli, VersionPrintsTheLibraryVersion) {
+  Ran r = run_tool("", "--version");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, fmt::format("flashjit {}\n", flashjit::version()));
 }
 
 /// `run --num-splits N`: the split-KV kernels (partial, then combine) on the

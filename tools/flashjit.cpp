@@ -6,6 +6,7 @@
 #include "ir/interpreter.h"
 #include "ir/reference.h"
 #include "lowering/lower.h"
+#include "runtime/attention.h"
 #include "runtime/emulator.h"
 #include "runtime/npy.h"
 #include "runtime/pipeline.h"
@@ -407,7 +408,8 @@ void print_main_help(const std::vector<cli::Command> &cmds) {
              "usage: flashjit <command> [options]\n\ncommands:\n");
   for (const auto &c : cmds)
     fmt::print("  {:<10} {}\n", c.name, c.summary);
-  fmt::print("\nflashjit <command> --help shows a command's options.\n");
+  fmt::print("\nflashjit <command> --help shows a command's options; flashjit --version the "
+             "version.\n");
 }
 
 } // namespace
@@ -417,6 +419,10 @@ int main(int argc, char **argv) {
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     print_main_help(cmds);
     return argc < 2 ? 1 : 0;
+  }
+  if (std::string(argv[1]) == "--version") {
+    fmt::print("flashjit {}\n", flashjit::version());
+    return 0;
   }
   for (const auto &c : cmds) {
     if (c.name != argv[1])
