@@ -84,7 +84,8 @@ Expected<Program> build_backward_dq(const AttentionSpec &spec, const Config &con
 Expected<Program> build_backward_dkdv(const AttentionSpec &spec, const Config &config);
 /// Declares what the spec's score modifiers read in `p`: the softcap scalar,
 /// ALiBi's slopes, the mask tensor (`attn_mask` and its four i64 strides).
-/// Forward and backward programs share it, and bind_modifiers binds it.
+/// Forward and backward programs share it. bind_modifiers binds its scalars
+/// and declare_dropout's.
 void declare_modifiers(const AttentionSpec &spec, Program &p);
 /// Dropout's scalars (dropout_p, dropout_scale, dropout_seed, dropout_offset)
 /// and its function @dropout of `p`: an element x stays x * dropout_scale where

@@ -882,7 +882,7 @@ void gpu_matches_reference(runtime::GpuDriver &cuda, const AttentionSpec &spec, 
   a.alibi_slopes =
       static_cast<const float *>(upload(t.alibi_slopes.data(), t.alibi_slopes.size() * 4));
   a.sinks = static_cast<const float *>(upload(t.sinks.data(), t.sinks.size() * 4));
-  std::vector<uint32_t> mask((t.attn_mask.size() * 4 + 3) / 4);
+  std::vector<uint32_t> mask(t.attn_mask.size()); // 4 bytes per element: room for any type
   mask_storage(spec.mask, t.attn_mask, mask.data());
   a.attn_mask = upload(mask.data(), t.attn_mask.size() * size_t(mask_type_bytes(spec.mask)));
   Status s = attn->forward(spec, a);

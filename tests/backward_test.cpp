@@ -56,6 +56,14 @@ struct Case {
   double dropout_p = 0; // seed 99, offset 3: the reference draws the same elements
 };
 
+/// A case with a mask tensor of `type`, dense over `axes` of bhqk, on top of `c`.
+constexpr Case with_mask(Case c, const char *name, MaskType type, const char *axes) {
+  c.name = name;
+  c.mask = type;
+  c.mask_axes = axes;
+  return c;
+}
+
 /// A case with dropout probability p on top of `c`.
 constexpr Case with_dropout(Case c, const char *name, double p) {
   c.name = name;
@@ -135,66 +143,11 @@ const Case kCases[] = {
      "kv_idx <= q_idx + seqlen_k - seqlen_q",
      1.0,
      true},
-    {"bool_mask_gqa",
-     1,
-     4,
-     2,
-     40,
-     72,
-     32,
-     32,
-     false,
-     {},
-     DType::bf16,
-     Layout::bshd,
-     0,
-     Alibi::none,
-     "",
-     "",
-     1.0,
-     false,
-     MaskType::boolean,
-     "bhqk"},
-    {"additive_f32_key_padding_causal",
-     2,
-     2,
-     2,
-     30,
-     50,
-     64,
-     64,
-     true,
-     {},
-     DType::f16,
-     Layout::bshd,
-     0,
-     Alibi::none,
-     "",
-     "",
-     1.0,
-     false,
-     MaskType::f32,
-     "bk"},
-    {"additive_bf16_qk_softcap",
-     1,
-     2,
-     1,
-     48,
-     40,
-     48,
-     48,
-     false,
-     {},
-     DType::bf16,
-     Layout::bshd,
-     2.5,
-     Alibi::none,
-     "",
-     "",
-     1.0,
-     false,
-     MaskType::bf16,
-     "qk"},
+    with_mask({"", 1, 4, 2, 40, 72, 32, 32}, "bool_mask_gqa", MaskType::boolean, "bhqk"),
+    with_mask({"", 2, 2, 2, 30, 50, 64, 64, true, {}, DType::f16},
+              "additive_f32_key_padding_causal", MaskType::f32, "bk"),
+    with_mask({"", 1, 2, 1, 48, 40, 48, 48, false, {}, DType::bf16, Layout::bshd, 2.5},
+              "additive_bf16_qk_softcap", MaskType::bf16, "qk"),
     with_dropout({"", 2, 4, 2, 40, 56, 32, 32}, "dropout_gqa", 0.25),
     with_dropout({"", 1, 2, 2, 48, 48, 64, 64, true, {}, DType::f16}, "dropout_causal_f16", 0.5),
 };
@@ -396,7 +349,7 @@ void run_attention(const AttentionSpec &spec, const std::string &device, const O
   std::vector<float> lse(size_t(spec.lse_elements()), std::nanf(""));
   const float *slopes = t.alibi_slopes.empty() ? nullptr : t.alibi_slopes.data();
   // The mask tensor in its own element type, as a GPU reads it.
-  std::vector<uint32_t> mask_words((t.attn_mask.size() * 4 + 3) / 4);
+  std::vector<uint32_t> mask_words(t.attn_mask.size()); // 4 bytes per element: room for any type
   mask_storage(spec.mask, t.attn_mask, mask_words.data());
   const void *mask = spec.mask == MaskType::none ? nullptr : mask_words.data();
   AttentionTensors fwd{q.data(), k.data(), v.data(), o.data(), lse.data()};
