@@ -177,9 +177,12 @@ FJ_API fj_error fj_spec_set_layout(fj_spec *spec, fj_layout layout);
 FJ_API fj_error fj_spec_validate(const fj_spec *spec);
 
 /* The kernel signature of a valid spec, as text, into out[size] (NUL
- * included; 256 bytes always suffice): what a kernel specializes on (dtype,
- * head dims, causal, window on/off, lse, layout class). Specs with equal
- * signatures share one fj_attention (fj_attention_forward_shape). */
+ * included; 256 bytes suffice unless score_mod / mask_mod texts are long: a
+ * short buffer gets FJ_ERROR_INVALID_ARGUMENT naming the size needed): what a
+ * kernel specializes on (dtype, head dims, causal, window on/off, lse, layout
+ * class, the score modifiers and their texts, the mask tensor's type, dropout
+ * on/off). Specs with equal signatures share one fj_attention
+ * (fj_attention_forward_shape). */
 FJ_API fj_error fj_spec_signature(const fj_spec *spec, char *out, size_t size);
 
 /* ---- devices ----------------------------------------------------------- */
