@@ -286,11 +286,15 @@ Expected<std::string> score_function(const AttentionSpec &spec, const Program &p
   if (e->is_int) // an integer score_mod (e.g. "kv_idx") is still a score
     FJ_RETURN_IF_ERROR(wrap("score * 1.0", "score_mod"));
   if (spec.mask != MaskType::none) {
-    // 64-bit index arithmetic: the strides are i64 scalars.
+    // 64-bit index arithmetic: the strides are i64 scalars. A tile's rows and
+    // columns past the lengths (masked anyway) read no element: the mask holds
+    // only [seqlen_q, seqlen_k] per head.
+    const std::string inside = "q_idx < seqlen_q && kv_idx < seqlen_k";
     const std::string element = "attn_mask[b * mask_batch_stride + h * mask_head_stride + "
                                 "q_idx * mask_q_stride + kv_idx * mask_k_stride]";
-    FJ_RETURN_IF_ERROR(wrap(spec.mask == MaskType::boolean ? "(" + element + " != 0) ? score : -inf"
-                                                           : "score + " + element,
+    FJ_RETURN_IF_ERROR(wrap(spec.mask == MaskType::boolean
+                                ? "(" + inside + " && " + element + " != 0) ? score : -inf"
+                                : "score + ((" + inside + ") ? " + element + " : 0)",
                             "mask"));
   }
   if (!spec.mask_mod.empty())

@@ -577,6 +577,10 @@ std::string emit_c(const Expr &e, const std::function<std::string(const std::str
   case Expr::Kind::unary:
     return fmt::format("({}{})", e.name, arg(0));
   case Expr::Kind::select:
+    // Both branches as the select's type: an array element is a struct that
+    // converts to float, which `c ? element : 0` would turn into an int.
+    if (!e.is_int)
+      return fmt::format("({} ? float({}) : float({}))", arg(0), arg(1), arg(2));
     return fmt::format("({} ? {} : {})", arg(0), arg(1), arg(2));
   case Expr::Kind::call: {
     const std::string x = arg(0);

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <numbers>
 #include <thread>
 #include <tuple>
@@ -42,6 +44,10 @@ struct Buffers {
   std::map<std::string, Expr> functions; // parsed once
   const Bindings *args;
   int64_t group;
+  /// The first array read past an array's end, as an error ("" while none):
+  /// a score function reads only the elements of its positions (GPUs fault).
+  std::shared_ptr<std::pair<std::mutex, std::string>> bad_read =
+      std::make_shared<std::pair<std::mutex, std::string>>();
 };
 
 /// A batch's rows of a sequence: the first row in its tensors and the count
@@ -163,8 +169,14 @@ private:
     c.scalar = [this](const std::string &name) { return buffers_.args->real(name).value(); };
     c.load = [this](const std::string &name, int64_t i) {
       const std::vector<float> &a = *buffers_.arrays.at(name);
-      return i >= 0 && i < int64_t(a.size()) ? double(a[size_t(i)])
-                                             : std::numeric_limits<double>::quiet_NaN();
+      if (i >= 0 && i < int64_t(a.size()))
+        return double(a[size_t(i)]);
+      auto &[mutex, error] = *buffers_.bad_read;
+      std::lock_guard<std::mutex> lock(mutex);
+      if (error.empty())
+        error =
+            fmt::format("a score function read @{}[{}], past its {} elements", name, i, a.size());
+      return std::numeric_limits<double>::quiet_NaN();
     };
     return c;
   }
@@ -553,6 +565,8 @@ Status interpret(const Program &p, const Bindings &args, HostTensors &t,
     });
   for (auto &th : pool)
     th.join();
+  if (!buffers.bad_read->second.empty())
+    return Status::error("{}", buffers.bad_read->second);
   return Status::ok();
 }
 

@@ -13,6 +13,7 @@
 //
 // Tolerance: tolerance_for(dtype), as every forward test.
 #include "ir/build.h"
+#include "ir/interpreter.h"
 #include "ir/reference.h"
 #include "runtime/attention.h"
 #include "runtime/emulator.h"
@@ -103,6 +104,27 @@ TEST(MaskIr, TypedArraysRoundTripAndBadTypesAreRefused) {
   EXPECT_NE(refused.status().message().find("unknown element type 'i8' of array @attn_mask"),
             std::string::npos)
       << refused.status().message();
+}
+
+// A tile's rows and columns past the lengths read no mask element: the
+// interpreter refuses a read past an array's end (a GPU faults on one), and a
+// mask holds exactly the elements of its [seqlen_q, seqlen_k] positions.
+TEST(MaskIr, TilesPastTheLengthsReadNoMaskElement) {
+  for (MaskType type : {MaskType::boolean, MaskType::f32}) {
+    const AttentionSpec spec = masked_spec(type, "qk", 1, 2, 37, 45);
+    ir::Config config;
+    config.block_m = 64;
+    config.block_n = 64;
+    auto p = ir::build_attention(spec, config);
+    ASSERT_TRUE(p) << p.status().message();
+    HostTensors t = make_random_inputs(spec, 11);
+    ASSERT_EQ(t.attn_mask.size(), size_t(37 * 45));
+    Status s = ir::interpret(*p, ir::bind_attention(spec), t);
+    ASSERT_TRUE(s) << s.message();
+    const Tolerance tol = tolerance_for(spec.dtype);
+    const ErrorStats e = compare(spec, t, reference_attention(spec, t));
+    EXPECT_TRUE(e.within(tol.abs, tol.rel)) << test::describe(e, tol);
+  }
 }
 
 // ---- flashjit::Attention on the emulator ----------------------------------------------
