@@ -2,6 +2,8 @@
 # The H100 measurements of the run-time shapes work, as run through the device
 # tool (CUDA 13, PyTorch, no LLVM 22 there: LLVM off, nvrtc compiles).
 #   bench/h100_session.sh tests    build, ctest, the torch tests, dynamic shapes, compile times
+#   bench/h100_session.sh sm90     the sm90 rules: CUDA ctest cases, torch tests, config
+#                                  sweep (SWEEP_ARGS), SDPA bench (SDPA_ARGS)
 #   bench/h100_session.sh sdpa     the SDPA bench with this tree and with .old (the tree
 #                                  before run-time shapes, `git archive` of the last commit)
 #   bench/h100_session.sh split    split-KV correctness: the CUDA ctest cases, the torch tests
@@ -23,6 +25,23 @@ build() { # src dir, build dir, targets...
     ninja -C "$dir" -j16 "$@" >"$out/build-$(basename "$dir").log" 2>&1
 }
 case "${1:-tests}" in
+sm90)
+  # The sm90 rules (wgmma): CUDA ctest cases, the torch tests, a config sweep and
+  # the SDPA bench (SWEEP_ARGS / SDPA_ARGS add their arguments).
+  build . /tmp/fj || { tail -50 "$out/build-fj.log"; exit 1; }
+  export FLASHJIT_LIBRARY=/tmp/fj/runtime/libflashjit.so
+  ctest --test-dir /tmp/fj -j8 -R "Cuda|Nvrtc" --output-on-failure >"$out/ctest_cuda.log" 2>&1
+  tail -5 "$out/ctest_cuda.log"
+  grep -E "Failed|\*\*\*" "$out/ctest_cuda.log" | head -20
+  FLASHJIT_CACHE_DIR=$(mktemp -d) timeout 300 python3 -m pytest -q -x \
+    python/tests/test_torch_cuda.py python/tests/test_torch_matrix.py \
+    >"$out/torch_tests.log" 2>&1
+  tail -15 "$out/torch_tests.log"
+  FLASHJIT_CACHE_DIR=$(mktemp -d) PYTHONUNBUFFERED=1 timeout ${SWEEP_TIMEOUT:-200} \
+    python3 bench/sweep_configs.py --out "$out" ${SWEEP_ARGS:-} 2>&1 | tee "$out/sweep.log" | grep -E "default|best|WRONG"
+  FLASHJIT_CACHE_DIR=$(mktemp -d) PYTHONUNBUFFERED=1 timeout ${SDPA_TIMEOUT:-200} \
+    python3 bench/bench_sdpa.py --out "$out" ${SDPA_ARGS:-} 2>&1 | tee "$out/sdpa.log" | tail -40
+  ;;
 tests)
   build . /tmp/fj || { tail -50 "$out/build-fj.log"; exit 1; }
   export FLASHJIT_LIBRARY=/tmp/fj/runtime/libflashjit.so

@@ -25,10 +25,13 @@ import flashjit  # noqa: E402
 from bench_sdpa import time_ms  # noqa: E402
 
 
-def configs():
-    """The grid: waves x 16-query tiles per warp x Q placement x block_n."""
-    for waves, tiles, q_in_lds, block_n in itertools.product((4, 8), (1, 2), (False, True),
-                                                             (32, 64, 128)):
+def configs(q_placement="both"):
+    """The grid: waves x 16-query tiles per warp x Q placement x block_n (on sm_90,
+    Q in registers with whole warpgroups takes the sm90 rules' wgmma, the rest the
+    sm80 rules' mma.sync)."""
+    placements = {"both": (False, True), "lds": (True,), "regs": (False,)}[q_placement]
+    for waves, tiles, q_in_lds, block_n in itertools.product((4, 8), (1, 2), placements,
+                                                             (32, 64, 128, 192)):
         yield {"block_m": 16 * tiles * waves, "block_n": block_n, "waves": waves, "stages": 2,
                "q_in_lds": q_in_lds}
 
@@ -40,6 +43,8 @@ def main():
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--seqlens", default="4096")
     ap.add_argument("--head-dims", default="64,96,128,192,256")
+    ap.add_argument("--q-in", default="both", choices=["both", "lds", "regs"],
+                    help="the grid's Q placements (on sm_90, lds: the sm90 rules' configs)")
     args = ap.parse_args()
     gpu = torch.cuda.get_device_name()
     stamp = datetime.date.today().isoformat()
@@ -53,15 +58,25 @@ def main():
         q, k, v = (torch.randn(b, s, args.heads, d, dtype=torch.bfloat16, device="cuda")
                    for _ in range(3))
         flops = 4 * b * args.heads * s * s * d / (2 if causal else 1)
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+            is_causal=causal).transpose(1, 2)
         default_ms = time_ms(lambda: flashjit.flash_attn_func(q, k, v, causal=causal))
         best = ("default", default_ms)
         print(f"S={s} D={d} causal={int(causal)}: default {flops / default_ms / 1e9:.0f} TF/s")
         rows.append([s, d, int(causal), "default", f"{default_ms:.4f}",
                      f"{flops / default_ms / 1e9:.1f}"])
-        for c in configs():
+        for c in configs(args.q_in):
             name = (f"bm{c['block_m']}_bn{c['block_n']}_w{c['waves']}"
                     f"_{'qlds' if c['q_in_lds'] else 'qreg'}")
             try:
+                # Each config's output against SDPA's first: a fast wrong kernel is no candidate.
+                err = (flashjit.flash_attn_func(q, k, v, causal=causal, config=c)
+                       - want).abs().max().item()
+                if not err < 2e-2:
+                    rows.append([s, d, int(causal), name, "", f"wrong: max abs error {err:.3g}"])
+                    print(f"  {name:<26} WRONG: max abs error {err:.3g}")
+                    continue
                 ms = time_ms(lambda: flashjit.flash_attn_func(q, k, v, causal=causal, config=c))
             except flashjit.FlashJitError as e:
                 rows.append([s, d, int(causal), name, "", f"refused: {str(e).splitlines()[0]}"])

@@ -72,6 +72,13 @@ void element_type(HipWriter &w, DType t) {
 ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::Config config,
                            bool dkdv) {
   config.mma_m = 16; // CDNA's 32x32 MFMAs would need 32-key blocks and dims padded to 32
+  if (target.is_nvidia()) {
+    // The backward runs the warp-wide mma.sync rules (the family's last): their
+    // block and waves, not a forward config made for warpgroup products.
+    const ir::Config mma_sync = matrix_rules_for(target).back()->default_config(spec);
+    config.block_m = mma_sync.block_m;
+    config.waves = mma_sync.waves;
+  }
   config.stages = 1;
   const int64_t bm = config.block_m;
   const int64_t dqk = ir::padded(spec.head_dim_qk, config.pad_k);

@@ -60,9 +60,14 @@ inline std::string float_literal(double x) {
 
 /// LDS bytes of a staged tile of rows x cols 16-bit elements as the emitter
 /// lays it out (KernelEmitter::register_lds): rows padded by kLdsPad elements,
-/// or stored transposed with the columns padded; 16-byte aligned. check_fits
-/// sizes a config with the same function.
-inline int64_t staged_tile_bytes(int64_t rows, int64_t cols, bool transposed) {
+/// or stored transposed with the columns padded; 16-byte aligned. Under
+/// LdsLayout::swizzled_128b a row-major tile is whole 64-column panels (1024-byte
+/// multiples for rows in multiples of 8). check_fits sizes a config with the
+/// same function.
+inline int64_t staged_tile_bytes(int64_t rows, int64_t cols, bool transposed,
+                                 LdsLayout layout = LdsLayout::padded_rows) {
+  if (!transposed && layout == LdsLayout::swizzled_128b)
+    return rows * ((cols + 63) / 64) * 128;
   const int64_t stride = (transposed ? rows : cols) + kLdsPad;
   const int64_t elems = (transposed ? cols : rows) * stride;
   return (elems * 2 + 15) / 16 * 16;
@@ -227,6 +232,8 @@ private:
   std::map<ValueId, const Op *> def_of_;
   std::vector<std::pair<std::string, std::string>> constants_; // emitted before the kernel
   std::vector<std::string> lds_decls_;                         // emitted at the top of the body
+  std::set<std::string> swizzled_;             // buffers in LdsLayout::swizzled_128b
+  std::map<std::string, std::string> helpers_; // the rules' helpers, by name (before the kernel)
   bool vec_ok_ = true;
   bool vec4_ok_ = true; // 64-bit runs: head dims and strides that are multiples of 4 (e.g. 100)
   bool q_in_lds_ = false;

@@ -161,6 +161,13 @@ Expected<Lowered> KernelEmitter::run() {
                            "fragments: use pad_k {} (head_dim_v {} is padded to pad_k {})",
                            rules_.name(), v.type.rows, v.type.cols, rules_.n_tile(),
                            rules_.n_tile(), p_.tensor("V")->dim, pad_k_);
+  if (!rules_.lowers({waves_, q_in_lds_, p_.tensor("dO") != nullptr}))
+    return Status::error("{} rules cannot lower this program ({} waves, Q in {}): {}",
+                         rules_.name(), waves_, q_in_lds_ ? "LDS" : "registers",
+                         rules_.warpgroup_products()
+                             ? "warpgroup products take forward programs with whole "
+                               "warpgroups (waves in multiples of 4) and Q in LDS"
+                             : "use another config");
   if (waves_ * target_.wave_size > target_.max_workgroup_size)
     return Status::error("{} waves of {} lanes exceed {}'s workgroup limit of {} work-items",
                          waves_, target_.wave_size, target_.arch, target_.max_workgroup_size);
@@ -190,8 +197,13 @@ Expected<Lowered> KernelEmitter::run() {
   w_.line("// The query at row r (0..{0}) of this wave's {1}-query tile qt: its row in the",
           m_tile_ - 1, m_tile_);
   w_.line("// workgroup's block (local_row) and in the sequence (query_row).");
-  w_.line("auto local_row = [&](int qt, int r) {{ return (wave * kQTiles + qt) * {} + r; }};",
-          m_tile_);
+  if (rules_.warpgroup_products()) // each query tile of a warpgroup is 4 consecutive tiles
+    w_.line("auto local_row = [&](int qt, int r) {{ return ((wave / 4 * kQTiles + qt) * 4 + "
+            "wave % 4) * {} + r; }};",
+            m_tile_);
+  else
+    w_.line("auto local_row = [&](int qt, int r) {{ return (wave * kQTiles + qt) * {} + r; }};",
+            m_tile_);
   w_.line("auto query_row = [&](int qt, int r) {{ return {} * kBlockM + local_row(qt, r); }};",
           name(p_.grid_arg(0)));
   FJ_RETURN_IF_ERROR(emit_ops(p_.body));
@@ -273,7 +285,7 @@ Expected<Lowered> KernelEmitter::run() {
   w_.line("// flashjit kernel {} for {} ({} rules, wave{}, {})", p_.name, target_.target_id(),
           rules_.name(), target_.wave_size,
           !mi_                   ? "FMAs, no matrix instruction"
-          : mi_->builtin.empty() ? mi_->mnemonic
+          : mi_->builtin.empty() ? rules_.instruction_name(*mi_)
                                  : mi_->builtin);
   if (!note_.empty())
     w_.line("// {}", note_);
@@ -287,6 +299,8 @@ Expected<Lowered> KernelEmitter::run() {
     rules_.emit_mma_wrapper(w_, *mi_, q.dtype);
   else
     w_.line("// none: the {} rules multiply with FMAs in the kernel text", rules_.name());
+  for (const auto &[helper, text] : helpers_)
+    w_.raw(text);
   w_.blank();
   w_.raw(kernel.str());
 
@@ -300,7 +314,9 @@ Expected<Lowered> KernelEmitter::run() {
   out.lds_bytes = lds_bytes_;
   out.lds_dynamic = rules_.dynamic_lds();
   out.mma = mi_;
+  out.instruction = mi_ ? rules_.instruction_name(*mi_) : "";
   out.rules = std::string(rules_.name());
+  out.compile_arch = rules_.compile_arch(target_);
   out.rules_note = note_;
   out.pointer_alignment = vec_ok_ ? 16 : vec4_ok_ ? 8 : 2;
   // Rows are addressed by a 32-bit offset within a block (row_offset).
@@ -454,6 +470,34 @@ Status KernelEmitter::emit_op(const Op &op) {
     const Type &t = type(op.results[0]);
     const int kt = tiles(type(op.operands[0]).cols);
     w_.line("{};", declare(op.results[0]));
+    if (rules_.warpgroup_products()) {
+      // One warpgroup instruction per k tile over every column (Rules::warpgroup_products).
+      const auto a_lds = lds_of_.find(op.operands[0]);
+      if (!swizzled_.count(it->second) ||
+          (a_lds != lds_of_.end() && !swizzled_.count(a_lds->second)))
+        return unsupported("warpgroup products read swizzled LDS tiles");
+      const std::string acc = name(op.results[0]);
+      w_.line("#pragma unroll");
+      w_.line("for (int qt = 0; qt < kQTiles; ++qt)");
+      w_.line("  for (int c = 0; c < {}; ++c) {}[qt][c] = {}[qt][c];", col_tiles(t.cols), acc,
+              name(op.operands[2]));
+      rules_.emit_warpgroup_product(
+          w_,
+          {.acc = acc,
+           .a = name(op.operands[0]),
+           .a_tile = a_lds == lds_of_.end() ? "" : a_lds->second,
+           .a_rows = block_m_,
+           .a_row0 = fmt::format("(wave / 4 * kQTiles + qt) * {}", 4 * m_tile_),
+           .b_tile = it->second,
+           .b_rows = type(op.operands[1]).rows,
+           .cols = t.cols,
+           .k_tiles = kt,
+           .b_transposed = !s_product,
+           .dtype = type(op.operands[0]).dtype},
+          helpers_);
+      read_since_barrier_.insert(it->second);
+      return Status::ok();
+    }
     w_.line("#pragma unroll");
     w_.open("for (int qt = 0; qt < kQTiles; ++qt) {{");
     w_.line("#pragma unroll");

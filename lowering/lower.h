@@ -44,7 +44,13 @@ struct Lowered {
   /// launch passes lds_bytes as its dynamic size.
   bool lds_dynamic = false;
   const MatrixInstr *mma = nullptr; // null for the simt rules
-  std::string rules;                // the rule set that lowered it, e.g. "gfx12", "simt"
+  /// The matrix instruction the kernel runs, in words (Rules::instruction_name;
+  /// "" for the simt rules).
+  std::string instruction;
+  std::string rules; // the rule set that lowered it, e.g. "gfx12", "simt"
+  /// The processor to compile for: the target's, or the variant with the
+  /// instructions the rules emitted (sm_90a for the sm90 rules' wgmma).
+  std::string compile_arch;
   /// Why the simt rules lowered it ("" for matrix rules): asked for, or the
   /// matrix rules' reason for refusing under RulesChoice::automatic.
   std::string rules_note;

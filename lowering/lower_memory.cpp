@@ -148,6 +148,8 @@ Status KernelEmitter::emit_vector_load(const Op &op) {
 // `op` is readable from there on.
 void KernelEmitter::finish_stage(const Op &op, const std::string &buf) {
   w_.line("fj_stage_wait();");
+  if (swizzled_.count(buf))
+    w_.line("fj_fence_async_shared(); // the copies are visible to wgmma's reads");
   w_.line("fj_barrier(); // the {} tile is complete before any wave reads it",
           op.symbol_attr("tensor"));
   read_since_barrier_.clear();
@@ -169,6 +171,23 @@ std::string KernelEmitter::register_lds(const Op &op) {
   std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
   const std::string buf = "lds_" + lower + (transposed ? "t" : "");
   const int64_t rows = ty.rows, cols = ty.cols;
+  if (!transposed && rules_.lds_layout() == LdsLayout::swizzled_128b) {
+    // Whole 64-column panels at a 1024-byte aligned offset: what a wgmma
+    // descriptor reads (Rules::lds_layout).
+    if (!lds_role_.count(buf)) {
+      lds_role_[buf] = "rows";
+      swizzled_.insert(buf);
+      lds_strides_[buf] = ""; // no row stride: fj_swizzle128 addresses it
+      lds_bytes_ = (lds_bytes_ + 1023) / 1024 * 1024;
+      const int64_t bytes = staged_tile_bytes(rows, cols, false, LdsLayout::swizzled_128b);
+      lds_decls_.push_back(fmt::format(
+          "FJ_DYNAMIC_LDS_ARRAY(fj_bits, {}, {}, {}); // {} tile {}x{} in 128-byte swizzled "
+          "panels of 64 columns",
+          buf, bytes / 2, lds_bytes_, t.name, rows, cols));
+      lds_bytes_ += int(bytes);
+    }
+    return buf;
+  }
   const int64_t stride = transposed ? rows + kLdsPad : cols + kLdsPad;
   const int64_t elems = transposed ? cols * stride : rows * stride;
   const std::string stride_name = fmt::format("kLds{}Stride", t.name + (transposed ? "t" : ""));
@@ -199,8 +218,10 @@ void KernelEmitter::emit_stage_issue(const Op &op, const std::string &idx) {
   const Type &ty = type(op.results[0]);
   const std::string buf = register_lds(op);
   const bool transposed = lds_role_.at(buf) == "transposed";
-  const std::string &stride_name = lds_strides_.at(buf);
   const int64_t rows = ty.rows, cols = ty.cols;
+  // The LDS element of row r, column d0 of the tile.
+  const std::string at = swizzled_.count(buf) ? fmt::format("fj_swizzle128(r, d0, {})", rows)
+                                              : fmt::format("r * {} + d0", lds_strides_.at(buf));
   w_.line("// IR: stage block {} of @{} into {}", idx, t.name, buf);
   w_.open("{{");
   const std::string rows_name = rows == block_n_   ? "kBlockN"
@@ -220,13 +241,13 @@ void KernelEmitter::emit_stage_issue(const Op &op, const std::string &idx) {
     w_.line("const fj_bits *src = tile + {};", row_offset(t, "r"));
   if (!transposed) {
     w_.open("if (kVecLoads && d0 + 8 <= {}) {{", dim_const(t));
-    w_.line("fj_stage8(&{}[r * {} + d0], src + d0, row < {}); // zeros past the last row", buf,
-            stride_name, seq_const(t));
+    w_.line("fj_stage8(&{}[{}], src + d0, row < {}); // zeros past the last row", buf, at,
+            seq_const(t));
     w_.close("} else if (kVec4Loads && d0 + 4 <= " + dim_const(t) + ") {");
     w_.indent(1);
-    w_.line("fj_stage4(&{}[r * {} + d0], src + d0, row < {});", buf, stride_name, seq_const(t));
-    w_.line("fj_stage4(&{}[r * {} + d0 + 4], src + d0 + 4, row < {} && d0 + 8 <= {});", buf,
-            stride_name, seq_const(t), dim_const(t));
+    w_.line("fj_stage4(&{}[{}], src + d0, row < {});", buf, at, seq_const(t));
+    w_.line("fj_stage4(&{}[{} + 4], src + d0 + 4, row < {} && d0 + 8 <= {});", buf, at,
+            seq_const(t), dim_const(t));
     w_.close("} else {");
     w_.indent(1);
   }
@@ -247,9 +268,9 @@ void KernelEmitter::emit_stage_issue(const Op &op, const std::string &idx) {
   if (transposed) {
     w_.line("#pragma unroll");
     w_.line("for (int e = 0; e < 8; ++e) fj_lds_store1(&{}[(d0 + e) * {} + r], chunk[e]);", buf,
-            stride_name);
+            lds_strides_.at(buf));
   } else {
-    w_.line("fj_lds_store8(&{}[r * {} + d0], chunk);", buf, stride_name);
+    w_.line("fj_lds_store8(&{}[{}], chunk);", buf, at);
     w_.close();
   }
   w_.close();

@@ -17,9 +17,9 @@ ResourceEstimate estimate_resources(const AttentionSpec &spec, const ir::Config 
   e.dim_v = ir::padded(spec.head_dim_v, c.pad_k);
   // The tiles as the emitter stages them (KernelEmitter::register_lds): K
   // row-major, V transposed or row-major as the rules read it, Q where it lives there.
-  e.lds_k = staged_tile_bytes(c.block_n, e.dim_qk, false);
-  e.lds_v = staged_tile_bytes(c.block_n, e.dim_v, r.v_transposed());
-  e.lds_q = c.q_in_lds ? staged_tile_bytes(c.block_m, e.dim_qk, false) : 0;
+  e.lds_k = staged_tile_bytes(c.block_n, e.dim_qk, false, r.lds_layout());
+  e.lds_v = staged_tile_bytes(c.block_n, e.dim_v, r.v_transposed(), r.lds_layout());
+  e.lds_q = c.q_in_lds ? staged_tile_bytes(c.block_m, e.dim_qk, false, r.lds_layout()) : 0;
   // Per query tile, the arrays the emitter declares: O and S as acc_elems() f32
   // per n_tile() columns, Q as the operand fragment's 16-bit elements per 16
   // head-dim entries, two to a register (gfx12: dim_v / 2 + dim_qk / 4 + block_n / 2).

@@ -22,12 +22,13 @@ struct Want {
   /// A config's shape: the rules' tiles must divide it (the first that do is taken).
   bool fit = false;
   int64_t block_m = 0, block_n = 0, waves = 1, dim_v = 0; // dim_v padded to pad_k
+  bool q_in_lds = false, backward = false;
   /// A default config is being chosen: the first rules that prefer this spec.
   const AttentionSpec *spec = nullptr;
 
   bool fits(const Rules &r) const {
     return block_m % (r.m_tile() * std::max<int64_t>(waves, 1)) == 0 && block_n % r.n_tile() == 0 &&
-           dim_v % r.n_tile() == 0;
+           dim_v % r.n_tile() == 0 && r.lowers({waves, q_in_lds, backward});
   }
 };
 
@@ -37,7 +38,8 @@ Want want_for(const AttentionSpec &spec, const ir::Config &c) {
           .block_m = c.block_m,
           .block_n = c.block_n,
           .waves = c.waves,
-          .dim_v = ir::padded(spec.head_dim_v, c.pad_k)};
+          .dim_v = ir::padded(spec.head_dim_v, c.pad_k),
+          .q_in_lds = c.q_in_lds};
 }
 
 Want want_for(const ir::Program &p) {
@@ -49,7 +51,9 @@ Want want_for(const ir::Program &p) {
           .block_m = get("block_m", 0),
           .block_n = get("block_n", 0),
           .waves = get("waves", 1),
-          .dim_v = ir::padded(p.tensor("V")->dim, get("pad_k", 16))};
+          .dim_v = ir::padded(p.tensor("V")->dim, get("pad_k", 16)),
+          .q_in_lds = get("q_in_lds", 0) != 0,
+          .backward = p.tensor("dO") != nullptr};
 }
 
 /// Ok, or why the family's matrix rules cannot lower `dt` on `t`. Of its rule

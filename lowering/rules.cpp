@@ -11,6 +11,7 @@ const Rules &cdna4_rules();    // rules_cdna.cpp
 const Rules &cdna32_rules();   // rules_cdna.cpp
 const Rules &cdna4_32_rules(); // rules_cdna.cpp
 const Rules &sm80_rules();     // rules_sm80.cpp
+const Rules &sm90_rules();     // rules_sm90.cpp
 
 namespace {
 
@@ -32,9 +33,9 @@ constexpr RulesRow kRulesTable[] = {
     {Family::cdna4, cdna4_rules},
     {Family::cdna4, cdna_rules},
     {Family::sm80, sm80_rules},
-    // Hopper runs the sm80 rules (warp-wide mma.sync, cp.async, ldmatrix) on its
-    // own rows of those instructions; an sm90 rule set (wgmma, TMA: issue 16)
-    // will stand before them here, preferred where it fits.
+    // Hopper: warpgroup products (wgmma) where the config has whole warpgroups
+    // and Q in registers, else the sm80 rules (warp-wide mma.sync, ldmatrix).
+    {Family::sm90, sm90_rules},
     {Family::sm90, sm80_rules},
 };
 

@@ -14,6 +14,7 @@
 #include "lowering/matrix_table.h"
 #include "lowering/target.h"
 
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,6 +26,43 @@ namespace flashjit::lowering {
 struct FragmentRun {
   std::string row; // row within the m_tile()-row fragment
   std::string col; // first column within the tile
+};
+
+/// How a row-major staged tile ([row][column], 16-bit elements) lies in LDS.
+enum class LdsLayout {
+  /// Rows padded by kLdsPad elements against bank conflicts (ldmatrix, LDS reads).
+  padded_rows,
+  /// 64-column panels of 128-byte rows, 16-byte chunks permuted by row % 8, each
+  /// tile 1024-byte aligned: what a wgmma shared-memory descriptor reads
+  /// (fj_swizzle128 in templates/sm90_wgmma.hip).
+  swizzled_128b,
+};
+
+/// One product of a warpgroup of 4 waves (Rules::warpgroup_products): for every
+/// query tile qt (0..kQTiles-1), `acc[qt]` (+)= A x B over all `cols` columns at
+/// once. A is in registers (`a[qt][k]`: the operand fragment of 16-wide k tile
+/// k) or, where `a_tile` names one, the warpgroup's 64 rows of a staged LDS tile
+/// (row-major, [row][k]); B is a staged LDS tile: B^T stored [col][k] (S = Q K^T)
+/// or, `b_transposed`, B stored [k][col] (O = P V).
+struct WarpgroupProduct {
+  std::string acc;     // the accumulator array, [kQTiles][cols / n_tile] fragments
+  std::string a;       // the A fragment array, [kQTiles][k_tiles]
+  std::string a_tile;  // or: the LDS buffer holding A
+  int64_t a_rows = 0;  // rows of that staged tile
+  std::string a_row0;  // C expression (of qt) of the warpgroup's first row in it
+  std::string b_tile;  // the LDS buffer
+  int64_t b_rows = 0;  // rows of the staged tile
+  int64_t cols = 0;    // columns of the product (a multiple of n_tile())
+  int64_t k_tiles = 0; // 16-wide k tiles
+  bool b_transposed = false;
+  DType dtype = DType::bf16; // of A and B
+};
+
+/// What rule choice knows of a program beside its tiles (Rules::lowers).
+struct ProgramShape {
+  int64_t waves = 1;     // the query rows are split across them
+  bool q_in_lds = false; // config q_in_lds: the register operand staged in LDS
+  bool backward = false; // a backward program (dQ or dK/dV)
 };
 
 class Rules {
@@ -95,6 +133,29 @@ public:
   /// convert_layout: the P operand fragments `dst` from the converted accumulator `src`.
   virtual void emit_p_operand(HipWriter &w, std::string_view dst, std::string_view src,
                               int key_tiles) const = 0;
+
+  /// Warpgroup products (sm90 wgmma): one instruction per 16-wide k tile covers
+  /// the query tiles of 4 waves by every column of the product, B read straight
+  /// from LDS; emit_warpgroup_product writes a whole product, and the staged
+  /// tiles lie as lds_layout() says. False: per-fragment instructions (mma_s/mma_o).
+  virtual bool warpgroup_products() const { return false; }
+  /// Writes one product over every query tile; adds the helper functions it
+  /// calls to `helpers` (name -> text, emitted once before the kernel).
+  virtual void emit_warpgroup_product(HipWriter &w, const WarpgroupProduct &p,
+                                      std::map<std::string, std::string> &helpers) const {}
+  virtual LdsLayout lds_layout() const { return LdsLayout::padded_rows; }
+  /// Whether these rules can lower a program of this shape. A family's first
+  /// rules that can and whose tiles divide the config lower it
+  /// (lowering/rule_choice.cpp).
+  virtual bool lowers(const ProgramShape &) const { return true; }
+  /// The matrix instruction as the kernel header and explain() name it: the
+  /// table row's mnemonic, or what the rules emit in its place.
+  virtual std::string instruction_name(const MatrixInstr &mi) const {
+    return std::string(mi.mnemonic);
+  }
+  /// The processor the kernel is compiled for: the target's, or a variant with
+  /// the instructions the rules emit (sm_90a for wgmma).
+  virtual std::string compile_arch(const Target &t) const { return t.arch; }
 
   /// Whether V is staged transposed ([dim][key]) in LDS rather than row-major.
   virtual bool v_transposed() const { return true; }

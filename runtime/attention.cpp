@@ -891,9 +891,8 @@ std::string Attention::explain() const {
     const lowering::Lowered &l = g.lowered;
     line("target", fmt::format("{} ({} family, wave{}, {} bytes LDS)", g.target.target_id(),
                                g.target.family_name(), g.target.wave_size, g.target.lds_bytes));
-    line("rules",
-         fmt::format("{} ({}){}", l.rules, l.mma ? l.mma->mnemonic : "no matrix instruction",
-                     l.rules_note.empty() ? "" : ": " + l.rules_note));
+    line("rules", fmt::format("{} ({}){}", l.rules, l.mma ? l.instruction : "no matrix instruction",
+                              l.rules_note.empty() ? "" : ": " + l.rules_note));
     line("config", g.config.summary());
     line("signature", m.signature.summary());
     std::string grid;

@@ -23,9 +23,10 @@ std::string compile_options_text(const compiler::CompileOptions &c, const std::s
 
 } // namespace
 
-compiler::CompileOptions compile_options(const lowering::Target &target, const Options &options) {
+compiler::CompileOptions compile_options(const lowering::Target &target, const Options &options,
+                                         const lowering::Lowered *kernel) {
   compiler::CompileOptions c;
-  c.arch = target.arch;
+  c.arch = kernel && !kernel->compile_arch.empty() ? kernel->compile_arch : target.arch;
   c.features = target.features;
   c.wave_size = target.wave_size;
   c.opt_level = options.opt_level;
@@ -128,7 +129,7 @@ Expected<Compiled> compile(const Generated &g, const Options &options, compiler:
   if (!made)
     return fail(made.status());
   compiler::Compiler &device_compiler = **made;
-  const compiler::CompileOptions co = compile_options(g.target, options);
+  const compiler::CompileOptions co = compile_options(g.target, options, &g.lowered);
 
   Compiled c;
   c.compiler = device_compiler.identity();

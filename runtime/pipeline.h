@@ -78,8 +78,10 @@ Expected<Compiled> compile(const Generated &g, const Options &options,
                            compiler::KernelCache &cache = compiler::KernelCache::global(),
                            Failure *failure = nullptr);
 
-/// The compile options of a target under `options` (the key's compile_options).
-compiler::CompileOptions compile_options(const lowering::Target &target, const Options &options);
+/// The compile options of a target under `options` (the key's compile_options),
+/// for `kernel` when given: its Lowered::compile_arch (e.g. sm_90a) where set.
+compiler::CompileOptions compile_options(const lowering::Target &target, const Options &options,
+                                         const lowering::Lowered *kernel = nullptr);
 
 /// The kernel the CPU emulator runs for `g`: g.lowered, or, when
 /// FLASHJIT_OVERRIDE_DIR holds <kernel name>.hip, g.lowered with that file's

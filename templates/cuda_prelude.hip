@@ -10,7 +10,7 @@
 #define FJ_WORKGROUP_SIZE_MIN_BLOCKS(n, b) __launch_bounds__(n, b)
 // The kernel's shared memory is dynamic (static stops at 48 KiB): each array is a
 // slice at a 16-byte aligned byte offset; the launch passes the total.
-extern __shared__ __align__(16) unsigned char fj_dynamic_lds[];
+extern __shared__ __align__(1024) unsigned char fj_dynamic_lds[];
 #define FJ_DYNAMIC_LDS_ARRAY(type, name, count, offset)                                             \
   type *const name = reinterpret_cast<type *>(fj_dynamic_lds + (offset))
 

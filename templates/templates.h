@@ -14,6 +14,9 @@ extern const std::string_view cuda_prelude;
 extern const std::string_view emulator_prelude;
 /// The simt rules' FMA product (fj_simt_mma), part of their kernels' text.
 extern const std::string_view simt_fma;
+/// The sm90 rules' warpgroup-product helpers (wgmma, descriptors, swizzle), after
+/// the CUDA prelude.
+extern const std::string_view sm90_wgmma;
 /// SHA-256 over every embedded template: part of the kernel cache key.
 extern const std::string_view bundle_hash;
 const std::vector<std::pair<std::string_view, std::string_view>> &all();

@@ -218,12 +218,11 @@ TEST(Lowering, BothRdna4ProcessorsLowerWithTheirWmmaBuiltins) {
 
 TEST(Lowering, EveryArchLowersWithItsFamilysMatrixRules) {
   // family -> the rules that lower it (lowering/rules.cpp); CDNA takes 32-query
-  // tiles for this spec (head_dim_v 64, 113 queries); Hopper the sm80 rules until
-  // an sm90 rule set stands beside them.
+  // tiles for this spec (head_dim_v 64, 113 queries); Hopper its warpgroup rules.
   const std::map<Family, std::string> expected = {
       {Family::gfx11, "gfx11"},  {Family::gfx12, "gfx12"},  {Family::cdna2, "cdna32"},
       {Family::cdna3, "cdna32"}, {Family::cdna4, "cdna32"}, {Family::sm80, "sm80"},
-      {Family::sm90, "sm80"}};
+      {Family::sm90, "sm90"}};
   const AttentionSpec spec = spec_for(64, 64, DType::bf16);
   const std::string listed = families_with_rules();
   for (std::string_view arch : supported_archs()) {
@@ -238,14 +237,17 @@ TEST(Lowering, EveryArchLowersWithItsFamilysMatrixRules) {
   }
 }
 
-// sm_90 is a family of its own (sm90) lowered by the sm80 rules on its own rows
-// of mma.sync: its kernels are sm_80's, word for word but the target they name.
-TEST(Lowering, Sm90KernelsAreTheSm80RulesKernels) {
+// sm_90 is a family of its own (sm90): its default configs take the sm90 rules
+// (wgmma from swizzled shared memory, compiled for sm_90a); a config they cannot
+// lower (Q in registers, or not whole warpgroups) and the backward take the sm80
+// rules on sm_90's own rows of mma.sync, whose kernels are sm_80's word for word
+// but the target they name.
+TEST(Lowering, Sm90TakesWarpgroupProductsWhereTheyFit) {
   const Target sm80 = target("sm_80"), sm90 = target("sm_90");
   EXPECT_EQ(sm90.family, Family::sm90);
-  ASSERT_EQ(rules_for(sm90), rules_for(sm80));
-  EXPECT_EQ(rules_for(sm90)->name(), "sm80");
-  EXPECT_NE(families_with_rules().find("sm90 (sm_90: sm80 rules)"), std::string::npos)
+  ASSERT_NE(rules_for(sm90), nullptr);
+  EXPECT_EQ(rules_for(sm90)->name(), "sm90");
+  EXPECT_NE(families_with_rules().find("sm90 (sm_90: sm90 rules)"), std::string::npos)
       << families_with_rules();
   AttentionSpec gqa = spec_for(80, 80, DType::bf16, /*causal=*/true);
   AttentionSpec lse = spec_for(128, 128, DType::f16);
@@ -255,10 +257,25 @@ TEST(Lowering, Sm90KernelsAreTheSm80RulesKernels) {
   for (const AttentionSpec &spec : {gqa, lse, window, spec_for(256, 256, DType::bf16)}) {
     SCOPED_TRACE(spec.summary());
     const ir::Config config = default_config(spec, sm90);
-    EXPECT_EQ(config.summary(), default_config(spec, sm80).summary());
-    Expected<Lowered> a = generate(spec, config, sm80), b = generate(spec, config, sm90);
+    EXPECT_TRUE(config.q_in_lds);
+    Expected<Lowered> wg = generate(spec, config, sm90);
+    ASSERT_TRUE(wg) << wg.status().message();
+    EXPECT_EQ(wg->rules, "sm90");
+    EXPECT_EQ(wg->compile_arch, "sm_90a");
+    EXPECT_EQ(count(wg->source, "wgmma.mma_async.sync.aligned.m64n"), 2)
+        << "one wrapper for S = Q K^T (A by descriptor), one for O = P V (P in registers)";
+    EXPECT_EQ(count(wg->kernel_text, "fj_mma("), 0) << "no warp-wide mma.sync";
+    EXPECT_EQ(count(wg->kernel_text, "fj_fence_async_shared();"), 3) << "Q, K and V tiles";
+    EXPECT_NE(wg->kernel_text.find("fj_swizzle128(r, d0, "), std::string::npos);
+
+    // Q in registers: the sm80 rules, as on sm_80.
+    ir::Config regs = default_config(spec, sm80);
+    regs.q_in_lds = false;
+    Expected<Lowered> a = generate(spec, regs, sm80), b = generate(spec, regs, sm90);
     ASSERT_TRUE(a) << a.status().message();
     ASSERT_TRUE(b) << b.status().message();
+    EXPECT_EQ(b->rules, "sm80");
+    EXPECT_EQ(b->compile_arch, "sm_90");
     EXPECT_EQ(b->mma->family, Family::sm90);
     EXPECT_EQ(b->mma->mnemonic, a->mma->mnemonic);
     std::string expected = a->source;
@@ -267,6 +284,16 @@ TEST(Lowering, Sm90KernelsAreTheSm80RulesKernels) {
     expected.replace(expected.find(from), from.size(), to);
     EXPECT_TRUE(b->source == expected) << "sm_90 differs from sm_80 past the target's name";
     EXPECT_EQ(b->lds_bytes, a->lds_bytes);
+  }
+  // The backward's programs on sm_90: the sm80 rules (their block from them too).
+  const AttentionSpec spec = spec_for(128, 128, DType::bf16, /*causal=*/true);
+  for (bool dkdv : {false, true}) {
+    const ir::Config c = backward_config(spec, sm90, default_config(spec, sm90), dkdv);
+    auto p = dkdv ? ir::build_backward_dkdv(spec, c) : ir::build_backward_dq(spec, c);
+    ASSERT_TRUE(p) << p.status().message();
+    Expected<Lowered> l = lower(*p, sm90);
+    ASSERT_TRUE(l) << l.status().message();
+    EXPECT_EQ(l->rules, "sm80");
   }
 }
 

@@ -97,8 +97,11 @@ const Case kCases[] = {
     {.arch = "gfx950", .dqk = 80, .dv = 80, .dtype = DType::f16, .rules = "cdna"},
     {.arch = "gfx950", .dqk = 64, .dv = 64, .choice = RulesChoice::simt, .rules = "simt"},
     {.arch = "sm_80", .dqk = 64, .dv = 64, .rules = "sm80"},
-    {.arch = "sm_90", .dqk = 128, .dv = 128, .dtype = DType::f16, .rules = "sm80"},
-    {.arch = "sm_90", .dqk = 256, .dv = 256, .rules = "sm80"},
+    // sm_90's defaults take the sm90 rules (swizzled 64-column panels, Q in LDS);
+    // a config with Q in registers the sm80 rules.
+    {.arch = "sm_90", .dqk = 128, .dv = 128, .dtype = DType::f16, .rules = "sm90"},
+    {.arch = "sm_90", .dqk = 256, .dv = 256, .rules = "sm90"},
+    {.arch = "sm_90", .dqk = 80, .dv = 80, .block_n = 64, .rules = "sm90"},
     {.arch = "sm_90", .dqk = 192, .dv = 128, .block_n = 32, .q_in_lds = 0, .rules = "sm80"},
 };
 

@@ -1,0 +1,173 @@
+// NVIDIA Hopper rules: the products are warpgroup instructions (wgmma.mma_async,
+// PTX target sm_90a) instead of warp-wide mma.sync; everything else is the sm80
+// rules' (lowering/rules_sm80.h).
+//
+//   * 4 consecutive warps form a warpgroup; one wgmma m64nNk16 multiplies their
+//     four 16-query tiles (A, in registers: per warp exactly the A fragment of
+//     mma.sync m16n8k16) by N columns of B at once. Its f32 accumulator is, per
+//     warp, N/8 m16n8 C fragments in mma.sync's layout, so the softmax, the masks
+//     and the S -> P register re-pack are the sm80 rules' unchanged (check()
+//     verifies those maps on the family's m16n8k16 table row).
+//   * B is read by the tensor cores straight from shared memory through a matrix
+//     descriptor: no ldmatrix, no B registers. The staged K and V tiles lie in
+//     128-byte swizzled panels of 64 columns (LdsLayout::swizzled_128b): K as
+//     B^T, "K-major" (rows = keys, contiguous head dims), V as B, "MN-major"
+//     (rows = keys, contiguous head dims; the instruction's transpose-B bit).
+//   * Per product: wgmma.fence, one wgmma per query tile and 16-wide k tile, all
+//     in one group, commit, wait. Threads stage the tiles with cp.async (generic
+//     proxy), so a proxy fence precedes the barrier that publishes a tile to wgmma.
+//
+// The layouts follow the PTX ISA ("Asynchronous Warpgroup Level Matrix Shared
+// Memory Layout", "Matrix Descriptor Format"): in 16-byte units, a K-major
+// 128B-swizzled operand is ((8, n), 2) : ((8, SBO), 1) and an MN-major one
+// ((8, n), (8, k)) : ((1, LBO), (8, SBO)); SBO is the 1024-byte step between
+// 8-row groups, LBO the step between 64-column panels.
+#include "lowering/rules_sm80.h"
+
+namespace flashjit::lowering {
+
+namespace {
+
+class Sm90Rules final : public Sm80Rules {
+public:
+  std::string_view name() const override { return "sm90"; }
+
+  bool warpgroup_products() const override { return true; }
+  LdsLayout lds_layout() const override { return LdsLayout::swizzled_128b; }
+  // Q is staged in LDS and read by descriptor, as K is. (With Q as a
+  // loop-invariant register operand, ptxas 13.0 reused Q's registers after the
+  // first KV block's product: wrong results from the second block on.)
+  bool reads_q_from_lds() const override { return true; }
+  // Forward programs (the backward keeps the sm80 rules for now).
+  bool lowers(const ProgramShape &p) const override {
+    return p.waves % 4 == 0 && p.q_in_lds && !p.backward;
+  }
+  std::string instruction_name(const MatrixInstr &mi) const override {
+    return "wgmma.mma_async m64nNk16, per warp the fragments of " + std::string(mi.mnemonic);
+  }
+  std::string compile_arch(const Target &t) const override {
+    return t.arch == "sm_90" ? "sm_90a" : t.arch;
+  }
+
+  ir::Config default_config(const AttentionSpec &spec) const override {
+    // From a sweep on an H100 (bench/sweep_configs.py --q-in lds; bench/results/
+    // sweep_*_sm90.csv, S = 4096, causal and not), 128 query rows per block:
+    //   head dim <= 64:   one warpgroup, two 64-row tiles, 128-key blocks;
+    //   <= 128:           the same with 64-key blocks;
+    //   <= 256:           two warpgroups of one tile each, 128-key blocks;
+    //   above (unmeasured): the same with 32-key blocks.
+    const int64_t d = max_dim(spec);
+    ir::Config c;
+    c.stages = 2;
+    c.pad_k = 16;
+    c.q_in_lds = true;
+    c.block_m = 128;
+    c.waves = d <= 128 ? 4 : 8;
+    c.block_n = d <= 64 ? 128 : d <= 128 ? 64 : d <= 256 ? 128 : 32;
+    return c;
+  }
+
+  std::string_view prelude() const override {
+    static const std::string text =
+        std::string(templates::cuda_prelude) + "\n" + std::string(templates::sm90_wgmma);
+    return text;
+  }
+
+  void emit_warpgroup_product(HipWriter &w, const WarpgroupProduct &p,
+                              std::map<std::string, std::string> &helpers) const override {
+    // K-major B^T (S = Q K^T): k tile k is 32 bytes into panel k / 4; N rows at
+    // 128 bytes. MN-major B (O = P V): k tile k is 16 rows (2048 bytes) down;
+    // the N columns span panels LBO apart.
+    const int64_t panel_bytes = p.b_rows * 128;
+    const unsigned lbo = p.b_transposed ? unsigned(panel_bytes) : 16;
+    const bool a_lds = !p.a_tile.empty();
+    w.line("#pragma unroll");
+    w.line("for (int qt = 0; qt < kQTiles; ++qt) fj_wgmma_pin({}[qt], {});", p.acc, p.cols / 8);
+    w.line("fj_wgmma_fence();");
+    w.line("#pragma unroll");
+    w.open("for (int qt = 0; qt < kQTiles; ++qt) {{ // one group: every tile's instructions");
+    w.line("const unsigned long long b = fj_wgmma_desc({}, {}, 1024);", p.b_tile, lbo);
+    if (a_lds) // K-major, like K: the warpgroup's 64 rows, k tile k 32 bytes into panel k / 4
+      w.line("const unsigned long long a = fj_wgmma_desc({} + ({}) * 64, 16, 1024);", p.a_tile,
+             p.a_row0);
+    const std::string a_step = fmt::format("a + ((k / 4 * {} + k % 4 * 32) >> 4)", p.a_rows * 128);
+    // At most 256 columns per instruction.
+    for (int64_t n0 = 0; n0 < p.cols; n0 += 256) {
+      const int64_t n = std::min<int64_t>(256, p.cols - n0);
+      const std::string fn = wrapper(helpers, n, a_lds, p.b_transposed, p.dtype);
+      const int64_t chunk = p.b_transposed ? n0 / 64 * panel_bytes : n0 * 128;
+      const std::string step =
+          p.b_transposed ? fmt::format("{} + k * 2048", chunk)
+                         : fmt::format("{} + k / 4 * {} + k % 4 * 32", chunk, panel_bytes);
+      w.line("#pragma unroll");
+      w.line("for (int k = 0; k < {}; ++k)", p.k_tiles);
+      w.line("  {}({}[qt] + {}, {}, b + (({}) >> 4));", fn, p.acc, n0 / 8,
+             a_lds ? a_step : p.a + "[qt][k]", step);
+    }
+    w.close();
+    w.line("fj_wgmma_commit();");
+    w.line("fj_wgmma_wait_all();");
+    w.line("#pragma unroll");
+    w.line("for (int qt = 0; qt < kQTiles; ++qt) fj_wgmma_pin({}[qt], {});", p.acc, p.cols / 8);
+  }
+
+private:
+  static int64_t max_dim(const AttentionSpec &spec) {
+    return std::max(ir::padded(spec.head_dim_qk, 16), ir::padded(spec.head_dim_v, 16));
+  }
+
+  // fj_wgmma_<dtype>_n<N>_<r|s><k|mn>: d (+)= a x b for a 64 x N accumulator
+  // (N / 8 fragments of this warp), A in registers (r) or by descriptor (s,
+  // K-major), B by descriptor, K-major or MN-major (the transpose-B bit).
+  static std::string wrapper(std::map<std::string, std::string> &helpers, int64_t n, bool a_lds,
+                             bool mn_major, DType dtype) {
+    const std::string type(dtype_name(dtype));
+    const std::string fn =
+        fmt::format("fj_wgmma_{}_n{}_{}{}", type, n, a_lds ? "s" : "r", mn_major ? "mn" : "k");
+    if (helpers.count(fn))
+      return fn;
+    const int64_t regs = n / 2;
+    std::string d, outs;
+    for (int64_t i = 0; i < regs; ++i) {
+      d += fmt::format("{}%{}", i ? ", " : "", i);
+      outs += fmt::format("{}\"+f\"(d[{}][{}])", i ? ", " : "", i / 4, i % 4);
+    }
+    // Operands after the accumulator: A (4 registers or a descriptor), B, 1.
+    const int64_t b_arg = regs + (a_lds ? 1 : 4), one = b_arg + 1;
+    HipWriter h;
+    h.line("// wgmma m64n{}k16, {} x {} -> f32: this warp's {} fragments of the 64 x {} "
+           "accumulator (+)= A ({}) x B ({}-major, by descriptor).",
+           n, type, type, n / 8, n, a_lds ? "K-major, by descriptor" : "registers",
+           mn_major ? "MN" : "K");
+    h.open("FJ_DEVICE void {}(fj_float4 *d, {}, unsigned long long b) {{", fn,
+           a_lds ? "unsigned long long a" : "const fj_bits8 &a");
+    if (!a_lds)
+      h.line("const unsigned *A = reinterpret_cast<const unsigned *>(&a);");
+    h.line("asm volatile(\"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{}, 0;\\n\"", one);
+    h.line("             \"wgmma.mma_async.sync.aligned.m64n{}k16.f32.{}.{} {{{}}}, \"", n, type,
+           type, d);
+    if (a_lds)
+      h.line("             \"%{}, %{}, p, 1, 1, 0, {};\\n}}\"", regs, b_arg, mn_major ? 1 : 0);
+    else
+      h.line("             \"{{%{}, %{}, %{}, %{}}}, %{}, p, 1, 1, {};\\n}}\"", regs, regs + 1,
+             regs + 2, regs + 3, b_arg, mn_major ? 1 : 0);
+    h.line("             : {}", outs);
+    if (a_lds)
+      h.line("             : \"l\"(a), \"l\"(b), \"r\"(1));");
+    else
+      h.line("             : \"r\"(A[0]), \"r\"(A[1]), \"r\"(A[2]), \"r\"(A[3]), \"l\"(b), "
+             "\"r\"(1));");
+    h.close();
+    helpers[fn] = h.str();
+    return fn;
+  }
+};
+
+} // namespace
+
+const Rules &sm90_rules() {
+  static const Sm90Rules rules;
+  return rules;
+}
+
+} // namespace flashjit::lowering
