@@ -183,6 +183,7 @@ private:
   void emit_constants();
   Status emit_ops(const std::vector<Op> &body);
   Status emit_op(const Op &op);
+  void emit_ir_comment(const Op &op, std::string_view note);
   Status emit_load(const Op &op);
   Status emit_vector_load(const Op &op);
   std::string register_lds(const Op &op);
@@ -232,6 +233,23 @@ private:
   std::map<ValueId, const Op *> def_of_;
   std::vector<std::pair<std::string, std::string>> constants_; // emitted before the kernel
   std::vector<std::string> lds_decls_;                         // emitted at the top of the body
+  // The interleaved KV loop (emit_interleaved): >= 0 while the ops are written
+  // for that query tile only; the values declared once before those passes.
+  int fixed_qt_ = -1;
+  std::set<ValueId> predeclared_;
+  // Opens a block over the query tiles (a loop, or the one fixed tile); close with w_.close().
+  void open_query_tiles() {
+    if (fixed_qt_ >= 0) {
+      w_.open("{{ // query tile {} of this pass", fixed_qt_);
+      w_.line("constexpr int qt = {};", fixed_qt_);
+    } else {
+      w_.line("#pragma unroll");
+      w_.open("for (int qt = 0; qt < kQTiles; ++qt) {{");
+    }
+  }
+  bool plan_interleave(const Op &loop, size_t &s_at, size_t &o_at) const;
+  Status emit_interleaved(const Op &loop, size_t s_at, size_t o_at);
+  Status emit_product(const Op &op, int only_qt, bool wait, bool group_per_tile = false);
   std::set<std::string> swizzled_;             // buffers in LdsLayout::swizzled_128b
   std::map<std::string, std::string> helpers_; // the rules' helpers, by name (before the kernel)
   bool vec_ok_ = true;

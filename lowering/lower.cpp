@@ -21,6 +21,8 @@ namespace flashjit::lowering::emit {
 std::string KernelEmitter::declare(ValueId v) {
   const Type &t = type(v);
   const std::string n = name(v);
+  if (predeclared_.count(v))
+    return fmt::format("// {}: declared before the query-tile passes", n);
   if (t.is_index())
     return fmt::format("int {}", n);
   if (t.is_vector())
@@ -33,8 +35,7 @@ std::string KernelEmitter::declare(ValueId v) {
 }
 
 std::string KernelEmitter::open_elements(const Type &t, const std::string &var) {
-  w_.line("#pragma unroll");
-  w_.open("for (int qt = 0; qt < kQTiles; ++qt) {{");
+  open_query_tiles();
   w_.line("#pragma unroll");
   if (t.is_vector()) {
     w_.open("for (int s = 0; s < kRowSlots; ++s) {{");
@@ -378,6 +379,48 @@ void KernelEmitter::emit_sequences() {
             name(p_.grid_arg(0)), q.seq.param);
 }
 
+// A warpgroup product (Rules::warpgroup_products): over every query tile, or
+// only tile `only_qt` (>= 0); waiting for it, or left in flight (the
+// interleaved loop waits for it later), as one group or one group per tile.
+Status KernelEmitter::emit_product(const Op &op, int only_qt, bool wait, bool group_per_tile) {
+  const bool s_product = op.kind == OpKind::MmaABt;
+  auto it = lds_of_.find(op.operands[1]);
+  const auto a_lds = lds_of_.find(op.operands[0]);
+  if (it == lds_of_.end() || !swizzled_.count(it->second) ||
+      (a_lds != lds_of_.end() && !swizzled_.count(a_lds->second)))
+    return Status::error("{} rules cannot lower `{}`: warpgroup products read swizzled LDS tiles",
+                         rules_.name(), op_info(op.kind).name);
+  const Type &t = type(op.results[0]);
+  const std::string acc = name(op.results[0]);
+  w_.line("{};", declare(op.results[0]));
+  const std::string tiles_of = only_qt >= 0
+                                   ? fmt::format("int qt = {}; qt <= {}; ++qt", only_qt, only_qt)
+                                   : "int qt = 0; qt < kQTiles; ++qt";
+  w_.line("#pragma unroll");
+  w_.line("for ({})", tiles_of);
+  w_.line("  for (int c = 0; c < {}; ++c) {}[qt][c] = {}[qt][c];", col_tiles(t.cols), acc,
+          name(op.operands[2]));
+  rules_.emit_warpgroup_product(
+      w_,
+      {.acc = acc,
+       .a = name(op.operands[0]),
+       .a_tile = a_lds == lds_of_.end() ? "" : a_lds->second,
+       .a_rows = block_m_,
+       .a_row0 = fmt::format("(wave / 4 * kQTiles + qt) * {}", 4 * m_tile_),
+       .b_tile = it->second,
+       .b_rows = type(op.operands[1]).rows,
+       .cols = t.cols,
+       .k_tiles = tiles(type(op.operands[0]).cols),
+       .b_transposed = !s_product,
+       .dtype = type(op.operands[0]).dtype,
+       .tiles = tiles_of,
+       .wait = wait,
+       .group_per_tile = group_per_tile},
+      helpers_);
+  read_since_barrier_.insert(it->second);
+  return Status::ok();
+}
+
 Status KernelEmitter::emit_ops(const std::vector<Op> &body) {
   for (const Op &op : body) {
     for (ValueId r : op.results)
@@ -387,26 +430,31 @@ Status KernelEmitter::emit_ops(const std::vector<Op> &body) {
   return Status::ok();
 }
 
+// "// IR: %6 = mma_abt %0, %4, %5", then `note`: the op a block of HIP implements.
+void KernelEmitter::emit_ir_comment(const Op &op, std::string_view note) {
+  std::string res;
+  for (ValueId r : op.results)
+    res += (res.empty() ? "%" : ", %") + printed_[r];
+  std::string args;
+  for (ValueId a : op.operands)
+    args += (args.empty() ? "%" : ", %") + printed_[a];
+  for (const auto &[key, attr] : op.attrs)
+    if (key == "value" || key == "tensor")
+      args += fmt::format("{}{{{} = {}}}", args.empty() ? "" : " ", key,
+                          std::holds_alternative<ir::Symbol>(attr)
+                              ? "@" + std::get<ir::Symbol>(attr).name
+                              : fmt::format("{}", std::get<double>(attr)));
+  w_.line("// IR: {}{}{}{}{}", res.empty() ? "" : res + " = ", op_info(op.kind).name,
+          args.empty() ? "" : " ", args, note);
+}
+
 Status KernelEmitter::emit_op(const Op &op) {
   const std::string what = op_info(op.kind).name;
   auto unsupported = [&](const std::string &why) {
     return Status::error("{} rules cannot lower `{}`: {}", rules_.name(), what, why);
   };
-  if (op.kind != OpKind::For && op.kind != OpKind::Yield) {
-    std::string res;
-    for (ValueId r : op.results)
-      res += (res.empty() ? "%" : ", %") + printed_[r];
-    std::string args;
-    for (ValueId a : op.operands)
-      args += (args.empty() ? "%" : ", %") + printed_[a];
-    for (const auto &[key, attr] : op.attrs)
-      if (key == "value" || key == "tensor")
-        args += fmt::format("{}{{{} = {}}}", args.empty() ? "" : " ", key,
-                            std::holds_alternative<ir::Symbol>(attr)
-                                ? "@" + std::get<ir::Symbol>(attr).name
-                                : fmt::format("{}", std::get<double>(attr)));
-    w_.line("// IR: {}{}{}{}", res.empty() ? "" : res + " = ", what, args.empty() ? "" : " ", args);
-  }
+  if (op.kind != OpKind::For && op.kind != OpKind::Yield)
+    emit_ir_comment(op, "");
   // expr_fmt uses {0} for operand 0's element and {1} for operand 1's. A per-row
   // vector operand of a tile op reads the row slot of the element.
   auto element = [&](ValueId v, const Type &result) {
@@ -467,37 +515,11 @@ Status KernelEmitter::emit_op(const Op &op) {
     auto it = lds_of_.find(op.operands[1]);
     if (it == lds_of_.end() || type(op.operands[0]).layout != TileLayout::mma_a)
       return unsupported("expects A in registers (#mma_a) and B staged in LDS");
+    if (rules_.warpgroup_products())
+      return emit_product(op, -1, /*wait=*/true);
     const Type &t = type(op.results[0]);
     const int kt = tiles(type(op.operands[0]).cols);
     w_.line("{};", declare(op.results[0]));
-    if (rules_.warpgroup_products()) {
-      // One warpgroup instruction per k tile over every column (Rules::warpgroup_products).
-      const auto a_lds = lds_of_.find(op.operands[0]);
-      if (!swizzled_.count(it->second) ||
-          (a_lds != lds_of_.end() && !swizzled_.count(a_lds->second)))
-        return unsupported("warpgroup products read swizzled LDS tiles");
-      const std::string acc = name(op.results[0]);
-      w_.line("#pragma unroll");
-      w_.line("for (int qt = 0; qt < kQTiles; ++qt)");
-      w_.line("  for (int c = 0; c < {}; ++c) {}[qt][c] = {}[qt][c];", col_tiles(t.cols), acc,
-              name(op.operands[2]));
-      rules_.emit_warpgroup_product(
-          w_,
-          {.acc = acc,
-           .a = name(op.operands[0]),
-           .a_tile = a_lds == lds_of_.end() ? "" : a_lds->second,
-           .a_rows = block_m_,
-           .a_row0 = fmt::format("(wave / 4 * kQTiles + qt) * {}", 4 * m_tile_),
-           .b_tile = it->second,
-           .b_rows = type(op.operands[1]).rows,
-           .cols = t.cols,
-           .k_tiles = kt,
-           .b_transposed = !s_product,
-           .dtype = type(op.operands[0]).dtype},
-          helpers_);
-      read_since_barrier_.insert(it->second);
-      return Status::ok();
-    }
     w_.line("#pragma unroll");
     w_.open("for (int qt = 0; qt < kQTiles; ++qt) {{");
     w_.line("#pragma unroll");
@@ -639,8 +661,7 @@ Status KernelEmitter::emit_op(const Op &op) {
     const std::string r = name(op.results[0]);
     const std::string x = name(op.operands[0]);
     w_.line("{};", declare(op.results[0]));
-    w_.line("#pragma unroll");
-    w_.open("for (int qt = 0; qt < kQTiles; ++qt) {{");
+    open_query_tiles();
     w_.line("float r[kRowSlots];");
     w_.line("#pragma unroll");
     w_.line("for (int s = 0; s < kRowSlots; ++s) r[s] = {};", is_max ? "-FJ_INF" : "0.0f");
@@ -710,6 +731,12 @@ Status KernelEmitter::emit_op(const Op &op) {
           to.dtype != DType::f32))
       return unsupported(fmt::format("no {} rule converts #{} to #{}", rules_.name(),
                                      tile_layout_name(from.layout), tile_layout_name(to.layout)));
+    if (fixed_qt_ >= 0) { // the fragments of this pass's tile, into the declared array
+      open_query_tiles();
+      rules_.emit_p_operand_tile(w_, name(op.results[0]), name(op.operands[0]), tiles(to.cols));
+      w_.close();
+      return Status::ok();
+    }
     rules_.emit_p_operand(w_, name(op.results[0]), name(op.operands[0]), tiles(to.cols));
     return Status::ok();
   }

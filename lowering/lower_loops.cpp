@@ -45,6 +45,105 @@ bool KernelEmitter::plan_pipeline(const Op &loop) {
   return true;
 }
 
+// With warpgroup products and two query tiles per wave, the KV loop's body is
+// written in two passes, one per tile, so that one tile's softmax runs while the
+// tensor cores work on the other tile's product (FlashAttention-3's overlap,
+// with the two tiles of one warpgroup in place of two warpgroups):
+//   issue S_0, S_1 | wait S_0: softmax 0 | wait S_1: stage V, issue O_0 |
+//   softmax 1 | issue O_1 | wait both
+// It applies to a body of one S product (mma_abt), one O product (mma_ab) after
+// it, and between them elementwise ops, reductions and the staged V tile.
+bool KernelEmitter::plan_interleave(const Op &loop, size_t &s_at, size_t &o_at) const {
+  if (!rules_.warpgroup_products() || q_tiles_ != 2 || loop.int_attr("transposed") != 0)
+    return false;
+  s_at = o_at = loop.body.size();
+  for (size_t i = 0; i < loop.body.size(); ++i) {
+    const OpKind k = loop.body[i].kind;
+    if (k == OpKind::MmaABt) {
+      if (s_at != loop.body.size())
+        return false;
+      s_at = i;
+    } else if (k == OpKind::MmaAB) {
+      if (o_at != loop.body.size() || s_at == loop.body.size())
+        return false;
+      o_at = i;
+    } else if (k == OpKind::For || k == OpKind::Store) {
+      return false;
+    }
+  }
+  if (o_at == loop.body.size())
+    return false;
+  for (size_t i = s_at + 1; i < o_at; ++i) {
+    const Op &op = loop.body[i];
+    if (op.kind == OpKind::Load && type(op.results[0]).layout != TileLayout::mma_b)
+      return false; // only staged tiles load between the products
+    if (op.kind == OpKind::Load && consumer_of(op.results[0], loop.body) != &loop.body[o_at])
+      return false;
+  }
+  return true;
+}
+
+Status KernelEmitter::emit_interleaved(const Op &loop, size_t s_at, size_t o_at) {
+  const std::vector<Op> &body = loop.body;
+  auto emit = [&](const Op &op) {
+    for (ValueId r : op.results)
+      def_of_[r] = &op;
+    return emit_op(op);
+  };
+  auto predeclare = [&](ValueId v) {
+    w_.line("{};", declare(v));
+    predeclared_.insert(v);
+  };
+  for (size_t i = 0; i < s_at; ++i)
+    FJ_RETURN_IF_ERROR(emit(body[i]));
+  const Op &s = body[s_at], &o = body[o_at];
+  for (ValueId r : s.results)
+    def_of_[r] = &s;
+  for (ValueId r : o.results)
+    def_of_[r] = &o;
+  const std::string s_acc = name(s.results[0]), o_acc = name(o.results[0]);
+  const std::string p = name(o.operands[0]);
+  const int64_t s_cols = type(s.results[0]).cols, o_cols = type(o.results[0]).cols;
+  const int64_t p_tiles = tiles(type(o.operands[0]).cols);
+  w_.line("// Two passes over the query tiles: tile 0's softmax overlaps tile 1's S,");
+  w_.line("// tile 1's softmax overlaps tile 0's O.");
+  emit_ir_comment(s, ": a group per query tile, left in flight");
+  FJ_RETURN_IF_ERROR(emit_product(s, -1, /*wait=*/false, /*group_per_tile=*/true));
+  std::vector<const Op *> chain, staged;
+  for (size_t i = s_at + 1; i < o_at; ++i)
+    (body[i].kind == OpKind::Load ? staged : chain).push_back(&body[i]);
+  for (const Op *op : chain)
+    for (ValueId r : op->results)
+      predeclare(r);
+  predeclare(o.results[0]);
+  auto pass = [&](int qt) -> Status {
+    w_.open("{{ // query tile {}", qt);
+    fixed_qt_ = qt;
+    Status st = Status::ok();
+    for (const Op *op : chain)
+      if (st)
+        st = emit(*op);
+    fixed_qt_ = -1;
+    w_.close();
+    return st;
+  };
+  rules_.emit_warpgroup_wait(w_, 1, {{s_acc + "[0]", s_cols}}, {});
+  FJ_RETURN_IF_ERROR(pass(0));
+  rules_.emit_warpgroup_wait(w_, 0, {{s_acc + "[1]", s_cols}}, {});
+  for (const Op *op : staged) // after both S products: the next K may overwrite theirs
+    FJ_RETURN_IF_ERROR(emit(*op));
+  emit_ir_comment(o, ": query tile 0, left in flight");
+  FJ_RETURN_IF_ERROR(emit_product(o, 0, /*wait=*/false));
+  FJ_RETURN_IF_ERROR(pass(1));
+  emit_ir_comment(o, ": query tile 1");
+  FJ_RETURN_IF_ERROR(emit_product(o, 1, /*wait=*/false));
+  rules_.emit_warpgroup_wait(w_, 0, {{o_acc + "[0]", o_cols}, {o_acc + "[1]", o_cols}},
+                             {{p + "[0]", p_tiles}, {p + "[1]", p_tiles}});
+  for (size_t i = o_at + 1; i < body.size(); ++i)
+    FJ_RETURN_IF_ERROR(emit(body[i]));
+  return Status::ok();
+}
+
 Status KernelEmitter::emit_for(const Op &op) {
   std::string res;
   for (ValueId r : op.results)
@@ -86,13 +185,20 @@ Status KernelEmitter::emit_for(const Op &op) {
   const HipWriter saved = w_;
   const int saved_scales = scale_constants_;
   const std::set<std::string> at_entry = read_since_barrier_;
+  size_t s_at = 0, o_at = 0;
+  const bool interleave = plan_interleave(op, s_at, o_at);
+  auto body = [&] {
+    predeclared_.clear();
+    return interleave ? emit_interleaved(op, s_at, o_at) : emit_ops(op.body);
+  };
   staged_.clear();
-  FJ_RETURN_IF_ERROR(emit_ops(op.body));
+  FJ_RETURN_IF_ERROR(body());
   w_ = saved;
   scale_constants_ = saved_scales;
   read_since_barrier_.insert(at_entry.begin(), at_entry.end());
   staged_.clear();
-  FJ_RETURN_IF_ERROR(emit_ops(op.body));
+  FJ_RETURN_IF_ERROR(body());
+  predeclared_.clear();
   staged_.clear();
   const Op &y = op.body.back();
   w_.line("// IR: yield");

@@ -56,6 +56,14 @@ struct WarpgroupProduct {
   int64_t k_tiles = 0; // 16-wide k tiles
   bool b_transposed = false;
   DType dtype = DType::bf16; // of A and B
+  /// The query tiles, as a C for-header ("int qt = 0; qt < kQTiles; ++qt").
+  std::string tiles = "int qt = 0; qt < kQTiles; ++qt";
+  /// Wait for the product; false: commit it as a group and leave it in flight
+  /// (emit_warpgroup_wait finishes it).
+  bool wait = true;
+  /// Commit each query tile's instructions as a group of its own (in tile
+  /// order), so that a wait can take the first tile's product alone.
+  bool group_per_tile = false;
 };
 
 /// What rule choice knows of a program beside its tiles (Rules::lowers).
@@ -133,6 +141,10 @@ public:
   /// convert_layout: the P operand fragments `dst` from the converted accumulator `src`.
   virtual void emit_p_operand(HipWriter &w, std::string_view dst, std::string_view src,
                               int key_tiles) const = 0;
+  /// The same for query tile `qt` only (in scope), into the declared `dst`: the
+  /// interleaved loop's passes (rules with warpgroup products).
+  virtual void emit_p_operand_tile(HipWriter &w, std::string_view dst, std::string_view src,
+                                   int key_tiles) const {}
 
   /// Warpgroup products (sm90 wgmma): one instruction per 16-wide k tile covers
   /// the query tiles of 4 waves by every column of the product, B read straight
@@ -143,6 +155,13 @@ public:
   /// calls to `helpers` (name -> text, emitted once before the kernel).
   virtual void emit_warpgroup_product(HipWriter &w, const WarpgroupProduct &p,
                                       std::map<std::string, std::string> &helpers) const {}
+  /// Waits until at most `pending` committed products are in flight, then pins
+  /// the accumulators `acc` (C expressions of [cols / n_tile] fragment arrays,
+  /// `cols` columns each) and keeps the register operands `a` (C expressions of
+  /// [k_tiles] operand arrays) alive to that point.
+  virtual void emit_warpgroup_wait(HipWriter &w, int pending,
+                                   const std::vector<std::pair<std::string, int64_t>> &acc,
+                                   const std::vector<std::pair<std::string, int64_t>> &a) const {}
   virtual LdsLayout lds_layout() const { return LdsLayout::padded_rows; }
   /// Whether these rules can lower a program of this shape. A family's first
   /// rules that can and whose tiles divide the config lower it

@@ -120,10 +120,14 @@ public:
     w.line("fj_bits8 {}[kQTiles][{}];", dst, key_tiles);
     w.line("#pragma unroll");
     w.open("for (int qt = 0; qt < kQTiles; ++qt) {{");
+    emit_p_operand_tile(w, dst, src, key_tiles);
+    w.close();
+  }
+  void emit_p_operand_tile(HipWriter &w, std::string_view dst, std::string_view src,
+                           int key_tiles) const override {
     w.line("#pragma unroll");
     w.line("for (int k = 0; k < {}; ++k) {}[qt][k] = fj_cat({}[qt][2 * k], {}[qt][2 * k + 1]);",
            key_tiles, dst, src, src);
-    w.close();
   }
 
   bool v_transposed() const override { return false; }

@@ -82,10 +82,11 @@ public:
     const unsigned lbo = p.b_transposed ? unsigned(panel_bytes) : 16;
     const bool a_lds = !p.a_tile.empty();
     w.line("#pragma unroll");
-    w.line("for (int qt = 0; qt < kQTiles; ++qt) fj_wgmma_pin({}[qt], {});", p.acc, p.cols / 8);
+    w.line("for ({}) fj_wgmma_pin({}[qt], {});", p.tiles, p.acc, p.cols / 8);
     w.line("fj_wgmma_fence();");
     w.line("#pragma unroll");
-    w.open("for (int qt = 0; qt < kQTiles; ++qt) {{ // one group: every tile's instructions");
+    w.open("for ({}) {{{}", p.tiles,
+           p.group_per_tile ? "" : " // one group: every tile's instructions");
     w.line("const unsigned long long b = fj_wgmma_desc({}, {}, 1024);", p.b_tile, lbo);
     if (a_lds) // K-major, like K: the warpgroup's 64 rows, k tile k 32 bytes into panel k / 4
       w.line("const unsigned long long a = fj_wgmma_desc({} + ({}) * 64, 16, 1024);", p.a_tile,
@@ -104,11 +105,29 @@ public:
       w.line("  {}({}[qt] + {}, {}, b + (({}) >> 4));", fn, p.acc, n0 / 8,
              a_lds ? a_step : p.a + "[qt][k]", step);
     }
+    if (p.group_per_tile)
+      w.line("fj_wgmma_commit(); // this tile's group");
     w.close();
-    w.line("fj_wgmma_commit();");
+    if (!p.group_per_tile)
+      w.line("fj_wgmma_commit();");
+    if (!p.wait)
+      return;
     w.line("fj_wgmma_wait_all();");
     w.line("#pragma unroll");
-    w.line("for (int qt = 0; qt < kQTiles; ++qt) fj_wgmma_pin({}[qt], {});", p.acc, p.cols / 8);
+    w.line("for ({}) fj_wgmma_pin({}[qt], {});", p.tiles, p.acc, p.cols / 8);
+  }
+  void emit_warpgroup_wait(HipWriter &w, int pending,
+                           const std::vector<std::pair<std::string, int64_t>> &acc,
+                           const std::vector<std::pair<std::string, int64_t>> &a) const override {
+    if (pending == 0)
+      w.line("fj_wgmma_wait<0>(); // every product is done");
+    else
+      w.line("fj_wgmma_wait<{}>(); // all but the last {} group{} done (groups finish in order)",
+             pending, pending, pending == 1 ? "" : "s");
+    for (const auto &[frags, cols] : acc)
+      w.line("fj_wgmma_pin({}, {});", frags, cols / 8);
+    for (const auto &[frags, k_tiles] : a)
+      w.line("fj_wgmma_keep({}, {}); // read by a product until now", frags, k_tiles);
   }
 
 private:

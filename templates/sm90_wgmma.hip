@@ -36,3 +36,15 @@ FJ_DEVICE void fj_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "
 FJ_DEVICE void fj_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 // Waits until every committed group is done: its accumulators are readable.
 FJ_DEVICE void fj_wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// Waits until at most N committed groups are in flight (groups finish in order).
+template <int N> __device__ __forceinline__ void fj_wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Register A operands stay live (unmodified) to this point: a product in flight reads them.
+FJ_DEVICE void fj_wgmma_keep(const fj_bits8 *a, int n) {
+#pragma unroll
+  for (int i = 0; i < n; ++i) {
+    const unsigned *r = reinterpret_cast<const unsigned *>(&a[i]);
+    asm volatile("" ::"r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+  }
+}

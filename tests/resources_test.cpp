@@ -28,20 +28,29 @@ Target target(std::string_view id) {
 struct Declared {
   int64_t q_tiles = 0;
   std::map<std::string, int64_t> lds; // buffer -> bytes (16-byte aligned, as laid out)
-  // Registers per query tile of the arrays that follow an `// IR:` comment
-  // matching a pattern: f32 elements one each, 16-bit elements two to a register.
+  // Registers per query tile of the array declared for the result of the first
+  // `// IR:` comment matching a pattern (wherever the kernel declares it: the
+  // interleaved KV loop declares its values before the query-tile passes): f32
+  // elements one each, 16-bit elements two to a register.
   std::vector<std::string> lines;
 
   int64_t regs_after(const std::regex &ir_comment) const {
-    static const std::regex array(R"(^\s*fj_(float|bits)(\d+) \w+\[kQTiles\]\[(\d+)\];)");
-    for (size_t i = 0; i + 1 < lines.size(); ++i) {
-      if (!std::regex_search(lines[i], ir_comment))
+    static const std::regex result(R"(// IR: %(\w+) = )");
+    for (const std::string &line : lines) {
+      std::smatch r;
+      if (!std::regex_search(line, ir_comment) || !std::regex_search(line, r, result))
         continue;
-      std::smatch m;
-      if (!std::regex_search(lines[i + 1], m, array))
-        return 0; // no register array (e.g. Q staged into LDS)
-      const int64_t elems = std::stoll(m[2]) * std::stoll(m[3]);
-      return m[1] == "float" ? elems : elems / 2;
+      const std::string c_name =
+          std::isdigit(static_cast<unsigned char>(r.str(1)[0])) ? "t" + r.str(1) : r.str(1);
+      const std::regex array(R"(^\s*fj_(float|bits)(\d+) )" + c_name + R"(\[kQTiles\]\[(\d+)\];)");
+      for (const std::string &decl : lines) {
+        std::smatch m;
+        if (!std::regex_search(decl, m, array))
+          continue;
+        const int64_t elems = std::stoll(m[2]) * std::stoll(m[3]);
+        return m[1] == "float" ? elems : elems / 2;
+      }
+      return 0; // no register array (e.g. Q staged into LDS)
     }
     ADD_FAILURE() << "no line matches the IR comment pattern";
     return -1;
