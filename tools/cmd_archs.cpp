@@ -174,8 +174,10 @@ int cmd_archs(const Args &a) {
              "when the matrix rules refuse a spec, and then named in the kernel and the result.\n"
              "CDNA has rules for 32-query tiles (cdna32: 32x32 MFMAs, taken by default where\n"
              "head_dim_v padded to 16 is a multiple of 32) and for 16-query tiles (cdna);\n"
-             "--mma-m 16|32 picks one. Hopper (sm90) takes the sm80 rules (mma.sync) until an\n"
-             "sm90 rule set (wgmma, TMA) stands beside them.\n");
+             "--mma-m 16|32 picks one. Hopper (sm90) takes the sm90 rules (wgmma from swizzled\n"
+             "shared memory, compiled for sm_90a) for forward kernels with whole warpgroups and\n"
+             "Q in LDS, and the sm80 rules (mma.sync) for the backward, split-KV decode and\n"
+             "other configs.\n");
   if (rows.size() == 1)
     fmt::print("builtins: {}\n", fmt::join(rows.front().lowered_with, "; "));
 
