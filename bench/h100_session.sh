@@ -7,7 +7,8 @@
 #   bench/h100_session.sh sdpa     the SDPA bench with this tree and with .old (the tree
 #                                  before run-time shapes, `git archive` of the last commit)
 #   bench/h100_session.sh split    split-KV correctness: the CUDA ctest cases, the torch tests
-#   bench/h100_session.sh decode   bench/bench_decode.py (DECODE_ARGS adds its arguments)
+#   bench/h100_session.sh decode   bench/bench_decode.py (DECODE_ARGS adds its arguments), with
+#                                  .old too where it exists (that tree first, into $out/old)
 #   bench/h100_session.sh sequences bench/bench_sequences.py (varlen prefill, paged decode)
 #   bench/h100_session.sh masks    mask tensors: CUDA ctest cases, the torch SDPA/gradient
 #                                  tests, bench/bench_masks.py (MASKS_ARGS adds its arguments)
@@ -118,8 +119,19 @@ split)
   tail -3 "$out/torch_tests.log"
   ;;
 decode)
-  # The decode benchmark: flashjit (split-KV auto and off) against SDPA's backends.
-  build . /tmp/fj flashjit_shared || { tail -50 "$out/build-fj.log"; exit 1; }
+  # The decode benchmark: flashjit (split-KV auto and off) against SDPA's backends;
+  # where .old holds an earlier tree (`git archive`), that tree's run first, into $out/old.
+  if [ -d .old ]; then
+    build . /tmp/fj flashjit_shared &
+    build .old /tmp/old flashjit_shared || { tail -50 "$out/build-old.log"; exit 1; }
+    wait $! || { tail -50 "$out/build-fj.log"; exit 1; }
+    mkdir -p "$out/old"
+    FLASHJIT_CACHE_DIR=$(mktemp -d) FLASHJIT_LIBRARY=/tmp/old/runtime/libflashjit.so \
+      PYTHONUNBUFFERED=1 python3 .old/bench/bench_decode.py --out "$out/old" ${DECODE_ARGS:-} \
+      2>&1 | tail -60
+  else
+    build . /tmp/fj flashjit_shared || { tail -50 "$out/build-fj.log"; exit 1; }
+  fi
   FLASHJIT_CACHE_DIR=$(mktemp -d) FLASHJIT_LIBRARY=/tmp/fj/runtime/libflashjit.so \
     PYTHONUNBUFFERED=1 python3 bench/bench_decode.py --out "$out" ${DECODE_ARGS:-} 2>&1 |
     tail -80

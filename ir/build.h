@@ -104,8 +104,11 @@ Bindings bind_backward(const AttentionSpec &spec);
 /// The backward's f32 workspace, one buffer: L and D (dense [batch, heads,
 /// seqlen_q] each, L first), then dK and dV per query head (dense [batch, heads,
 /// seqlen_k, dim]), which a reduce kernel sums over each group into dK and dV.
+/// Packed rows (varlen) are one batch of them all: [heads, total_q] and
+/// [heads, total_k, dim].
 struct BackwardWorkspace {
   int64_t d_offset = 0, dk_offset = 0, dv_offset = 0, elements = 0;
+  Strides rows;   // of L and D (batch and head strides)
   Strides dk, dv; // of the per-query-head dK and dV
 };
 BackwardWorkspace backward_workspace(const AttentionSpec &spec);

@@ -54,7 +54,9 @@ enum class Kernel { dq, dkdv };
 
 /// The tensors and scalars both backward programs share, in one order.
 struct Params {
-  Extent batches, heads, kv_heads, group, seqlen_q, seqlen_k;
+  Extent batches, heads, kv_heads, group;
+  Extent seqlen_q, seqlen_k; // scalars, or per-batch sequences (packed rows)
+  Extent grid_q, grid_k;     // the longest of each: what the grid covers
 };
 
 Params declare(Program &p, const AttentionSpec &spec, Kernel kernel) {
@@ -67,8 +69,25 @@ Params declare(Program &p, const AttentionSpec &spec, Kernel kernel) {
   s.heads = scalar("heads", ScalarType::i32);
   s.kv_heads = scalar("kv_heads", ScalarType::i32);
   s.group = scalar("group", ScalarType::i32);
-  s.seqlen_q = scalar("seqlen_q", ScalarType::i32);
-  s.seqlen_k = scalar("seqlen_k", ScalarType::i32);
+  // Varlen (packed rows): each batch's lengths are sequences read from
+  // cu_seqlens, as in the forward; the grid covers the longest.
+  s.seqlen_q = Extent::of("seqlen_q");
+  s.seqlen_k = Extent::of("seqlen_k");
+  const Sequences &seqs = spec.seqs;
+  if (seqs.packed_q) {
+    s.grid_q = scalar("max_seqlen_q", ScalarType::i32);
+    p.indices.push_back("cu_seqlens_q");
+    p.sequences.push_back({"seqlen_q", "cu_seqlens_q", "", scalar("total_q", ScalarType::i32)});
+  } else {
+    s.grid_q = scalar("seqlen_q", ScalarType::i32);
+  }
+  if (seqs.packed_k) {
+    s.grid_k = scalar("max_seqlen_k", ScalarType::i32);
+    p.indices.push_back("cu_seqlens_k");
+    p.sequences.push_back({"seqlen_k", "cu_seqlens_k", "", scalar("total_k", ScalarType::i32)});
+  } else {
+    s.grid_k = scalar("seqlen_k", ScalarType::i32);
+  }
   if (spec.signature().local) {
     scalar("window_left", ScalarType::i32);
     scalar("window_right", ScalarType::i32);
@@ -120,6 +139,9 @@ Params declare(Program &p, const AttentionSpec &spec, Kernel kernel) {
                              : scalar(fmt::format("{}_dim_stride", t.prefix), ScalarType::i32);
     }
     tp.row_align = t.align;
+    // Packed rows: Q, dO, dQ, L and D by cu_seqlens_q; K, V and the f32 dK/dV
+    // per query head ([heads, total_k, dim]) by cu_seqlens_k.
+    tp.packed = t.keys ? seqs.packed_k : seqs.packed_q;
     p.tensors.push_back(std::move(tp));
   }
   p.group = s.group;
@@ -136,9 +158,10 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, Kernel 
   const int64_t dv = padded(spec.head_dim_v, config.pad_k);
 
   Program p;
-  p.name = fmt::format("fa_bwd_{}_{}_d{}_{}{}{}", kernel == Kernel::dq ? "dq" : "dkdv",
+  p.name = fmt::format("fa_bwd_{}_{}_d{}_{}{}{}{}{}", kernel == Kernel::dq ? "dq" : "dkdv",
                        dtype_name(dt), spec.head_dim_qk, spec.head_dim_v,
-                       sig.causal ? "_causal" : "", sig.local ? "_local" : "");
+                       sig.causal ? "_causal" : "", sig.local ? "_local" : "",
+                       sig.packed_q ? "_varlenq" : "", sig.packed_k ? "_varlenk" : "");
   const Params s = declare(p, spec, kernel);
   // Score modifiers: the forward's score function, and its derivative for the
   // chain rule (dS of the raw score = dS of the modified one * d mod / d score).
@@ -169,7 +192,7 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, Kernel 
   const bool dq = kernel == Kernel::dq;
   // Axis 0: the block of this workgroup's rows (queries for dQ, keys for dK/dV).
   const ValueId row_block = p.add_value(Type::index(), dq ? "q_block" : "kv_block");
-  p.grid = {GridAxis{row_block, dq ? s.seqlen_q : s.seqlen_k, bm},
+  p.grid = {GridAxis{row_block, dq ? s.grid_q : s.grid_k, bm},
             GridAxis{p.add_value(Type::index(), "head"), s.heads, 1},
             GridAxis{p.add_value(Type::index(), "batch"), s.batches, 1}};
 
@@ -303,8 +326,8 @@ Status validate_backward(const AttentionSpec &spec) {
                          "way (e.g. PyTorch's SDPA), or drop the feature",
                          what);
   };
-  if (spec.seqs.any())
-    return refuse("sequences (varlen, seqused_k, paged KV caches)");
+  if (spec.seqs.used_k || spec.seqs.paged())
+    return refuse("KV-cache sequences (seqused_k, paged KV caches); varlen (cu_seqlens) is taken");
   if (spec.sinks)
     return refuse("attention sinks");
   return Status::ok();
@@ -324,8 +347,19 @@ Bindings bind_backward(const AttentionSpec &spec) {
   b.set_int("heads", spec.heads);
   b.set_int("kv_heads", spec.kv_heads);
   b.set_int("group", spec.group());
-  b.set_int("seqlen_q", spec.seqlen_q);
-  b.set_int("seqlen_k", spec.seqlen_k);
+  const Sequences &seqs = spec.seqs;
+  if (seqs.packed_q) {
+    b.set_int("max_seqlen_q", spec.seqlen_q);
+    b.set_int("total_q", seqs.total_q);
+  } else {
+    b.set_int("seqlen_q", spec.seqlen_q);
+  }
+  if (seqs.packed_k) {
+    b.set_int("max_seqlen_k", spec.seqlen_k);
+    b.set_int("total_k", seqs.total_k);
+  } else {
+    b.set_int("seqlen_k", spec.seqlen_k);
+  }
   const int64_t widest = spec.seqlen_q + spec.seqlen_k; // as bind_attention clamps
   b.set_int("window_left", std::min(spec.window.left, widest));
   b.set_int("window_right", std::min(spec.window.right, widest));
@@ -341,13 +375,13 @@ Bindings bind_backward(const AttentionSpec &spec) {
   strides("q", spec.q);
   strides("k", spec.k);
   strides("v", spec.v);
-  strides("do", spec.o);               // dO is laid out as O
-  strides("dq", spec.q);               // dQ as Q
-  for (const char *vec : {"l", "d"}) { // dense [batch, heads, seqlen_q]
-    b.set_int(fmt::format("{}_batch_stride", vec), spec.heads * spec.seqlen_q);
-    b.set_int(fmt::format("{}_head_stride", vec), spec.seqlen_q);
-  }
+  strides("do", spec.o); // dO is laid out as O
+  strides("dq", spec.q); // dQ as Q
   const BackwardWorkspace ws = backward_workspace(spec);
+  for (const char *vec : {"l", "d"}) { // dense [batch, heads, seqlen_q] or [heads, total_q]
+    b.set_int(fmt::format("{}_batch_stride", vec), ws.rows.batch);
+    b.set_int(fmt::format("{}_head_stride", vec), ws.rows.head);
+  }
   strides("dk", ws.dk);
   strides("dv", ws.dv);
   return b;
@@ -355,14 +389,19 @@ Bindings bind_backward(const AttentionSpec &spec) {
 
 BackwardWorkspace backward_workspace(const AttentionSpec &spec) {
   BackwardWorkspace w;
-  const int64_t rows = spec.batch * spec.heads * spec.seqlen_q;
+  // Packed rows are one batch of all the rows: [heads, total, ...].
+  const int64_t batches_q = spec.q_batches(), sq = spec.q_rows();
+  const int64_t batches_k = spec.seqs.packed_k ? 1 : spec.batch;
+  const int64_t sk = spec.seqs.packed_k ? spec.seqs.total_k : spec.seqlen_k;
+  const int64_t rows = batches_q * spec.heads * sq;
+  w.rows = {batches_q == 1 ? 0 : spec.heads * sq, sq, 1, 0};
   w.d_offset = rows;
   w.dk_offset = 2 * rows;
-  const int64_t dqk = spec.head_dim_qk, dv = spec.head_dim_v, sk = spec.seqlen_k;
-  w.dk = {spec.heads * sk * dqk, sk * dqk, dqk, 1};
-  w.dv = {spec.heads * sk * dv, sk * dv, dv, 1};
-  w.dv_offset = w.dk_offset + spec.batch * spec.heads * sk * dqk;
-  w.elements = w.dv_offset + spec.batch * spec.heads * sk * dv;
+  const int64_t dqk = spec.head_dim_qk, dv = spec.head_dim_v;
+  w.dk = {batches_k == 1 ? 0 : spec.heads * sk * dqk, sk * dqk, dqk, 1};
+  w.dv = {batches_k == 1 ? 0 : spec.heads * sk * dv, sk * dv, dv, 1};
+  w.dv_offset = w.dk_offset + batches_k * spec.heads * sk * dqk;
+  w.elements = w.dv_offset + batches_k * spec.heads * sk * dv;
   return w;
 }
 

@@ -452,7 +452,7 @@ Expected<ReferenceGrads> reference_attention_backward(const AttentionSpec &spec,
   // What the backward kernels do not take has no float64 gradient here either,
   // so a test cannot check a kernel against semantics nobody wrote down.
   const std::pair<bool, const char *> unsupported[] = {
-      {spec.seqs.any(), "sequences (varlen, seqused_k, a paged KV cache)"},
+      {spec.seqs.used_k || spec.seqs.paged(), "KV-cache sequences (seqused_k, a paged KV cache)"},
       {!spec.score_mod.empty(), "score_mod"},
       {!spec.mask_mod.empty(), "mask_mod"},
       {spec.sinks, "sinks"},
@@ -460,7 +460,8 @@ Expected<ReferenceGrads> reference_attention_backward(const AttentionSpec &spec,
   for (const auto &[used, feature] : unsupported)
     if (used)
       return Status::error("{} has no backward yet: the float64 reference gradients cover dense "
-                           "or strided layouts, GQA/MQA, causal, windows, ALiBi and softcap",
+                           "or strided layouts, varlen (packed rows), GQA/MQA, causal, windows, "
+                           "ALiBi and softcap",
                            feature);
 
   const int64_t B = spec.batch, H = spec.heads, KVH = spec.kv_heads;
@@ -484,25 +485,29 @@ Expected<ReferenceGrads> reference_attention_backward(const AttentionSpec &spec,
   std::vector<double> p(static_cast<size_t>(Sk)), dscore(static_cast<size_t>(Sk)),
       z(static_cast<size_t>(Sk));
   for (int64_t b = 0; b < B; ++b) {
+    // Varlen: batch b's own lengths and rows; the dense results keep row i of
+    // batch b at [b, h, i] (rows past its length stay 0).
+    const BatchRows rows = batch_rows(spec, in, b);
+    const int64_t sq = rows.q_len, sk = rows.k_len;
     for (int64_t h = 0; h < H; ++h) {
       const int64_t kvh = h / spec.group();
-      for (int64_t j = 0; j < Sk; ++j) {
+      for (int64_t j = 0; j < sk; ++j) {
         for (int64_t d = 0; d < Dqk; ++d)
-          k[j * Dqk + d] = in.k[offset(spec.k, b, kvh, j, d)];
+          k[j * Dqk + d] = in.k[kv_offset(spec, in, spec.k, rows, b, kvh, j, d)];
         for (int64_t d = 0; d < Dv; ++d)
-          v[j * Dv + d] = in.v[offset(spec.v, b, kvh, j, d)];
+          v[j * Dv + d] = in.v[kv_offset(spec, in, spec.v, rows, b, kvh, j, d)];
       }
       // A kv head's dK and dV sum over the query heads of its group.
       double *dk = &g.dk[((b * KVH + kvh) * Sk) * Dqk];
       double *dv = &g.dv[((b * KVH + kvh) * Sk) * Dv];
-      for (int64_t i = 0; i < Sq; ++i) {
-        const KeyRange keys = visible_keys(spec, i, Sq, Sk);
+      for (int64_t i = 0; i < sq; ++i) {
+        const KeyRange keys = visible_keys(spec, i, sq, sk);
         if (keys.lo == keys.hi)
           continue; // no key: O is the constant 0, so every gradient of the row is 0
         for (int64_t d = 0; d < Dqk; ++d)
-          q[d] = in.q[offset(spec.q, b, h, i, d)];
+          q[d] = in.q[q_offset(spec, spec.q, rows, b, h, i, d)];
         for (int64_t d = 0; d < Dv; ++d)
-          dout[d] = in.dout[offset(spec.o, b, h, i, d)];
+          dout[d] = in.dout[q_offset(spec, spec.o, rows, b, h, i, d)];
 
         // The forward again, as reference_attention computes it: P over the visible keys.
         double max = kNegInf;
@@ -510,7 +515,7 @@ Expected<ReferenceGrads> reference_attention_backward(const AttentionSpec &spec,
           double dot = 0;
           for (int64_t d = 0; d < Dqk; ++d)
             dot += q[d] * k[j * Dqk + d];
-          const ModifiedScore s = softcap_and_alibi(spec, in, scale * dot, b, h, i, j, Sq, Sk);
+          const ModifiedScore s = softcap_and_alibi(spec, in, scale * dot, b, h, i, j, sq, sk);
           p[j] = apply_mask(spec, in, s.value, b, h, i, j);
           dscore[j] = s.derivative;
           max = std::max(max, p[j]);
@@ -594,19 +599,27 @@ ErrorStats compare(const AttentionSpec &spec, const HostTensors &result,
 
 GradErrorStats compare_grads(const AttentionSpec &spec, const HostTensors &result,
                              const ReferenceGrads &ref) {
-  // The backward has no Sequences, so every batch has all its rows at its batch stride.
+  // Only the rows each batch has (all of them unless packed: varlen).
+  std::vector<BatchRows> batch(static_cast<size_t>(spec.batch));
+  for (int64_t b = 0; b < spec.batch; ++b)
+    batch[b] = batch_rows(spec, result, b);
   auto one = [&](const Strides &st, const std::vector<float> &got, const std::vector<double> &want,
-                 int64_t heads, int64_t rows, int64_t dim) {
+                 int64_t heads, int64_t rows, int64_t dim, bool keys) {
     ErrorSums sums;
     for_each_element(spec.batch, heads, rows, dim, [&](int64_t b, int64_t h, int64_t n, int64_t d) {
-      sums.add(element_or_poison(got, offset(st, b, h, n, d)),
-               want[size_t(((b * heads + h) * rows + n) * dim + d)]);
+      const BatchRows &r = batch[b];
+      if (n >= (keys ? r.k_len : r.q_len))
+        return;
+      const int64_t at =
+          keys ? kv_offset(spec, result, st, r, b, h, n, d) : q_offset(spec, st, r, b, h, n, d);
+      sums.add(element_or_poison(got, at), want[size_t(((b * heads + h) * rows + n) * dim + d)]);
     });
     return sums.stats();
   };
-  return {.dq = one(spec.q, result.dq, ref.dq, spec.heads, spec.seqlen_q, spec.head_dim_qk),
-          .dk = one(spec.k, result.dk, ref.dk, spec.kv_heads, spec.seqlen_k, spec.head_dim_qk),
-          .dv = one(spec.v, result.dv, ref.dv, spec.kv_heads, spec.seqlen_k, spec.head_dim_v)};
+  return {
+      .dq = one(spec.q, result.dq, ref.dq, spec.heads, spec.seqlen_q, spec.head_dim_qk, false),
+      .dk = one(spec.k, result.dk, ref.dk, spec.kv_heads, spec.seqlen_k, spec.head_dim_qk, true),
+      .dv = one(spec.v, result.dv, ref.dv, spec.kv_heads, spec.seqlen_k, spec.head_dim_v, true)};
 }
 
 Tolerance tolerance_for(DType t) {

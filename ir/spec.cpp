@@ -429,6 +429,28 @@ Status AttentionSpec::validate_sequences() const {
   return Status::ok();
 }
 
+std::optional<AttentionSpec> gqa_packed_decode(const AttentionSpec &s) {
+  const int64_t group = s.heads / std::max<int64_t>(s.kv_heads, 1);
+  const bool local = s.window.left >= 0 || s.window.right >= 0;
+  if (s.seqlen_q != 1 || group <= 1 || local || s.alibi != Alibi::none || !s.score_mod.empty() ||
+      !s.mask_mod.empty() || s.dropout_p > 0 || s.sinks || s.seqs.packed_q)
+    return std::nullopt;
+  constexpr int64_t kRowStrideLimit = std::numeric_limits<int32_t>::max();
+  if (s.q.head > kRowStrideLimit || s.o.head > kRowStrideLimit)
+    return std::nullopt;
+  AttentionSpec p = s;
+  p.heads = s.kv_heads;
+  p.seqlen_q = group;
+  p.causal = false;
+  for (Strides *t : {&p.q, &p.o}) {
+    t->seq = t->head;
+    t->head *= group;
+  }
+  p.mask_strides.q = s.mask_strides.head;
+  p.mask_strides.head = s.mask_strides.head * group;
+  return p;
+}
+
 KernelSignature AttentionSpec::signature() const {
   KernelSignature s;
   s.dtype = dtype;

@@ -7,6 +7,7 @@
 #include "ir/status.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace flashjit {
@@ -215,6 +216,20 @@ struct AttentionSpec {
   /// One line, e.g. "b=1 hq=16 hkv=4 sq=113 sk=203 d=80/80 bf16 causal bshd".
   std::string summary() const;
 };
+
+/// GQA packing for one-token decode (FlashAttention's "seqlenq_ngroups_swapped"):
+/// with one query per head, the `group` query heads that share a KV head become
+/// the query rows of that KV head. The result views the same buffers as heads =
+/// kv_heads, seqlen_q = group (Q and O's seq stride is the head stride, their
+/// head stride group times it; the mask tensor's likewise), and drops causal (a
+/// no-op for one bottom-right query), so each K/V tile is read once per group
+/// and fills `group` rows of a product instead of one. The LSE, [batch, heads, 1]
+/// contiguous, is the same memory as [batch, kv_heads, group].
+/// nullopt where a result would differ or the view does not fit the kernels:
+/// seqlen_q != 1, group 1, a sliding window, ALiBi, score_mod or mask_mod (they
+/// read the head or query position), dropout, sinks, packed queries, or a head
+/// stride of Q or O that exceeds a row stride's 32 bits.
+std::optional<AttentionSpec> gqa_packed_decode(const AttentionSpec &s);
 
 /// Returns a spec with sizes set and strides from `layout` (not validated).
 AttentionSpec make_spec(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seqlen_q,

@@ -120,8 +120,17 @@ ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::
 
 ir::Bindings bind_backward_kernels(const AttentionSpec &spec) {
   ir::Bindings b = ir::bind_backward(spec);
-  b.set_int("rows", spec.batch * spec.heads * spec.seqlen_q);
-  b.set_int("rows_k", spec.batch * spec.kv_heads * spec.seqlen_k);
+  // Packed rows (varlen) are one batch of all the rows: the preprocess and the
+  // reduce are per row and need no sequence bounds (the reduce zeroes the rows
+  // past the last sequence).
+  const Sequences &seqs = spec.seqs;
+  const int64_t batches_q = spec.q_batches(), rows_q = spec.q_rows();
+  const int64_t batches_k = seqs.packed_k ? 1 : spec.batch;
+  const int64_t rows_k = seqs.packed_k ? seqs.total_k : spec.seqlen_k;
+  b.set_int("rows", batches_q * spec.heads * rows_q);
+  b.set_int("rows_k", batches_k * spec.kv_heads * rows_k);
+  b.set_int("q_rows", rows_q);
+  b.set_int("k_rows", rows_k);
   for (const auto &[prefix, s] :
        {std::pair{"o", &spec.o}, std::pair{"k", &spec.k}, std::pair{"v", &spec.v}}) {
     b.set_int(fmt::format("{}_batch_stride", prefix), s->batch);
@@ -129,9 +138,9 @@ ir::Bindings bind_backward_kernels(const AttentionSpec &spec) {
     b.set_int(fmt::format("{}_seq_stride", prefix), s->seq);
     b.set_int(fmt::format("{}_dim_stride", prefix), s->dim);
   }
-  // The forward's LSE: [batch, heads, seqlen_q].
-  b.set_int("lse_batch_stride", spec.heads * spec.seqlen_q);
-  b.set_int("lse_head_stride", spec.seqlen_q);
+  // The forward's LSE: [batch, heads, seqlen_q], or [heads, total_q] when packed.
+  b.set_int("lse_batch_stride", seqs.packed_q ? 0 : spec.heads * spec.seqlen_q);
+  b.set_int("lse_head_stride", rows_q);
   return b;
 }
 
@@ -150,7 +159,7 @@ Expected<Lowered> lower_backward_preprocess(const AttentionSpec &spec, const Tar
   };
   add_scalars(out, {{"rows", ir::ScalarType::i64},
                     {"heads", ir::ScalarType::i32},
-                    {"seqlen_q", ir::ScalarType::i32},
+                    {"q_rows", ir::ScalarType::i32},
                     {"o_batch_stride", ir::ScalarType::i64},
                     {"o_head_stride", ir::ScalarType::i64},
                     {"o_seq_stride", ir::ScalarType::i32},
@@ -168,15 +177,16 @@ Expected<Lowered> lower_backward_preprocess(const AttentionSpec &spec, const Tar
   element_type(w, sig.dtype);
   w.line("constexpr int kDimV = {}; // head_dim_v", sig.head_dim_v);
   w.blank();
-  w.line("// Row r = (batch * heads + head) * seqlen_q + query of L and D (dense), one per");
+  w.line("// Row r = (batch * heads + head) * q_rows + query of L and D (dense; packed rows");
+  w.line("// are one batch of total_q rows), one per");
   w.line("// work-item: D[r] = sum_d dO[r][d] * O[r][d] in order, L[r] = LSE[r] * log2(e).");
   open_kernel(w, out);
   w.line("const long row = long(fj_group_id_x()) * {} + fj_thread_id();", kThreads);
   w.line("if (row >= rows)");
   w.line("  return;");
-  w.line("const int query = int(row % seqlen_q);");
-  w.line("const int head = int(row / seqlen_q % heads);");
-  w.line("const long batch = row / seqlen_q / heads;");
+  w.line("const int query = int(row % q_rows);");
+  w.line("const int head = int(row / q_rows % heads);");
+  w.line("const long batch = row / q_rows / heads;");
   w.line("const fj_bits *o = O + batch * o_batch_stride + head * o_head_stride + long(query) * "
          "o_seq_stride;");
   w.line("const fj_bits *d_o = dO + batch * do_batch_stride + head * do_head_stride + "
@@ -200,19 +210,23 @@ Expected<Lowered> lower_backward_reduce(const AttentionSpec &spec, const Target 
   FJ_RETURN_IF_ERROR(ir::validate_backward(spec));
   const KernelSignature sig = spec.signature();
   Lowered out;
-  out.kernel_name =
-      fmt::format("fa_bwd_reduce_{}_d{}_{}{}", dtype_name(sig.dtype), sig.head_dim_qk,
-                  sig.head_dim_v, sig.unit_dim[1] && sig.unit_dim[2] ? "" : "_strided");
+  out.kernel_name = fmt::format(
+      "fa_bwd_reduce_{}_d{}_{}{}{}", dtype_name(sig.dtype), sig.head_dim_qk, sig.head_dim_v,
+      sig.unit_dim[1] && sig.unit_dim[2] ? "" : "_strided", sig.packed_k ? "_varlenk" : "");
   out.params = {
       {"dK_heads", KernelParam::Kind::tensor, ir::ScalarType::i64, "const float *"},
       {"dV_heads", KernelParam::Kind::tensor, ir::ScalarType::i64, "const float *"},
       {"dK", KernelParam::Kind::tensor, ir::ScalarType::i64, "fj_bits *"},
       {"dV", KernelParam::Kind::tensor, ir::ScalarType::i64, "fj_bits *"},
   };
+  if (sig.packed_k)
+    out.params.push_back(
+        {"cu_seqlens_k", KernelParam::Kind::tensor, ir::ScalarType::i64, "const int *"});
   add_scalars(out, {{"rows_k", ir::ScalarType::i64},
                     {"kv_heads", ir::ScalarType::i32},
                     {"group", ir::ScalarType::i32},
-                    {"seqlen_k", ir::ScalarType::i32},
+                    {"k_rows", ir::ScalarType::i32},
+                    {"batches", ir::ScalarType::i32},
                     {"k_batch_stride", ir::ScalarType::i64},
                     {"k_head_stride", ir::ScalarType::i64},
                     {"k_seq_stride", ir::ScalarType::i32},
@@ -231,19 +245,29 @@ Expected<Lowered> lower_backward_reduce(const AttentionSpec &spec, const Target 
   w.line("constexpr int kColThreads = {}; // work-items per key row", kColThreads);
   w.line("constexpr int kRows = {}; // key rows per workgroup", kRows);
   w.blank();
-  w.line("// Key row r = (batch * kv_heads + kv_head) * seqlen_k + key: dK and dV of that");
+  w.line("// Key row r = (batch * kv_heads + kv_head) * k_rows + key: dK and dV of that");
   w.line("// row are the sums, over the group's query heads in order, of the f32 rows of");
-  w.line("// dK_heads / dV_heads (dense [batch, kv_heads * group, seqlen_k, dim]).");
+  w.line("// dK_heads / dV_heads (dense [batch, kv_heads * group, k_rows, dim]; packed rows");
+  w.line("// are one batch of total_k rows).");
   open_kernel(w, out);
   w.line("const long row = long(fj_group_id_x()) * kRows + fj_thread_id() / kColThreads;");
   w.line("const int col0 = fj_thread_id() % kColThreads;");
   w.line("if (row >= rows_k)");
   w.line("  return;");
-  w.line("const int key = int(row % seqlen_k);");
-  w.line("const int kv_head = int(row / seqlen_k % kv_heads);");
-  w.line("const long batch = row / seqlen_k / kv_heads;");
+  w.line("const int key = int(row % k_rows);");
+  w.line("const int kv_head = int(row / k_rows % kv_heads);");
+  w.line("const long batch = row / k_rows / kv_heads;");
+  if (sig.packed_k) {
+    w.line("// Packed keys: rows past the last sequence's end (cu_seqlens_k[batches], clamped)");
+    w.line("// belong to no sequence and the dK/dV kernel wrote nothing there: they get 0.");
+    w.line("const int last_end = cu_seqlens_k[batches];");
+    w.line("const int used = last_end < 0 ? 0 : last_end > k_rows ? k_rows : last_end;");
+    w.line("const bool outside = key >= used;");
+  } else {
+    w.line("const bool outside = false;");
+  }
   w.line("// Row (batch, kv_head * group + g, key) of the per-head results.");
-  w.line("const long first = (batch * kv_heads * group + long(kv_head) * group) * seqlen_k + key;");
+  w.line("const long first = (batch * kv_heads * group + long(kv_head) * group) * k_rows + key;");
   for (const auto &[t, dim, prefix] :
        {std::tuple{"K", "kDimQK", "k"}, std::tuple{"V", "kDimV", "v"}}) {
     w.line("fj_bits *d{0}_row = d{0} + batch * {1}_batch_stride + kv_head * {1}_head_stride + "
@@ -251,9 +275,8 @@ Expected<Lowered> lower_backward_reduce(const AttentionSpec &spec, const Target 
            t, prefix);
     w.open("for (int c = col0; c < {}; c += kColThreads) {{", dim);
     w.line("float sum = 0.0f;");
-    w.line("for (int g = 0; g < group; ++g)");
-    w.line("  sum += fj_global_load_f32(d{}_heads + (first + long(g) * seqlen_k) * {} + c);", t,
-           dim);
+    w.line("for (int g = 0; g < group && !outside; ++g)");
+    w.line("  sum += fj_global_load_f32(d{}_heads + (first + long(g) * k_rows) * {} + c);", t, dim);
     w.line("fj_global_store1(d{}_row + long(c) * {}_dim_stride, fj_from_f32(sum));", t, prefix);
     w.close();
   }

@@ -119,6 +119,41 @@ std::vector<IndexArray> index_arrays(const AttentionSpec &s, const AttentionTens
   return out;
 }
 
+/// Each index array of `t` given exactly when the spec's sequences need it, int32-aligned.
+Status check_index_arrays(const AttentionSpec &shape, const AttentionTensors &t,
+                          std::string_view call) {
+  const std::vector<IndexArray> wanted = index_arrays(shape, t);
+  const std::pair<const char *, const int32_t *> given[] = {{"cu_seqlens_q", t.cu_seqlens_q},
+                                                            {"cu_seqlens_k", t.cu_seqlens_k},
+                                                            {"seqused_k", t.seqused_k},
+                                                            {"block_table", t.block_table}};
+  for (const auto &[name, pointer] : given) {
+    const bool needed = std::any_of(wanted.begin(), wanted.end(), [&](const IndexArray &a) {
+      return std::string_view(a.name) == name;
+    });
+    if (needed && !pointer)
+      return Status::error("{}: {} is null but the spec's sequences need it ({}): pass "
+                           "the int32 array",
+                           call, name, shape.summary());
+    if (!needed && pointer)
+      return Status::error("{}: {} is given but the spec does not use it, so it would be "
+                           "ignored: pass null, or set the spec's sequences (AttentionSpec::seqs)",
+                           call, name);
+    if (pointer && reinterpret_cast<uintptr_t>(pointer) % alignof(int32_t) != 0)
+      return Status::error("{}: {} ({}) is not aligned to 4 bytes (an int32 array)", call, name,
+                           static_cast<const void *>(pointer));
+  }
+  return Status::ok();
+}
+
+/// The index arrays of a backward call, as forward's tensors hold them.
+AttentionTensors index_view(const BackwardTensors &t) {
+  AttentionTensors a;
+  a.cu_seqlens_q = t.cu_seqlens_q;
+  a.cu_seqlens_k = t.cu_seqlens_k;
+  return a;
+}
+
 /// The values of ALiBi's slopes a spec reads (0 without ALiBi).
 int64_t alibi_slopes(const AttentionSpec &s) {
   return s.alibi == Alibi::none ? 0 : s.alibi == Alibi::heads ? s.heads : s.batch * s.heads;
@@ -197,6 +232,10 @@ struct Attention::Impl {
   };
   mutable std::mutex split_mutex;
   std::unique_ptr<SplitKv> split;
+  /// The split-KV kernels of GQA-packed decode (ir::gqa_packed_decode): those of
+  /// the signature without causal, which one bottom-right query makes a no-op.
+  /// Null while unbuilt, and for a signature without causal (`split` serves).
+  std::unique_ptr<SplitKv> packed_split;
 
   /// The backward pass's four kernels (pipeline::KernelKind's backward_*, in
   /// launch order), built on the first backward() call.
@@ -214,6 +253,7 @@ struct Attention::Impl {
                       void *stream);
   std::string split_failure; // why split-KV could not be built, if it was tried and failed
   std::atomic<int64_t> split_launches{0};
+  std::atomic<int64_t> packed_launches{0}; // of split_launches, those GQA-packed
 
   /// Generation, compile and module load; the first failure with its stage.
   Status build(Failure *failure);
@@ -224,11 +264,13 @@ struct Attention::Impl {
   /// four times over, with at least 4 KV blocks per split, at most kMaxSplits;
   /// decode that fills the device runs one split when the attention kernel's
   /// blocks are 128 rows or more (the one-wave split kernel wastes fewer products).
-  /// Measured on the H100: bench/results/README.md.
-  int64_t choose_splits(const AttentionSpec &shape) const;
+  /// A GQA-packed decode (`packed`: its rows are query heads) always takes the
+  /// split kernels. Measured on the H100: bench/results/README.md.
+  int64_t choose_splits(const AttentionSpec &shape, bool packed = false) const;
   static constexpr int64_t kDecodeRows = 16;
-  /// The split-KV kernels, built (thread-safely) on first use.
-  Expected<const SplitKv *> split_kv(Failure *failure);
+  /// The split-KV kernels (those of GQA-packed decode when `packed`), built
+  /// (thread-safely) on first use.
+  Expected<const SplitKv *> split_kv(Failure *failure, bool packed = false);
   Status run_split_gpu(const SplitKv &k, const AttentionSpec &shape, int64_t splits,
                        const AttentionTensors &t, void *stream);
   Status prepare_fallback(const Status &why);
@@ -287,7 +329,7 @@ Status Attention::Impl::build(Failure *failure) {
   return Status::ok();
 }
 
-int64_t Attention::Impl::choose_splits(const AttentionSpec &shape) const {
+int64_t Attention::Impl::choose_splits(const AttentionSpec &shape, bool packed) const {
   // Packed queries have no split kernels (ir::build_split_kv says why).
   if (executor == Executor::interpreter || shape.num_splits == 1 || shape.seqs.packed_q ||
       shape.sinks)
@@ -295,7 +337,7 @@ int64_t Attention::Impl::choose_splits(const AttentionSpec &shape) const {
   if (shape.num_splits > 1)
     return shape.num_splits;
   const ir::Config &c = generated->config;
-  const bool decode = shape.seqlen_q <= kDecodeRows;
+  const bool decode = packed || shape.seqlen_q <= kDecodeRows;
   const int64_t rows = decode ? kDecodeRows : c.block_m;
   const int64_t work = shape.batch * shape.heads * ((shape.seqlen_q + rows - 1) / rows);
   const int64_t units = std::max(device.compute_units, 1);
@@ -311,15 +353,20 @@ int64_t Attention::Impl::choose_splits(const AttentionSpec &shape) const {
   return decode || splits > 1 ? splits : 0;
 }
 
-Expected<const Attention::Impl::SplitKv *> Attention::Impl::split_kv(Failure *failure) {
+Expected<const Attention::Impl::SplitKv *> Attention::Impl::split_kv(Failure *failure,
+                                                                     bool packed) {
   std::lock_guard<std::mutex> lock(split_mutex);
-  if (split)
-    return split.get();
+  packed = packed && spec.causal; // without causal, the packed kernels are the same
+  std::unique_ptr<SplitKv> &slot = packed ? packed_split : split;
+  if (slot)
+    return slot.get();
+  AttentionSpec kernel_spec = spec;
+  kernel_spec.causal = !packed && spec.causal;
   auto built = [&]() -> Expected<std::unique_ptr<SplitKv>> {
     auto made = std::make_unique<SplitKv>();
     for (auto [kind, g] : {std::pair{pipeline::KernelKind::split_partial, &made->partial},
                            std::pair{pipeline::KernelKind::split_combine, &made->combine}}) {
-      auto gen = pipeline::generate(spec, device.arch, options, failure, kind);
+      auto gen = pipeline::generate(kernel_spec, device.arch, options, failure, kind);
       if (!gen)
         return gen.status();
       *g = gen.take();
@@ -355,9 +402,9 @@ Expected<const Attention::Impl::SplitKv *> Attention::Impl::split_kv(Failure *fa
     split_failure = built.status().message();
     return built.status().with_context("split-KV kernels");
   }
-  split = built.take();
+  slot = built.take();
   split_failure.clear();
-  return split.get();
+  return slot.get();
 }
 
 Status Attention::Impl::run_split_gpu(const SplitKv &sk, const AttentionSpec &shape, int64_t splits,
@@ -465,29 +512,7 @@ Status Attention::Impl::check_arguments(const AttentionSpec &shape,
     return Status::error("forward: alibi_slopes ({}) is not aligned to 4 bytes",
                          static_cast<const void *>(t.alibi_slopes));
   FJ_RETURN_IF_ERROR(check_mask_pointer(shape, t.attn_mask).with_context("forward"));
-  // Each index array exactly when the spec's sequences need it.
-  const std::vector<IndexArray> wanted = index_arrays(shape, t);
-  const std::pair<const char *, const int32_t *> given[] = {{"cu_seqlens_q", t.cu_seqlens_q},
-                                                            {"cu_seqlens_k", t.cu_seqlens_k},
-                                                            {"seqused_k", t.seqused_k},
-                                                            {"block_table", t.block_table}};
-  for (const auto &[name, pointer] : given) {
-    const bool needed = std::any_of(wanted.begin(), wanted.end(), [&](const IndexArray &a) {
-      return std::string_view(a.name) == name;
-    });
-    if (needed && !pointer)
-      return Status::error("forward: {} is null but the spec's sequences need it ({}): pass "
-                           "the int32 array",
-                           name, shape.summary());
-    if (!needed && pointer)
-      return Status::error("forward: {} is given but the spec does not use it, so it would be "
-                           "ignored: pass null, or set the spec's sequences (AttentionSpec::seqs)",
-                           name);
-    if (pointer && reinterpret_cast<uintptr_t>(pointer) % alignof(int32_t) != 0)
-      return Status::error("forward: {} ({}) is not aligned to 4 bytes (an int32 array)", name,
-                           static_cast<const void *>(pointer));
-  }
-  return Status::ok();
+  return check_index_arrays(shape, t, "forward");
 }
 
 Expected<const Attention::Impl::Backward *> Attention::Impl::backward_kernels(Failure *failure) {
@@ -558,8 +583,20 @@ Status Attention::Impl::check_backward(const AttentionSpec &shape, const Backwar
                                         : fmt::format("has ALiBi: pass the forward's {} f32 slopes",
                                                       alibi_slopes(shape)));
   FJ_RETURN_IF_ERROR(check_mask_pointer(shape, t.attn_mask).with_context("backward"));
-  if (driver == nullptr)
-    return Status::ok();
+  const AttentionTensors arrays = index_view(t);
+  FJ_RETURN_IF_ERROR(check_index_arrays(shape, arrays, "backward"));
+  if (driver == nullptr) {
+    // Host memory (the emulator): every index array entry is checked first.
+    if (!shape.seqs.any())
+      return Status::ok();
+    HostTensors host;
+    for (const IndexArray &a : index_arrays(shape, arrays))
+      (host.*a.host).assign(a.pointer, a.pointer + a.entries);
+    return check_sequences(shape, host).with_context("backward");
+  }
+  for (const IndexArray &a : index_arrays(shape, arrays))
+    FJ_RETURN_IF_ERROR(driver->check_buffer(device.index, a.pointer, size_t(a.entries) * 4,
+                                            fmt::format("backward: {}", a.name)));
   if (t.alibi_slopes)
     FJ_RETURN_IF_ERROR(driver->check_buffer(
         device.index, t.alibi_slopes, size_t(alibi_slopes(shape)) * 4, "backward: alibi_slopes"));
@@ -568,14 +605,10 @@ Status Attention::Impl::check_backward(const AttentionSpec &shape, const Backwar
         driver->check_buffer(device.index, t.attn_mask, mask_bytes(shape), "backward: attn_mask"));
   const int64_t e = dtype_bytes(shape.dtype);
   const std::tuple<const char *, const void *, int64_t> buffers[] = {
-      {"q", t.q, shape.q_elements() * e},
-      {"k", t.k, shape.k_elements() * e},
-      {"v", t.v, shape.v_elements() * e},
-      {"out", t.out, shape.o_elements() * e},
-      {"lse", t.lse, shape.batch * shape.heads * shape.seqlen_q * 4},
-      {"dout", t.dout, shape.o_elements() * e},
-      {"dq", t.dq, shape.q_elements() * e},
-      {"dk", t.dk, shape.k_elements() * e},
+      {"q", t.q, shape.q_elements() * e},       {"k", t.k, shape.k_elements() * e},
+      {"v", t.v, shape.v_elements() * e},       {"out", t.out, shape.o_elements() * e},
+      {"lse", t.lse, shape.lse_elements() * 4}, {"dout", t.dout, shape.o_elements() * e},
+      {"dq", t.dq, shape.q_elements() * e},     {"dk", t.dk, shape.k_elements() * e},
       {"dv", t.dv, shape.v_elements() * e}};
   for (const auto &[name, pointer, bytes] : buffers)
     FJ_RETURN_IF_ERROR(driver->check_buffer(device.index, pointer, size_t(bytes),
@@ -605,7 +638,8 @@ Status Attention::Impl::run_backward(const Backward &b, const AttentionSpec &sha
   float *l = base, *d = base + ws.d_offset, *dk_heads = base + ws.dk_offset,
         *dv_heads = base + ws.dv_offset;
   const int e = int(dtype_bytes(shape.dtype));
-  const int64_t rows = shape.batch * shape.heads * shape.seqlen_q;
+  const int64_t rows = ws.d_offset; // of L and D, one value per query row
+
   // A kernel argument: its parameter's name, the buffer, its bytes and element size.
   struct Arg {
     std::string_view name;
@@ -617,7 +651,9 @@ Status Attention::Impl::run_backward(const Backward &b, const AttentionSpec &sha
       v{"V", t.v, shape.v_elements() * e, e}, dout{"dO", t.dout, shape.o_elements() * e, e},
       l_arg{"L", l, rows * 4, 4}, d_arg{"D", d, rows * 4, 4},
       slopes{"alibi_slopes", t.alibi_slopes, alibi_slopes(shape) * 4, 4},
-      mask{"attn_mask", t.attn_mask, int64_t(mask_bytes(shape)), mask_type_bytes(shape.mask)};
+      mask{"attn_mask", t.attn_mask, int64_t(mask_bytes(shape)), mask_type_bytes(shape.mask)},
+      cu_q{"cu_seqlens_q", t.cu_seqlens_q, (shape.batch + 1) * 4, 4},
+      cu_k{"cu_seqlens_k", t.cu_seqlens_k, (shape.batch + 1) * 4, 4};
   const int64_t dk_bytes = (ws.dv_offset - ws.dk_offset) * 4,
                 dv_bytes = (ws.elements - ws.dv_offset) * 4;
   // Arguments with a null pointer (alibi_slopes without ALiBi) are not the kernel's.
@@ -646,12 +682,23 @@ Status Attention::Impl::run_backward(const Backward &b, const AttentionSpec &sha
     eo.threads = options.cpu_threads;
     return runtime::emulate_kernel(kernel, b.generated[i].target, shapes, host_buffers, eo);
   };
-  Status s = run(
-      0,
-      {dout, {"O", t.out, shape.o_elements() * e, e}, {"LSE", t.lse, rows * 4, 4}, l_arg, d_arg});
+  Status s = run(0, {dout,
+                     {"O", t.out, shape.o_elements() * e, e},
+                     {"LSE", t.lse, shape.lse_elements() * 4, 4},
+                     l_arg,
+                     d_arg});
   if (s)
-    s = run(1,
-            {q, k, v, dout, l_arg, d_arg, slopes, mask, {"dQ", t.dq, shape.q_elements() * e, e}});
+    s = run(1, {q,
+                k,
+                v,
+                dout,
+                l_arg,
+                d_arg,
+                slopes,
+                mask,
+                cu_q,
+                cu_k,
+                {"dQ", t.dq, shape.q_elements() * e, e}});
   if (s)
     s = run(2, {q,
                 k,
@@ -661,11 +708,14 @@ Status Attention::Impl::run_backward(const Backward &b, const AttentionSpec &sha
                 d_arg,
                 slopes,
                 mask,
+                cu_q,
+                cu_k,
                 {"dK", dk_heads, dk_bytes, 4},
                 {"dV", dv_heads, dv_bytes, 4}});
   if (s)
     s = run(3, {{"dK_heads", dk_heads, dk_bytes, 4},
                 {"dV_heads", dv_heads, dv_bytes, 4},
+                cu_k,
                 {"dK", t.dk, shape.k_elements() * e, e},
                 {"dV", t.dv, shape.v_elements() * e, e}});
   if (gpu) {
@@ -924,14 +974,19 @@ std::string Attention::explain() const {
                                m.launches.load()));
   {
     std::lock_guard<std::mutex> lock(m.split_mutex);
-    if (m.split)
+    const Impl::SplitKv *shown = m.split ? m.split.get() : m.packed_split.get();
+    if (shown)
       line("split-kv",
            fmt::format("{} of those calls ran the split-KV kernels: {} then {} (built on the "
-                       "first such call{})",
-                       m.split_launches.load(), m.split->partial.lowered.kernel_name,
-                       m.split->combine.lowered.kernel_name,
-                       m.split->partial_code ? ", cache " + m.split->partial_code->cache_outcome
-                                             : ""));
+                       "first such call{}); {} of them GQA-packed (one-token decode: a KV "
+                       "head's query heads as the rows of its tiles){}",
+                       m.split_launches.load(), shown->partial.lowered.kernel_name,
+                       shown->combine.lowered.kernel_name,
+                       shown->partial_code ? ", cache " + shown->partial_code->cache_outcome : "",
+                       m.packed_launches.load(),
+                       m.packed_split ? fmt::format(", through {} (causal is a no-op there)",
+                                                    m.packed_split->partial.lowered.kernel_name)
+                                      : ""));
     else if (!m.split_failure.empty())
       line("split-kv", "unavailable, calls run unsplit: " + m.split_failure);
     else
@@ -1036,23 +1091,33 @@ Status detail::AttentionAccess::forward(Attention &a, const AttentionSpec &shape
   m.launches.fetch_add(1, std::memory_order_relaxed);
   // Split-KV when asked for, or chosen (decode; a call that cannot fill the
   // device); chosen kernels that cannot be built leave the call to the attention
-  // kernel (explain() says why).
-  const int64_t splits = m.choose_splits(shape);
+  // kernel (explain() says why). One-token decode with GQA runs GQA-packed: the
+  // group's query heads are the rows of one KV head's tiles.
+  std::optional<AttentionSpec> packed;
+  int64_t splits = 0;
+  if (m.executor != Executor::interpreter && shape.num_splits != 1)
+    packed = gqa_packed_decode(shape);
+  splits = packed ? m.choose_splits(*packed, true) : m.choose_splits(shape);
   const Attention::Impl::SplitKv *split = nullptr;
   if (splits > 0) {
-    auto sk = m.split_kv(failure);
+    auto sk = m.split_kv(failure, packed.has_value());
     if (sk)
       split = *sk;
     else if (shape.num_splits > 1)
       return failed(failure, Failure::unsupported,
                     sk.status().with_context(fmt::format("forward with num_splits = {}", splits)));
   }
-  if (split)
+  if (split) {
     m.split_launches.fetch_add(1, std::memory_order_relaxed);
+    if (packed)
+      m.packed_launches.fetch_add(1, std::memory_order_relaxed);
+  }
+  // The split kernels see the packed view; everything else the caller's shapes.
+  const AttentionSpec &plan = split && packed ? *packed : shape;
   Status s;
   switch (m.executor) {
   case Executor::gpu:
-    s = split ? m.run_split_gpu(*split, shape, splits, t, stream) : m.run_gpu(shape, t, stream);
+    s = split ? m.run_split_gpu(*split, plan, splits, t, stream) : m.run_gpu(shape, t, stream);
     break;
   case Executor::emulator:
     if (split) {
@@ -1060,7 +1125,7 @@ Status detail::AttentionAccess::forward(Attention &a, const AttentionSpec &shape
       eo.threads = m.options.cpu_threads;
       s = run_on_host(shape, t, [&](HostTensors &host) {
         return runtime::emulate_split_kv(split->partial.lowered, split->combine.lowered,
-                                         split->partial.target, shape, splits, host, eo);
+                                         split->partial.target, plan, splits, host, eo);
       });
     } else {
       s = m.run_emulator(shape, t);

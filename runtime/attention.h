@@ -110,6 +110,12 @@ struct BackwardTensors {
   /// The mask tensor as forward took it (AttentionSpec::mask); null otherwise.
   /// It gets no gradient: an additive mask is a constant of the backward.
   const void *attn_mask = nullptr;
+  /// Varlen (packed rows, AttentionSpec::seqs.packed_q / packed_k): the int32
+  /// cu_seqlens_q / cu_seqlens_k [batch + 1] forward took, each exactly when the
+  /// spec packs that side. lse is then [heads, total_q] as forward wrote it.
+  /// Rows past the last sequence belong to none: dq is not written there, dk
+  /// and dv get 0. KV-cache sequences (seqused_k, paged) have no backward.
+  const int32_t *cu_seqlens_q = nullptr, *cu_seqlens_k = nullptr;
 };
 
 namespace detail {

@@ -526,10 +526,13 @@ fj_error fj_attention_backward(fj_attention *attention, const fj_spec *shape,
     if (shape != nullptr)
       if (fj_error e = to_spec(shape, &s); e != FJ_OK)
         return e;
-    const flashjit::BackwardTensors t{
-        tensors->q,        tensors->k,  tensors->v,  tensors->out, tensors->lse,
-        tensors->dout,     tensors->dq, tensors->dk, tensors->dv,  tensors->alibi_slopes,
-        tensors->attn_mask};
+    const flashjit::BackwardTensors t{tensors->q,           tensors->k,
+                                      tensors->v,           tensors->out,
+                                      tensors->lse,         tensors->dout,
+                                      tensors->dq,          tensors->dk,
+                                      tensors->dv,          tensors->alibi_slopes,
+                                      tensors->attn_mask,   tensors->cu_seqlens_q,
+                                      tensors->cu_seqlens_k};
     Failure failure = Failure::none;
     Status status =
         flashjit::detail::AttentionAccess::backward(attention->attention, s, t, stream, &failure);

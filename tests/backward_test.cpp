@@ -25,6 +25,7 @@
 #include "runtime/attention.h"
 #include "runtime/emulator.h"
 #include "tests/support/describe.h"
+#include "tests/support/sequences.h"
 
 #include <gtest/gtest.h>
 
@@ -263,7 +264,7 @@ TEST(BackwardIr, TransposedRangeCoversEveryVisiblePair) {
 TEST(BackwardIr, RefusalsNameTheFeature) {
   AttentionSpec spec = make_spec(1, 2, 2, 16, 16, 64, 64, DType::bf16);
   const std::pair<const char *, std::function<void(AttentionSpec &)>> cases[] = {
-      {"sequences", [](AttentionSpec &s) { s.seqs.used_k = true; }},
+      {"KV-cache sequences", [](AttentionSpec &s) { s.seqs.used_k = true; }},
       {"attention sinks", [](AttentionSpec &s) { s.sinks = true; }}};
   for (const auto &[what, change] : cases) {
     AttentionSpec s = spec;
@@ -404,6 +405,124 @@ TEST_P(BackwardEmulator, MatchesFloat64) {
 
 INSTANTIATE_TEST_SUITE_P(Families, BackwardEmulator,
                          testing::Combine(testing::ValuesIn(kLowerings), testing::ValuesIn(kCases)),
+                         [](const auto &info) {
+                           const Lowering &l = std::get<0>(info.param);
+                           return fmt::format("{}{}_{}", l.arch,
+                                              std::string_view(l.rules) == "simt" ? "_simt" : "",
+                                              std::get<1>(info.param).name);
+                         });
+
+// Varlen (packed rows, cu_seqlens): ragged lengths with an empty and a one-token
+// sequence, bottom-right causal and windows per sequence, GQA and MQA, Dqk != Dv,
+// and spare rows past the last sequence: dK and dV get 0 there, dQ is not written.
+class BackwardVarlen : public testing::TestWithParam<std::tuple<Lowering, test::SeqCase>> {};
+
+TEST_P(BackwardVarlen, MatchesFloat64) {
+  if (!runtime::emulator_available())
+    GTEST_SKIP() << "this build has no emulator (FLASHJIT_WITH_LLVM=OFF)";
+  const auto &[how, c] = GetParam();
+  test::SeqInputs in = test::make_seq_inputs(c, 41);
+  const AttentionSpec &spec = in.spec;
+  HostTensors &t = in.tensors;
+  make_random_grad(spec, t, 42);
+  Options options;
+  options.compiler = "none";
+  options.rules = how.rules;
+  options.cpu_threads = 2;
+  auto attn = Attention::create(spec, fmt::format("emulator:{}", how.arch), options);
+  ASSERT_TRUE(attn) << attn.status().message();
+  const std::vector<uint16_t> q = bits_of(spec, t.q), k = bits_of(spec, t.k),
+                              v = bits_of(spec, t.v), dout = bits_of(spec, t.dout);
+  std::vector<uint16_t> o(size_t(spec.o_elements()), 0x7fc1), dq(t.q.size(), 0x7fc1),
+      dk(t.k.size(), 0x7fc1), dv(t.v.size(), 0x7fc1);
+  std::vector<float> lse(size_t(spec.lse_elements()), std::nanf(""));
+  AttentionTensors fwd{q.data(), k.data(), v.data(), o.data(), lse.data()};
+  fwd.cu_seqlens_q = t.cu_seqlens_q.data();
+  fwd.cu_seqlens_k = spec.seqs.packed_k ? t.cu_seqlens_k.data() : nullptr;
+  Status s = attn->forward(spec, fwd);
+  ASSERT_TRUE(s) << s.message();
+  BackwardTensors bwd{q.data(),    k.data(),  v.data(),  o.data(), lse.data(),
+                      dout.data(), dq.data(), dk.data(), dv.data()};
+  bwd.cu_seqlens_q = t.cu_seqlens_q.data();
+  bwd.cu_seqlens_k = fwd.cu_seqlens_k;
+  s = attn->backward(spec, bwd);
+  ASSERT_TRUE(s) << s.message();
+  t.dq = floats_of(spec, dq);
+  t.dk = floats_of(spec, dk);
+  t.dv = floats_of(spec, dv);
+  expect_gradients_match(spec, t);
+  // The rows past the last sequence: K and V rows of no sequence have zero
+  // gradients; dQ's are left as they were (the poison).
+  const int64_t used_q = t.cu_seqlens_q.back();
+  const int64_t used_k = spec.seqs.packed_k ? t.cu_seqlens_k.back() : 0;
+  for (int64_t row = used_k; spec.seqs.packed_k && row < spec.seqs.total_k; ++row)
+    for (int64_t h = 0; h < spec.kv_heads; ++h) {
+      for (int64_t d = 0; d < spec.head_dim_qk; ++d)
+        ASSERT_EQ(t.dk[size_t(row * spec.k.seq + h * spec.k.head + d)], 0.0f) << "dk row " << row;
+      for (int64_t d = 0; d < spec.head_dim_v; ++d)
+        ASSERT_EQ(t.dv[size_t(row * spec.v.seq + h * spec.v.head + d)], 0.0f) << "dv row " << row;
+    }
+  for (int64_t row = used_q; row < spec.seqs.total_q; ++row)
+    ASSERT_EQ(dq[size_t(row * spec.q.seq)], 0x7fc1) << "dq row " << row;
+  // Without cu_seqlens the backward is refused by name.
+  bwd.cu_seqlens_q = nullptr;
+  s = attn->backward(spec, bwd);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.message().find("backward: cu_seqlens_q is null"), std::string::npos) << s.message();
+}
+
+const test::SeqCase kVarlenCases[] = {
+    {"varlen_causal_gqa4",
+     8,
+     2,
+     64,
+     64,
+     DType::bf16,
+     true,
+     {-1, -1},
+     true,
+     {37, 0, 1, 70},
+     {37, 0, 1, 70},
+     true,
+     true,
+     false,
+     0},
+    {"varlen_window_mqa_dqk_ne_dv_f16",
+     3,
+     1,
+     40,
+     24,
+     DType::f16,
+     false,
+     {9, 5},
+     true,
+     {20, 33, 5},
+     {50, 17, 64},
+     true,
+     true,
+     false,
+     0},
+    {"varlen_q_dense_k_causal",
+     4,
+     4,
+     32,
+     32,
+     DType::bf16,
+     true,
+     {-1, -1},
+     true,
+     {12, 40},
+     {48, 48},
+     true,
+     false,
+     false,
+     0},
+};
+
+INSTANTIATE_TEST_SUITE_P(Families, BackwardVarlen,
+                         testing::Combine(testing::Values(kLowerings[0], kLowerings[1],
+                                                          kLowerings[2], kLowerings[5]),
+                                          testing::ValuesIn(kVarlenCases)),
                          [](const auto &info) {
                            const Lowering &l = std::get<0>(info.param);
                            return fmt::format("{}{}_{}", l.arch,

@@ -234,6 +234,92 @@ TEST(SplitKvAttention, DecodeSplitsThroughOneAttention) {
       << explain;
 }
 
+/// One forward of `shape` through `attn` on fresh inputs, against the reference.
+void forward_matches(Attention &attn, const AttentionSpec &shape, uint64_t seed) {
+  HostTensors t = make_random_inputs(shape, seed);
+  std::vector<uint16_t> q(t.q.size()), k(t.k.size()), v(t.v.size()), o(t.o.size(), 0x7fff);
+  for (auto [from, to] : {std::pair{&t.q, &q}, std::pair{&t.k, &k}, std::pair{&t.v, &v}})
+    for (size_t i = 0; i < from->size(); ++i)
+      (*to)[i] = uint16_t(to_bits(shape.dtype, (*from)[i]));
+  Status s = attn.forward(shape, q.data(), k.data(), v.data(), o.data(),
+                          shape.lse ? t.lse.data() : nullptr);
+  ASSERT_TRUE(s) << s.message();
+  for (size_t i = 0; i < o.size(); ++i)
+    t.o[i] = from_bits(shape.dtype, o[i]);
+  expect_matches_reference(shape, t);
+}
+
+// One-token decode with GQA runs GQA-packed (ir/spec.h's gqa_packed_decode):
+// the group's query heads are the rows of one KV head's tiles. Groups of 2..32
+// (32: two row tiles of 16), causal (the packed kernels drop it) and not, both
+// layouts, LSE, forced and chosen splits; a window or a second query token runs
+// unpacked through the same Attention.
+TEST(SplitKvAttention, GqaPackedDecodeMatchesTheReference) {
+  struct Packed {
+    const char *arch;
+    int64_t batch, heads, kv_heads, sk, d;
+    DType dtype;
+    Layout layout;
+    bool causal;
+  };
+  for (const Packed &c : {Packed{"gfx1201", 2, 8, 1, 700, 128, bf16, bshd, true},
+                          Packed{"gfx942", 1, 32, 1, 300, 64, f16, bhsd, false},
+                          Packed{"gfx1100", 3, 12, 4, 257, 80, bf16, bshd, true}}) {
+    SCOPED_TRACE(fmt::format("{} {}:{} d={}", c.arch, c.heads, c.kv_heads, c.d));
+    auto shape_of = [&](int64_t sq, int64_t sk, int64_t num_splits) {
+      AttentionSpec s =
+          make_spec(c.batch, c.heads, c.kv_heads, sq, sk, c.d, c.d, c.dtype, c.layout);
+      s.causal = c.causal;
+      s.lse = true;
+      s.num_splits = num_splits;
+      return s;
+    };
+    Options options;
+    options.compiler = "none";
+    options.cpu_threads = 2;
+    auto attn = Attention::create(shape_of(1, c.sk, 0), "emulator:" + std::string(c.arch), options);
+    ASSERT_TRUE(attn) << attn.status().message();
+    forward_matches(*attn, shape_of(1, c.sk, 0), 1); // packed, splits chosen
+    forward_matches(*attn, shape_of(1, c.sk, 5), 2); // packed, 5 splits
+    forward_matches(*attn, shape_of(1, 17, 0), 3);   // packed, one KV block
+    forward_matches(*attn, shape_of(2, c.sk, 3), 4); // two tokens: unpacked
+    const std::string explain = attn->explain();
+    EXPECT_NE(explain.find("4 of those calls ran the split-KV kernels"), std::string::npos)
+        << explain;
+    EXPECT_NE(explain.find("3 of them GQA-packed"), std::string::npos) << explain;
+    if (c.causal)
+      EXPECT_NE(explain.find("causal is a no-op there"), std::string::npos) << explain;
+  }
+}
+
+TEST(SplitKvAttention, GqaPackingKeepsWhatDependsOnTheHead) {
+  AttentionSpec s = make_spec(2, 8, 2, 1, 100, 64, 64, bf16);
+  s.causal = true;
+  auto packed = gqa_packed_decode(s);
+  ASSERT_TRUE(packed);
+  EXPECT_EQ(packed->heads, 2);
+  EXPECT_EQ(packed->seqlen_q, 4);
+  EXPECT_FALSE(packed->causal);
+  // Q's row (b, h = kv * 4 + g, 0) is the packed row (b, kv, g): the same element.
+  for (int64_t h = 0; h < 8; ++h)
+    EXPECT_EQ(h * s.q.head, h / 4 * packed->q.head + h % 4 * packed->q.seq);
+  EXPECT_TRUE(packed->validate()) << packed->validate().message();
+  const auto refused = [&](auto change) {
+    AttentionSpec t = s;
+    change(t);
+    return !gqa_packed_decode(t).has_value();
+  };
+  EXPECT_TRUE(refused([](AttentionSpec &t) { t.seqlen_q = 2; }));
+  EXPECT_TRUE(refused([](AttentionSpec &t) { t.kv_heads = 8; }));
+  EXPECT_TRUE(refused([](AttentionSpec &t) { t.window = {50, -1}; }));
+  EXPECT_TRUE(refused([](AttentionSpec &t) { t.alibi = Alibi::heads; }));
+  EXPECT_TRUE(refused([](AttentionSpec &t) { t.score_mod = "score + h"; }));
+  EXPECT_TRUE(refused([](AttentionSpec &t) { t.mask_mod = "q_idx >= 0"; }));
+  EXPECT_TRUE(refused([](AttentionSpec &t) { t.dropout_p = 0.1; }));
+  EXPECT_TRUE(refused([](AttentionSpec &t) { t.sinks = true; }));
+  EXPECT_FALSE(refused([](AttentionSpec &t) { t.softcap = 30; }));
+}
+
 TEST(SplitKvAttention, TooManySplitsIsRefused) {
   AttentionSpec spec = make_spec(1, 2, 2, 1, 100, 64, 64, bf16);
   spec.num_splits = kMaxSplits + 1;

@@ -272,14 +272,18 @@ typedef struct fj_backward_tensors {
   void *dq, *dk, *dv;
   const float *alibi_slopes; /* as the forward took them when spec.alibi is 1 or 2, else NULL */
   const void *attn_mask;     /* as the forward took it when spec.mask_type is not 0 (no gradient) */
+  /* Varlen: the int32 [batch + 1] arrays the forward took, each exactly when the
+   * spec packs that side (packed_q / packed_k), else NULL; lse is then
+   * [heads, total_q]. Rows past the last sequence: dq not written, dk and dv 0. */
+  const int32_t *cu_seqlens_q, *cu_seqlens_k;
 } fj_backward_tensors;
 
 /* The gradients of out = attention(q, k, v) with respect to q, k and v given
  * dout (FlashAttention-2's backward, deterministic: the same bits run to run),
  * through the score modifiers (softcap, ALiBi, score_mod, mask_mod). `shape` as
  * for fj_attention_forward_tensors (NULL: the handle's spec). Its kernels are
- * built on the first call. Specs with sequences or sinks return
- * FJ_ERROR_UNSUPPORTED naming the feature. */
+ * built on the first call. Varlen specs (packed_q / packed_k) are taken; KV-cache
+ * sequences (used_k, paged) and sinks return FJ_ERROR_UNSUPPORTED naming the feature. */
 FJ_API fj_error fj_attention_backward(fj_attention *attention, const fj_spec *shape,
                                       const fj_backward_tensors *tensors, void *stream);
 

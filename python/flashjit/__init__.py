@@ -9,8 +9,9 @@ causal masks aligned bottom-right when seqlen_q != seqlen_k, GQA/MQA from the he
 counts. flashjit.emit() returns the generated HIP source, flashjit.compile() the
 resource report of its code object. flash_attn_varlen_func and flash_attn_with_kvcache
 are FlashAttention's varlen and KV-cache calls (packed batches, paged caches);
-flash_attn_backward is the backward pass, which flash_attn_func also runs through
-torch's autograd when an input requires grad. scaled_dot_product_attention is
+flash_attn_backward and flash_attn_varlen_backward are the backward pass, which
+flash_attn_func and flash_attn_varlen_func also run through torch's autograd when an
+input requires grad. scaled_dot_product_attention is
 PyTorch's SDPA signature (BHSD, top-left is_causal, attn_mask, dropout). Under
 torch.compile the torch path runs as custom ops (flashjit.torch_ops);
 flashjit.integrations registers flashjit with transformers.
@@ -19,7 +20,7 @@ flashjit.integrations registers flashjit with transformers.
 from .api import FlashJitError, compile, emit, flash_attn_func, version
 from .backward import flash_attn_backward
 from .sdpa import scaled_dot_product_attention
-from .sequences import flash_attn_varlen_func, flash_attn_with_kvcache
+from .sequences import flash_attn_varlen_backward, flash_attn_varlen_func, flash_attn_with_kvcache
 
 import sys as _sys
 
@@ -28,5 +29,6 @@ if "torch" in _sys.modules:  # torch.compile needs the custom ops before it trac
     _torch_ops.ops()
 
 __all__ = ["flash_attn_func", "flash_attn_backward", "flash_attn_varlen_func",
+           "flash_attn_varlen_backward",
            "flash_attn_with_kvcache", "scaled_dot_product_attention", "emit", "compile",
            "version", "FlashJitError"]

@@ -7,8 +7,18 @@ from .api import (_attention, _bf16_bits, _device, _dtype_name, _forward, _int, 
                   _modifiers, _refuse_grad, _scale, _signature, _spec, _strides, _window)
 
 
-def _common(q, k, v, arrays, arch):
-    """kind, dtype, device, stream of the inputs; every array of one kind and device."""
+def _needs_grad(*tensors):
+    """Torch inputs of which one requires grad, with grad mode on."""
+    if not any(getattr(x, "requires_grad", False) for x in tensors):
+        return False
+    import torch
+    return torch.is_grad_enabled()
+
+
+def _common(q, k, v, arrays, arch, what="KV-cache calls", refuse_grad=True):
+    """kind, dtype, device, stream of the inputs; every array of one kind and device.
+    With refuse_grad, torch inputs that require grad in grad mode are refused: the
+    call has no backward (`what` names why)."""
     kinds = {_kind(x) for x in (q, k, v)}
     if len(kinds) != 1:
         raise TypeError(f"flashjit: q, k and v must be of one kind, got {sorted(kinds)}")
@@ -16,9 +26,9 @@ def _common(q, k, v, arrays, arch):
     if kind == "cupy":
         raise TypeError("flashjit: the varlen and KV-cache calls take torch tensors or NumPy "
                         "arrays")
-    if kind == "torch":
+    if kind == "torch" and refuse_grad:
         import torch
-        _refuse_grad((("q", q), ("k", k), ("v", v)), torch.is_grad_enabled)
+        _refuse_grad((("q", q), ("k", k), ("v", v)), torch.is_grad_enabled, what)
     dtypes = {_dtype_name(x, kind) for x in (q, k, v)}
     if None in dtypes or len(dtypes) != 1:
         raise TypeError(f"flashjit: q, k and v must share one dtype, bf16 or f16 (NumPy: "
@@ -86,21 +96,32 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     no key. Keyword-only extras as flash_attn_func's, and seqused_k (int32 [batch]: batch
     b attends to its first seqused_k[b] keys). dropout_p != 0 raises NotImplementedError
     (issue 15). NumPy inputs run on the emulator of `arch`; there every array entry is
-    checked (a bad one is an error naming it)."""
+    checked (a bad one is an error naming it). Torch inputs that require grad (grad mode
+    on) run through autograd: flash_attn_varlen_backward gives dq, dk, dv (not with a
+    block_table, seqused_k or sinks: those raise NotImplementedError)."""
     if dropout_p != 0.0:
         raise NotImplementedError("flashjit: dropout in the varlen and KV-cache calls is not "
-                                  "built yet (issue 15: they have no backward yet): pass "
-                                  "dropout_p=0.0")
+                                  "built yet (issue 15): pass dropout_p=0.0")
     if return_attn_probs and return_lse:
         raise ValueError("flashjit: return_attn_probs and return_lse both ask for the LSE: pass "
                          "one")
+    if _needs_grad(q, k, v) and block_table is None and seqused_k is None and sinks is None:
+        if arch:
+            raise ValueError(f"flashjit: arch={arch!r} applies to NumPy inputs (the emulator)")
+        out, lse = _varlen_function().apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                            max_seqlen_k, softmax_scale, causal, window_size,
+                                            softcap, alibi_slopes, config, score_mod, mask_mod)
+        if return_attn_probs:  # FlashAttention's +inf for a query that sees no key
+            return out, lse.masked_fill(lse == float("-inf"), float("inf")), None
+        return (out, lse) if return_lse else out
     want_lse = bool(return_attn_probs or return_lse)
     window, scale = _window(window_size), _scale(softmax_scale)
     paged = block_table is not None
     kind, dtype, device, stream = _common(q, k, v, {"cu_seqlens_q": cu_seqlens_q,
                                                     "cu_seqlens_k": cu_seqlens_k,
                                                     "block_table": block_table,
-                                                    "seqused_k": seqused_k}, arch)
+                                                    "seqused_k": seqused_k}, arch,
+                                          "a block_table, seqused_k or sinks")
     if len(q.shape) != 3 or len(k.shape) != (4 if paged else 3) or len(v.shape) != len(k.shape):
         raise ValueError(f"flashjit: q must be [total_q, heads, d] and k, v "
                          f"{'[num_blocks, page_size, kv_heads, d] (paged)' if paged else '[total_k, kv_heads, d]'}; "
@@ -174,6 +195,132 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return (out, lse) if return_lse else out
 
 
+def flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,
+                               max_seqlen_q, max_seqlen_k, dropout_p=0.0, softmax_scale=None,
+                               causal=False, window_size=(-1, -1), softcap=0.0,
+                               alibi_slopes=None, deterministic=False, *, arch=None,
+                               config=None, score_mod=None, mask_mod=None):
+    """(dq, dk, dv): the gradients of out = flash_attn_varlen_func(q, k, v, cu_seqlens_q,
+    cu_seqlens_k, ...) given dout [total_q, heads, dv]. out and softmax_lse [heads, total_q]
+    are the forward's (return_attn_probs' +inf or return_lse's -inf for a query that sees no
+    key); the other arguments must be the forward's. Packed q, k and v only (no
+    block_table or seqused_k). dq, dk and dv have the shapes, dtypes and strides of q, k
+    and v; rows past the last sequence (cu_seqlens[-1] onward) get 0 in dk and dv, and in
+    dq when it is allocated here. Deterministic (no atomics)."""
+    if dropout_p != 0.0:
+        raise NotImplementedError("flashjit: dropout in the varlen calls is not built yet "
+                                  "(issue 15): pass dropout_p=0.0")
+    window, scale = _window(window_size), _scale(softmax_scale)
+    kind, dtype, device, stream = _common(dout, q, k, {"v": v, "out": out,
+                                                       "softmax_lse": softmax_lse,
+                                                       "cu_seqlens_q": cu_seqlens_q,
+                                                       "cu_seqlens_k": cu_seqlens_k}, arch,
+                                          refuse_grad=False)
+    if len(q.shape) != 3 or len(k.shape) != 3 or len(v.shape) != 3:
+        raise ValueError(f"flashjit: q must be [total_q, heads, d] and k, v [total_k, kv_heads, "
+                         f"d]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    total_q, hq, d = q.shape
+    total_k, hkv, dv = v.shape
+    if k.shape[:2] != v.shape[:2] or k.shape[2] != d or hkv == 0 or hq % hkv:
+        raise ValueError(f"flashjit: q {tuple(q.shape)}, k {tuple(k.shape)} and v "
+                         f"{tuple(v.shape)} do not fit: head dims of q and k, and k's and v's "
+                         "rows and heads, must agree; heads a multiple of kv_heads")
+    if tuple(out.shape) != (total_q, hq, dv) or tuple(dout.shape) != (total_q, hq, dv):
+        raise ValueError(f"flashjit: out and dout must be [total_q, heads, head_dim_v] = "
+                         f"{(total_q, hq, dv)}, got {tuple(out.shape)} and {tuple(dout.shape)}")
+    if tuple(softmax_lse.shape) != (hq, total_q):
+        raise ValueError(f"flashjit: softmax_lse must be [heads, total_q] = {(hq, total_q)}, got "
+                         f"{tuple(softmax_lse.shape)}")
+    batch = _int("len(cu_seqlens_q) - 1", cu_seqlens_q.shape[0] - 1, 1)
+    max_q = _int("max_seqlen_q", max_seqlen_q, 1)
+    max_k = _int("max_seqlen_k", max_seqlen_k, 1)
+    dev = None if kind == "numpy" else str(q.device)
+    keep, pointers = [], {}
+    for name, a in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        p, held = _int32(a, kind, dev, name, (batch + 1,))
+        pointers[name] = p
+        keep.append(held)
+    if kind == "torch":
+        import torch
+        if out.dtype != q.dtype or dout.dtype != q.dtype:
+            raise TypeError(f"flashjit: out and dout must be {q.dtype} like q, got {out.dtype} "
+                            f"and {dout.dtype}")
+        if softmax_lse.dtype != torch.float32:
+            raise TypeError(f"flashjit: softmax_lse must be float32, got {softmax_lse.dtype}")
+        lse = softmax_lse.contiguous()
+        if dout.stride() != out.stride():  # dO is read with out's strides
+            dout = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype,
+                                       device=out.device).copy_(dout)
+        ins = (q, k, v, out, dout)
+        # Zeros: rows past the last sequence belong to none and stay 0 in dq.
+        bufs = [torch.zeros_like(q), torch.empty_like(k), torch.empty_like(v)]
+    else:
+        import numpy as np
+        lse = np.ascontiguousarray(softmax_lse, dtype=np.float32)
+        ins = tuple(_bits(np.ascontiguousarray(x), kind, dtype) for x in (q, k, v, out, dout))
+        bufs = [np.zeros(x.shape, dtype=x.dtype) for x in ins[:3]]
+    st = [_strides(x, kind) for x in ins[:4]]
+    packed = lambda s: (0, s[0], s[1], s[2])  # noqa: E731  (batch, seq, head, dim)
+    strides = [packed(x) for x in st]
+    spec = _spec(batch, max_q, max_k, hq, hkv, d, dv, dtype, scale, causal, window, True, strides)
+    spec.packed_q, spec.total_q = 1, total_q
+    spec.packed_k, spec.total_k = 1, total_k
+    mods, slopes, _, held = _modifiers(spec, kind, dev, batch, hq, softcap, alibi_slopes,
+                                       score_mod, mask_mod, None)
+    keep += held
+    # One handle with the forward's: the signature of a varlen forward that returned the LSE.
+    signature = _signature(dtype, d, dv, causal, window, True, strides) + mods + (
+        "varlen", False, 1, 0)
+    handle = _attention(signature, spec, device, config, kind)
+    ptr = (lambda x: x.data_ptr()) if kind == "torch" else (lambda x: x.ctypes.data)
+    t = _lib.BackwardTensors(q=ptr(ins[0]), k=ptr(ins[1]), v=ptr(ins[2]), out=ptr(ins[3]),
+                             lse=ptr(lse), dout=ptr(ins[4]), dq=ptr(bufs[0]), dk=ptr(bufs[1]),
+                             dv=ptr(bufs[2]), alibi_slopes=slopes, **pointers)
+    import ctypes
+    _lib.check(_lib.lib.fj_attention_backward(
+        handle, ctypes.byref(spec), ctypes.byref(t), ctypes.c_void_p(stream) if stream else None),
+        "fj_attention_backward")
+    del keep
+    if kind == "numpy" and dtype == "bf16":
+        return tuple((x.astype("uint32") << 16).view("float32") for x in bufs)
+    return tuple(bufs)
+
+
+_VARLEN_FUNCTION = None
+
+
+def _varlen_function():
+    """flash_attn_varlen_func's torch.autograd.Function (made on first use)."""
+    global _VARLEN_FUNCTION
+    if _VARLEN_FUNCTION is None:
+        import torch
+
+        class FlashAttnVarlenFunction(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal,
+                        window_size, softcap, alibi_slopes, config, score_mod, mask_mod):
+                args = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                            softcap=softcap, alibi_slopes=alibi_slopes, config=config,
+                            score_mod=score_mod, mask_mod=mask_mod)
+                out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k,
+                                                  return_lse=True, **args)
+                ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+                ctx.sizes = (max_q, max_k)
+                ctx.args = args
+                ctx.mark_non_differentiable(lse)
+                return out, lse
+
+            @staticmethod
+            def backward(ctx, dout, _dlse):
+                q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+                dq, dk, dv = flash_attn_varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k,
+                                                        *ctx.sizes, **ctx.args)
+                return (dq, dk, dv) + (None,) * 12
+
+        _VARLEN_FUNCTION = FlashAttnVarlenFunction
+    return _VARLEN_FUNCTION
+
+
 def _rotary(x, cos, sin, positions, interleaved, kind):
     """x [B, S, H, D] rotated in its first 2 * cos.shape[1] dims at positions [B, S]."""
     rd = 2 * cos.shape[1]
@@ -220,10 +367,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     causal or local, else at cache_seqlens. The append and rotary run as torch / NumPy
     operations before the kernel (not fused yet). Split-KV (num_splits) applies. Returns
     out, and softmax_lse [batch, heads, seqlen_q] with return_softmax_lse. cache_leftpad
-    raises NotImplementedError (not built yet)."""
-    if cache_leftpad is not None:
-        raise NotImplementedError("flashjit: cache_leftpad is not implemented yet (issue 13): "
-                                  "pass None")
+    (int32 [batch]) is where each sequence's keys start in its cache row: batch b attends
+    to rows cache_leftpad[b] .. cache_seqlens[b] + seqlen_new - 1 (causal and windows
+    aligned to the last of them; rotary positions stay the cache rows); not with a
+    block_table (FlashAttention refuses the pair too)."""
+    if cache_leftpad is not None and block_table is not None:
+        raise NotImplementedError("flashjit: cache_leftpad with a block_table is not supported "
+                                  "(FlashAttention refuses the pair too): pass one of them")
     if (k is None) != (v is None):
         raise ValueError("flashjit: k and v are appended together: pass both or neither")
     if cache_batch_idx is not None and block_table is not None:
@@ -296,11 +446,38 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             k_cache[b_idx, pos] = k
             v_cache[b_idx, pos] = v
     used = (seqlens + new).astype(xp.int32) if kind == "numpy" else (seqlens + new).to(xp.int32)
+    page_rows = rows  # rows per page of the table below (a cache row per page when dense)
+    if cache_leftpad is not None:
+        # Keys from cache_leftpad[b] on: a table of one-row pages (row leftpad[b] + j of
+        # batch b's cache row), whose per-batch count is used - leftpad.
+        _int32(cache_leftpad, kind, dev, "cache_leftpad", (batch,))
+        if kind == "numpy":
+            import numpy as np
+            if np.any(cache_leftpad < 0) or np.any(cache_leftpad > used):
+                raise ValueError(f"flashjit: cache_leftpad must be within 0 .. cache_seqlens + "
+                                 f"the new keys ({used}) per sequence, got {cache_leftpad}")
+        k_st = _strides(k_cache, kind)
+        v_st = _strides(v_cache, kind)
+        if k_st[0] != rows * k_st[1] or v_st[0] != rows * v_st[1]:
+            raise ValueError("flashjit: cache_leftpad needs caches whose batch stride is rows x "
+                             "the row stride (e.g. contiguous [batch, rows, kv_heads, d]); pass "
+                             "k_cache.contiguous() / v_cache.contiguous()")
+        base = table.reshape(batch) if table is not None else \
+            (xp.arange(batch, device=q.device) if kind == "torch" else xp.arange(batch))
+        span = xp.arange(rows, device=q.device) if kind == "torch" else xp.arange(rows)
+        lead = cache_leftpad.reshape(batch, 1)
+        table = base.reshape(batch, 1) * rows + lead + span.reshape(1, rows)
+        table = table.to(xp.int32) if kind == "torch" else table.astype(xp.int32)
+        used = used - cache_leftpad
+        used = used.to(xp.int32) if kind == "torch" else used.astype(xp.int32)
+        page_rows = 1
 
     want_lse = bool(return_softmax_lse)
     ins = tuple(_bits(x, kind, dtype) for x in (q, k_cache, v_cache))
     out, lse = _outputs(kind, dtype, (batch, sq, hq, dv), (batch, hq, sq), q, want_lse)
     strides = [_strides(x, kind) for x in ins] + [_strides(out, kind)]
+    if page_rows == 1:  # pages of one cache row: the page stride is the row stride
+        strides[1:3] = [(st[1], st[1], st[2], st[3]) for st in strides[1:3]]
     spec = _spec(batch, sq, capacity, hq, hkv, d, dv, dtype, _scale(softmax_scale), causal,
                  window, want_lse, strides)
     spec.used_k = 1
@@ -310,14 +487,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if table is not None:
         table = table.contiguous() if kind == "torch" else xp.ascontiguousarray(table)
         keep.append(table)
-        spec.page_size, spec.num_pages, spec.pages_per_seq = rows, k_cache.shape[0], \
-            table.shape[1]
+        spec.page_size, spec.num_pages, spec.pages_per_seq = page_rows, \
+            k_cache.shape[0] * rows // page_rows, table.shape[1]
         pointers["block_table"] = _int32(table, kind, dev, "block_table", tuple(table.shape))[0]
     mods, slopes, sink_ptr, held = _modifiers(spec, kind, dev, batch, hq, softcap, alibi_slopes,
                                               score_mod, mask_mod, sinks)
     keep += held
     signature = _signature(dtype, d, dv, causal, window, want_lse, strides) + mods + (
-        "kvcache", table is not None)
+        "kvcache", table is not None, page_rows == 1)
     handle = _attention(signature, spec, device, config, kind)
     _forward(handle, spec, kind, stream, *ins, out, lse, alibi_slopes=slopes, sinks=sink_ptr,
              **pointers)

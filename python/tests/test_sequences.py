@@ -160,3 +160,82 @@ def test_block_table_entry_outside_the_cache_is_refused():
     with pytest.raises(flashjit.FlashJitError, match=r"block_table\[1\]\[0\] is 9"):
         flashjit.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=np.array([3, 5], np.int32),
                                          block_table=table, arch="gfx1201")
+
+
+@pytest.mark.parametrize("lens_q,lens_k,causal,window,dtype,hq,hkv,d,dv", [
+    ([5, 0, 37, 1], [5, 0, 37, 1], True, (-1, -1), "bf16", 4, 2, 64, 64),
+    ([3, 24, 9], [40, 7, 30], False, (10, 3), "f16", 3, 1, 40, 24),
+])
+def test_varlen_gradients_match_each_sequence(lens_q, lens_k, causal, window, dtype, hq, hkv,
+                                              d, dv):
+    """flash_attn_varlen_backward: each sequence's rows of dq, dk and dv against the float64
+    gradients of that sequence alone (reference.attention_grads); rows past the last
+    sequence get 0. Tolerance as test_backward.py: relative L2 2e-2 (bf16) / 1e-2 (f16),
+    every element within 4e-2 / 2e-2 of the largest reference magnitude."""
+    from reference import attention_grads
+    from test_backward import check
+    rng = np.random.default_rng(3 + sum(lens_k))
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    spare = 2  # rows past the last sequence
+    q = make(rng, (cu_q[-1] + spare, hq, d), dtype)
+    k = make(rng, (cu_k[-1] + spare, hkv, d), dtype)
+    v = make(rng, (cu_k[-1] + spare, hkv, dv), dtype)
+    dout = make(rng, (cu_q[-1] + spare, hq, dv), dtype)
+    out, lse, _ = flashjit.flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal, window_size=window,
+        return_attn_probs=True, arch="gfx1201")
+    dq, dk, dv_ = flashjit.flash_attn_varlen_backward(
+        dout, q, k, v, out, lse, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
+        window_size=window, arch="gfx1201")
+    assert dq.shape == q.shape and dk.shape == k.shape and dv_.shape == v.shape
+    for b in range(len(lens_q)):
+        qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        if lens_q[b] == 0 or lens_k[b] == 0:
+            continue
+        want = attention_grads(q[None, qs], k[None, ks], v[None, ks], dout[None, qs],
+                               causal=causal, window_size=window)
+        for name, got, ref in zip(("dq", "dk", "dv"), (dq[qs], dk[ks], dv_[ks]), want):
+            check(f"{name} of sequence {b}", got, ref[0], dtype)
+    assert not np.any(dk[cu_k[-1]:]) and not np.any(dv_[cu_k[-1]:])
+    assert not np.any(dq[cu_q[-1]:])
+
+
+@pytest.mark.parametrize("append,batch_idx,causal,splits", [
+    (False, False, True, 0), (True, False, True, 3), (True, True, False, 1)])
+def test_kvcache_leftpad_starts_each_sequence_late(append, batch_idx, causal, splits):
+    """cache_leftpad: batch b attends to its cache rows leftpad[b] .. cache_seqlens[b] + new
+    - 1, as FlashAttention's test builds its key padding mask; each against the reference
+    on those rows alone."""
+    rng = np.random.default_rng(21)
+    batch, sq, hq, hkv, d, cap = 3, 2, 4, 2, 32, 96
+    new = 2 if append else 0
+    seqlens = np.array([40, 9, 90], dtype=np.int32)
+    leftpad = np.array([13, 0, 89], dtype=np.int32)
+    rows = 5 if batch_idx else batch
+    kc, vc = make(rng, (rows, cap, hkv, d), "f16"), make(rng, (rows, cap, hkv, d), "f16")
+    idx = np.array([3, 0, 4], dtype=np.int32) if batch_idx else None
+    q = make(rng, (batch, sq, hq, d), "f16")
+    k = make(rng, (batch, new, hkv, d), "f16") if append else None
+    v = make(rng, (batch, new, hkv, d), "f16") if append else None
+    out = flashjit.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=seqlens,
+                                           cache_batch_idx=idx, cache_leftpad=leftpad,
+                                           causal=causal, num_splits=splits, arch="gfx1201")
+    for b in range(batch):
+        r = idx[b] if batch_idx else b
+        lo, hi = leftpad[b], seqlens[b] + new
+        ref, _ = attention(q[b:b + 1], kc[r:r + 1, lo:hi], vc[r:r + 1, lo:hi], causal=causal)
+        assert np.abs(out[b].astype(np.float64) - ref[0]).max() <= TOL["f16"], b
+
+
+def test_kvcache_leftpad_is_checked():
+    rng = np.random.default_rng(22)
+    kc = make(rng, (2, 16, 1, 32), "f16")
+    q = make(rng, (2, 1, 1, 32), "f16")
+    with pytest.raises(ValueError, match="cache_leftpad must be within"):
+        flashjit.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=np.array([4, 4], np.int32),
+                                         cache_leftpad=np.array([0, 5], np.int32),
+                                         arch="gfx1201")
+    with pytest.raises(NotImplementedError, match="cache_leftpad with a block_table"):
+        flashjit.flash_attn_with_kvcache(q, kc, kc, cache_leftpad=np.array([0, 0], np.int32),
+                                         block_table=np.zeros((2, 1), np.int32), arch="gfx1201")

@@ -1,7 +1,7 @@
 """Gradients through flash_attn_func (issue 15): torch inputs that require grad get
 dq, dk, dv from flashjit's backward on CUDA, compared with float64 analytic gradients;
-what the backward does not take yet (sinks, and every varlen / KV-cache call) is
-refused by name rather than returning an output detached from autograd; softcap and
+what the backward does not take yet (sinks, KV-cache calls: seqused_k, block tables) is
+refused by name; varlen calls get their gradients per sequence rather than returning an output detached from autograd; softcap and
 ALiBi are differentiated through. Needs torch; the refusals run on the CPU too (they come before
 the device check).
 
@@ -35,11 +35,49 @@ def test_issue15_what_the_backward_does_not_take_is_refused_in_grad_mode():
             flashjit.flash_attn_func(q, k, v, sinks=sinks)
 
 
-def test_issue15_varlen_inputs_requiring_grad_are_refused():
+def test_issue15_kvcache_sequences_requiring_grad_are_refused():
     q = (torch.rand(16, 2, 32) * 2 - 1).to(DEVICE, torch.float16).requires_grad_()
     cu = torch.tensor([0, 16], dtype=torch.int32, device=DEVICE)
-    with pytest.raises(NotImplementedError, match=r"require grad .*does not take varlen"):
-        flashjit.flash_attn_varlen_func(q, q, q, cu, cu, 16, 16)
+    used = torch.tensor([9], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(NotImplementedError,
+                       match=r"require grad .*does not take a block_table, seqused_k or sinks"):
+        flashjit.flash_attn_varlen_func(q, q, q, cu, cu, 16, 16, seqused_k=used)
+    kv = (torch.rand(1, 16, 2, 32) * 2 - 1).to(DEVICE, torch.float16)
+    with pytest.raises(NotImplementedError, match=r"require grad .*does not take KV-cache calls"):
+        flashjit.flash_attn_with_kvcache(q[None], kv, kv)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_varlen_gradients_match_each_sequence_on_cuda(dtype):
+    """flash_attn_varlen_func through autograd: each sequence's rows of q.grad, k.grad and
+    v.grad against that sequence alone (the tolerance above)."""
+    torch.manual_seed(5)
+    lens_q, lens_k = [1, 130, 0, 77], [64, 130, 5, 200]
+    cu_q = torch.tensor([0, 1, 131, 131, 208], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 64, 194, 199, 399], dtype=torch.int32, device="cuda")
+    q = (torch.rand(208, 8, 64, device="cuda") * 2 - 1).to(dtype).requires_grad_()
+    k = (torch.rand(399, 2, 64, device="cuda") * 2 - 1).to(dtype).requires_grad_()
+    v = (torch.rand(399, 2, 64, device="cuda") * 2 - 1).to(dtype).requires_grad_()
+    dout = (torch.rand(208, 8, 64, device="cuda") * 2 - 1).to(dtype)
+    out = flashjit.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
+                                          causal=True)
+    out.backward(dout)
+    rel = 2e-2 if dtype == torch.bfloat16 else 1e-2
+    for b in range(4):
+        if not lens_q[b]:
+            assert not k.grad[int(cu_k[b]):int(cu_k[b + 1])].any()  # no query sees these keys
+            continue
+        qs = slice(int(cu_q[b]), int(cu_q[b + 1]))
+        ks = slice(int(cu_k[b]), int(cu_k[b + 1]))
+        args = (q[qs][None], k[ks][None], v[ks][None], dout[qs][None], True, (-1, -1))
+        truth, low = reference_grads(*args, torch.float64), reference_grads(*args, dtype)
+        for name, got, t, lo in zip("qkv", (q.grad[qs], k.grad[ks], v.grad[ks]), truth, low):
+            got, t, lo = got.double(), t[0], lo[0]
+            err = ((got - t).norm() / t.norm()).item()
+            base = ((lo - t).norm() / t.norm()).item()
+            assert err <= rel, f"sequence {b}: d{name} relative error {err:.3g} > {rel}"
+            assert err <= 3 * base + 1e-3, f"sequence {b}: d{name} {err:.3g} vs {base:.3g}"
 
 
 def reference_grads(q, k, v, dout, causal, window, dtype, softcap=0.0, alibi_slopes=None):
