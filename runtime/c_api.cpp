@@ -65,6 +65,28 @@ fj_error null_argument(const char *function, const char *name) {
   return fail(FJ_ERROR_INVALID_ARGUMENT, fmt::format("{}: {} is NULL", function, name));
 }
 
+/// A caller's struct is one this library can read (include/flashjit/flashjit.h,
+/// FJ_ABI_VERSION): its struct_size set by an init function and no larger than
+/// the library's own. ABI 1 is the first layout, so every smaller size is one
+/// no init function ever wrote.
+template <typename T> fj_error check_size(const char *function, const char *type, const T *in) {
+  if (in->struct_size == sizeof(T))
+    return FJ_OK;
+  if (in->struct_size > sizeof(T))
+    return fail(FJ_ERROR_INVALID_ARGUMENT,
+                fmt::format("{}: {}.struct_size is {}, larger than this library's {} (flashjit "
+                            "{}, ABI {}): the caller was built against a newer flashjit.h; load "
+                            "the library of that version",
+                            function, type, in->struct_size, sizeof(T), flashjit::version(),
+                            FJ_ABI_VERSION));
+  return fail(FJ_ERROR_INVALID_ARGUMENT,
+              fmt::format("{}: {}.struct_size is {}, not sizeof({}) = {}: initialize the struct "
+                          "with its init function ({}), which sets it, then change fields",
+                          function, type, in->struct_size, type, sizeof(T),
+                          std::string_view(type) == "fj_spec" ? "fj_spec_init or fj_spec_init_bshd"
+                                                              : fmt::format("{}_init", type)));
+}
+
 fj_error to_dtype(int32_t value, flashjit::DType *out) {
   switch (value) {
   case FJ_DTYPE_BF16:
@@ -132,6 +154,7 @@ flashjit::Strides to_strides(const fj_strides &s) { return {s.batch, s.head, s.s
 /// Every field but the expression texts (score_mod, mask_mod), which stay the
 /// caller's pointers (fj_spec_set_layout keeps them; fresh specs set them NULL).
 void from_spec(const flashjit::AttentionSpec &s, fj_spec *out) {
+  out->struct_size = sizeof(fj_spec);
   out->batch = s.batch;
   out->heads = s.heads;
   out->kv_heads = s.kv_heads;
@@ -172,7 +195,9 @@ void from_spec(const flashjit::AttentionSpec &s, fj_spec *out) {
   out->o = from_strides(s.o);
 }
 
-fj_error to_spec(const fj_spec *in, flashjit::AttentionSpec *out) {
+fj_error to_spec(const char *function, const fj_spec *in, flashjit::AttentionSpec *out) {
+  if (fj_error e = check_size(function, "fj_spec", in); e != FJ_OK)
+    return e;
   if (fj_error e = to_dtype(in->dtype, &out->dtype); e != FJ_OK)
     return e;
   if (fj_error e = to_layout(in->layout, &out->layout); e != FJ_OK)
@@ -241,6 +266,8 @@ fj_error init_dense(const char *function, fj_spec *spec, int64_t batch, int64_t 
 }
 
 fj_error to_options(const fj_options *in, flashjit::Options *out) {
+  if (fj_error e = check_size("fj_attention_create_ex", "fj_options", in); e != FJ_OK)
+    return e;
   if (in->compiler != nullptr)
     out->compiler = in->compiler;
   if (in->rules != nullptr)
@@ -312,6 +339,8 @@ const char *fj_error_name(fj_error error) {
 
 const char *fj_version(void) { return flashjit::version().data(); }
 
+int fj_abi_version(void) { return FJ_ABI_VERSION; }
+
 void fj_free(void *pointer) { std::free(pointer); }
 
 void fj_spec_init(fj_spec *spec) {
@@ -349,7 +378,7 @@ fj_error fj_spec_set_layout(fj_spec *spec, fj_layout layout) {
     flashjit::Layout l;
     if (fj_error e = to_layout(layout, &l); e != FJ_OK)
       return e;
-    if (fj_error e = to_spec(spec, &s); e != FJ_OK)
+    if (fj_error e = to_spec("fj_spec_set_layout", spec, &s); e != FJ_OK)
       return e;
     s.set_layout(l);
     from_spec(s, spec);
@@ -362,7 +391,7 @@ fj_error fj_spec_validate(const fj_spec *spec) {
     if (spec == nullptr)
       return null_argument("fj_spec_validate", "spec");
     flashjit::AttentionSpec s;
-    if (fj_error e = to_spec(spec, &s); e != FJ_OK)
+    if (fj_error e = to_spec("fj_spec_validate", spec, &s); e != FJ_OK)
       return e;
     if (Status st = s.validate(); !st)
       return fail(FJ_ERROR_INVALID_SPEC, st.message());
@@ -377,7 +406,7 @@ fj_error fj_spec_signature(const fj_spec *spec, char *out, size_t size) {
     if (out == nullptr)
       return null_argument("fj_spec_signature", "out");
     flashjit::AttentionSpec s;
-    if (fj_error e = to_spec(spec, &s); e != FJ_OK)
+    if (fj_error e = to_spec("fj_spec_signature", spec, &s); e != FJ_OK)
       return e;
     if (Status st = s.validate(); !st)
       return fail(FJ_ERROR_INVALID_SPEC, st.message());
@@ -415,12 +444,27 @@ void fj_options_init(fj_options *options) {
     return;
   const flashjit::Options defaults;
   *options = fj_options{};
+  options->struct_size = sizeof(fj_options);
   options->compiler = nullptr;
   options->rules = nullptr;
   options->allow_fallback = defaults.allow_fallback;
   options->synchronize = defaults.synchronize;
   options->opt_level = defaults.opt_level;
   options->cpu_threads = defaults.cpu_threads;
+}
+
+void fj_tensors_init(fj_tensors *tensors) {
+  if (tensors == nullptr)
+    return;
+  *tensors = fj_tensors{};
+  tensors->struct_size = sizeof(fj_tensors);
+}
+
+void fj_backward_tensors_init(fj_backward_tensors *tensors) {
+  if (tensors == nullptr)
+    return;
+  *tensors = fj_backward_tensors{};
+  tensors->struct_size = sizeof(fj_backward_tensors);
 }
 
 fj_error fj_attention_create_ex(const fj_spec *spec, const char *device, const fj_options *options,
@@ -435,7 +479,7 @@ fj_error fj_attention_create_ex(const fj_spec *spec, const char *device, const f
     if (device == nullptr)
       return null_argument(fn, "device");
     flashjit::AttentionSpec s;
-    if (fj_error e = to_spec(spec, &s); e != FJ_OK)
+    if (fj_error e = to_spec("fj_attention_create", spec, &s); e != FJ_OK)
       return e;
     flashjit::Options o;
     if (options != nullptr)
@@ -480,7 +524,7 @@ fj_error fj_attention_forward_shape(fj_attention *attention, const fj_spec *shap
     if (shape == nullptr)
       return null_argument("fj_attention_forward_shape", "shape");
     flashjit::AttentionSpec s;
-    if (fj_error e = to_spec(shape, &s); e != FJ_OK)
+    if (fj_error e = to_spec("fj_attention_forward_shape", shape, &s); e != FJ_OK)
       return e;
     Failure failure = Failure::none;
     Status status = flashjit::detail::AttentionAccess::forward(
@@ -496,9 +540,11 @@ fj_error fj_attention_forward_tensors(fj_attention *attention, const fj_spec *sh
       return null_argument("fj_attention_forward_tensors", "attention");
     if (tensors == nullptr)
       return null_argument("fj_attention_forward_tensors", "tensors");
+    if (fj_error e = check_size("fj_attention_forward_tensors", "fj_tensors", tensors); e != FJ_OK)
+      return e;
     flashjit::AttentionSpec s = attention->attention.spec();
     if (shape != nullptr)
-      if (fj_error e = to_spec(shape, &s); e != FJ_OK)
+      if (fj_error e = to_spec("fj_attention_forward_tensors", shape, &s); e != FJ_OK)
         return e;
     flashjit::AttentionTensors t{tensors->q,   tensors->k,   tensors->v,
                                  tensors->out, tensors->lse, tensors->cu_seqlens_q};
@@ -522,9 +568,12 @@ fj_error fj_attention_backward(fj_attention *attention, const fj_spec *shape,
       return null_argument("fj_attention_backward", "attention");
     if (tensors == nullptr)
       return null_argument("fj_attention_backward", "tensors");
+    if (fj_error e = check_size("fj_attention_backward", "fj_backward_tensors", tensors);
+        e != FJ_OK)
+      return e;
     flashjit::AttentionSpec s = attention->attention.spec();
     if (shape != nullptr)
-      if (fj_error e = to_spec(shape, &s); e != FJ_OK)
+      if (fj_error e = to_spec("fj_attention_backward", shape, &s); e != FJ_OK)
         return e;
     const flashjit::BackwardTensors t{tensors->q,           tensors->k,
                                       tensors->v,           tensors->out,
@@ -572,7 +621,7 @@ fj_error fj_emit(const fj_spec *spec, const char *arch, char **source) {
     if (arch == nullptr)
       return null_argument("fj_emit", "arch");
     flashjit::AttentionSpec s;
-    if (fj_error e = to_spec(spec, &s); e != FJ_OK)
+    if (fj_error e = to_spec("fj_emit", spec, &s); e != FJ_OK)
       return e;
     Failure failure = Failure::none;
     auto text = flashjit::detail::AttentionAccess::emit_source(s, arch, {}, &failure);
@@ -593,7 +642,7 @@ fj_error fj_compile_report(const fj_spec *spec, const char *arch, const char *co
     if (arch == nullptr)
       return null_argument("fj_compile_report", "arch");
     flashjit::AttentionSpec s;
-    if (fj_error e = to_spec(spec, &s); e != FJ_OK)
+    if (fj_error e = to_spec("fj_compile_report", spec, &s); e != FJ_OK)
       return e;
     flashjit::Options o;
     if (compiler != nullptr)

@@ -220,6 +220,42 @@ static void test_errors(void) {
   fj_attention_destroy(NULL);
   fj_free(NULL);
 
+  /* The versioned structs: a struct_size no init function wrote, or one from a
+   * newer header, is refused by name; the init functions set it. */
+  CHECK(fj_abi_version() == FJ_ABI_VERSION);
+  {
+    char version[32];
+    snprintf(version, sizeof version, "%d.%d.%d", FJ_VERSION_MAJOR, FJ_VERSION_MINOR,
+             FJ_VERSION_PATCH);
+    CHECK(strcmp(fj_version(), version) == 0);
+  }
+  fj_spec_init_bshd(&spec, 1, 2, 2, 16, 16, 64, 64, FJ_DTYPE_BF16);
+  CHECK(spec.struct_size == sizeof(fj_spec));
+  spec.struct_size = 0;
+  CHECK_ERROR(fj_spec_validate(&spec), FJ_ERROR_INVALID_ARGUMENT,
+              "fj_spec_validate: fj_spec.struct_size is 0, not sizeof(fj_spec)");
+  CHECK_ERROR(fj_attention_create(&spec, "emulator:gfx1201", NULL, &attn),
+              FJ_ERROR_INVALID_ARGUMENT, "initialize the struct with its init function");
+  spec.struct_size = sizeof(fj_spec) + 8;
+  CHECK_ERROR(fj_spec_validate(&spec), FJ_ERROR_INVALID_ARGUMENT, "built against a newer");
+  fj_spec_init(&spec);
+  CHECK(fj_spec_validate(&spec) == FJ_OK);
+  {
+    fj_options options;
+    fj_tensors tensors;
+    fj_backward_tensors backward;
+    fj_options_init(&options);
+    fj_tensors_init(&tensors);
+    fj_backward_tensors_init(&backward);
+    CHECK(options.struct_size == sizeof options && tensors.struct_size == sizeof tensors &&
+          backward.struct_size == sizeof backward);
+    CHECK(tensors.q == NULL && tensors.attn_mask == NULL && backward.cu_seqlens_k == NULL);
+    options.struct_size = 4;
+    CHECK_ERROR(fj_attention_create_ex(&spec, "emulator:gfx1201", &options, &attn),
+                FJ_ERROR_INVALID_ARGUMENT, "fj_options.struct_size is 4");
+    CHECK(attn == NULL);
+  }
+
   /* No GPU libraries on a CPU-only machine: the error names the paths tried. */
   if (fj_attention_create(&spec, "hip:0", NULL, &attn) != FJ_OK) {
     CHECK(strstr(fj_last_error(), "hip:0") != NULL);
@@ -368,7 +404,7 @@ static void test_varlen(void) {
   if (fj_attention_create(&spec, "emulator:gfx1100", "auto", &attn) != FJ_OK) {
     CHECK(!"fj_attention_create of a varlen spec on emulator:gfx1100");
   } else {
-    memset(&t, 0, sizeof t);
+    fj_tensors_init(&t);
     t.q = q;
     t.k = k;
     t.v = v;

@@ -67,8 +67,27 @@ typedef FJ_ENUM(fj_error) {
 FJ_API const char *fj_last_error(void);
 /* "FJ_OK", "FJ_ERROR_INVALID_SPEC", ... */
 FJ_API const char *fj_error_name(fj_error error);
+/* ---- versions --------------------------------------------------------- */
+
+/* The version of this header. fj_version() is the loaded library's. */
+#define FJ_VERSION_MAJOR 0
+#define FJ_VERSION_MINOR 1
+#define FJ_VERSION_PATCH 0
+/* The layout of the structs a caller fills (fj_spec, fj_options, fj_tensors,
+ * fj_backward_tensors). Each starts with `struct_size`, which its init function
+ * (fj_spec_init*, fj_options_init, fj_tensors_init, fj_backward_tensors_init)
+ * sets to the sizeof of the header the caller was built with: the library knows
+ * which fields a caller has from it. Structs only grow at their end, and a
+ * library reads the fields an older caller lacks as their defaults; a struct
+ * larger than the library knows (a caller built against a newer header) or a
+ * struct_size of 0 (a struct that no init function set) is refused with
+ * FJ_ERROR_INVALID_ARGUMENT naming the struct and the fix. */
+#define FJ_ABI_VERSION 1
+
 /* The library version, e.g. "0.1.0". */
 FJ_API const char *fj_version(void);
+/* The library's FJ_ABI_VERSION. */
+FJ_API int fj_abi_version(void);
 /* Releases a string that flashjit malloc'd for the caller. NULL is ignored. */
 FJ_API void fj_free(void *pointer);
 
@@ -100,8 +119,9 @@ typedef struct fj_strides {
 } fj_strides;
 
 /* Every field of flashjit::AttentionSpec. Initialize with fj_spec_init or one
- * of the fj_spec_init_* helpers, then change fields. */
+ * of the fj_spec_init_* helpers (they set struct_size), then change fields. */
 typedef struct fj_spec {
+  uint32_t struct_size; /* sizeof(fj_spec), set by the init functions (FJ_ABI_VERSION) */
   int64_t batch;
   int64_t heads;    /* query heads */
   int64_t kv_heads; /* key/value heads; heads % kv_heads == 0 (GQA/MQA) */
@@ -198,6 +218,7 @@ typedef struct fj_attention fj_attention;
 
 /* Options of fj_attention_create_ex; fj_options_init sets the defaults. */
 typedef struct fj_options {
+  uint32_t struct_size;   /* sizeof(fj_options), set by fj_options_init */
   const char *compiler;   /* "auto" (NULL means auto), "llvm", "hiprtc", "nvrtc"; "none" on the
                              emulator: run the kernel text without compiling a code object */
   const char *rules;      /* lowering rules: "auto" (NULL means auto), "matrix" or "simt" */
@@ -247,6 +268,7 @@ FJ_API fj_error fj_attention_forward_shape(fj_attention *attention, const fj_spe
  * the tensors); host memory on the emulator, where each entry is checked and a
  * bad one is an FJ_ERROR_INVALID_ARGUMENT naming it. */
 typedef struct fj_tensors {
+  uint32_t struct_size; /* sizeof(fj_tensors), set by fj_tensors_init */
   const void *q, *k, *v;
   void *out;
   float *lse;
@@ -255,6 +277,9 @@ typedef struct fj_tensors {
   const float *sinks;        /* f32 [heads] when spec.sinks is 1 */
   const void *attn_mask;     /* the mask tensor when spec.mask_type is not 0 */
 } fj_tensors;
+
+/* Every pointer NULL, struct_size set. */
+FJ_API void fj_tensors_init(fj_tensors *tensors);
 
 /* The general call: the shapes of `shape` (NULL: the handle's spec) over
  * `tensors`; otherwise as fj_attention_forward_shape. */
@@ -266,6 +291,7 @@ FJ_API fj_error fj_attention_forward_tensors(fj_attention *attention, const fj_s
  * forward wrote it with spec.lse = 1), dout (the gradient of out, laid out as
  * out) and the gradients to write: dq as q, dk as k, dv as v. */
 typedef struct fj_backward_tensors {
+  uint32_t struct_size; /* sizeof(fj_backward_tensors), set by fj_backward_tensors_init */
   const void *q, *k, *v, *out;
   const float *lse;
   const void *dout;
@@ -277,6 +303,9 @@ typedef struct fj_backward_tensors {
    * [heads, total_q]. Rows past the last sequence: dq not written, dk and dv 0. */
   const int32_t *cu_seqlens_q, *cu_seqlens_k;
 } fj_backward_tensors;
+
+/* Every pointer NULL, struct_size set. */
+FJ_API void fj_backward_tensors_init(fj_backward_tensors *tensors);
 
 /* The gradients of out = attention(q, k, v) with respect to q, k and v given
  * dout (FlashAttention-2's backward, deterministic: the same bits run to run),

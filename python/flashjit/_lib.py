@@ -16,6 +16,7 @@ _ERROR_NAMES = {
 }
 DTYPE_BF16, DTYPE_F16 = 0, 1
 LAYOUT_BSHD = 0
+ABI_VERSION = 1  # FJ_ABI_VERSION of the flashjit.h these structs mirror
 
 
 class Strides(ctypes.Structure):
@@ -23,8 +24,17 @@ class Strides(ctypes.Structure):
                 ("seq", ctypes.c_int64), ("dim", ctypes.c_int64)]
 
 
-class Spec(ctypes.Structure):
+class _Sized(ctypes.Structure):
+    """A struct the caller fills: its first field, struct_size, is its sizeof, which the
+    library checks (flashjit.h, FJ_ABI_VERSION)."""
+
+    def __init__(self, **fields):
+        super().__init__(struct_size=ctypes.sizeof(type(self)), **fields)
+
+
+class Spec(_Sized):
     _fields_ = [
+        ("struct_size", ctypes.c_uint32),
         ("batch", ctypes.c_int64), ("heads", ctypes.c_int64), ("kv_heads", ctypes.c_int64),
         ("seqlen_q", ctypes.c_int64), ("seqlen_k", ctypes.c_int64),
         ("head_dim_qk", ctypes.c_int64), ("head_dim_v", ctypes.c_int64),
@@ -52,9 +62,10 @@ class Spec(ctypes.Structure):
     ]
 
 
-class Tensors(ctypes.Structure):
+class Tensors(_Sized):
     """fj_tensors: the buffers of fj_attention_forward_tensors."""
     _fields_ = [
+        ("struct_size", ctypes.c_uint32),
         ("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
         ("out", ctypes.c_void_p), ("lse", ctypes.c_void_p),
         ("cu_seqlens_q", ctypes.c_void_p), ("cu_seqlens_k", ctypes.c_void_p),
@@ -64,9 +75,10 @@ class Tensors(ctypes.Structure):
     ]
 
 
-class BackwardTensors(ctypes.Structure):
+class BackwardTensors(_Sized):
     """fj_backward_tensors: the buffers of fj_attention_backward."""
     _fields_ = [
+        ("struct_size", ctypes.c_uint32),
         ("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
         ("out", ctypes.c_void_p), ("lse", ctypes.c_void_p), ("dout", ctypes.c_void_p),
         ("dq", ctypes.c_void_p), ("dk", ctypes.c_void_p), ("dv", ctypes.c_void_p),
@@ -75,8 +87,9 @@ class BackwardTensors(ctypes.Structure):
     ]
 
 
-class Options(ctypes.Structure):
+class Options(_Sized):
     _fields_ = [
+        ("struct_size", ctypes.c_uint32),
         ("compiler", ctypes.c_char_p), ("rules", ctypes.c_char_p),
         ("allow_fallback", ctypes.c_int32), ("synchronize", ctypes.c_int32),
         ("opt_level", ctypes.c_int32), ("cpu_threads", ctypes.c_int32),
@@ -119,6 +132,14 @@ def _load():
 
 
 lib = _load()
+try:
+    _abi = lib.fj_abi_version()
+except AttributeError:
+    _abi = 0  # a library from before the struct sizes
+if _abi != ABI_VERSION:
+    raise ImportError(f"flashjit: {getattr(lib, '_name', 'libflashjit.so')} has C ABI {_abi}, but "
+                      f"this Python package speaks ABI {ABI_VERSION}: use the package shipped "
+                      "with that library (or point FLASHJIT_LIBRARY at the matching build)")
 _p = ctypes.POINTER
 lib.fj_last_error.restype = ctypes.c_char_p
 lib.fj_version.restype = ctypes.c_char_p
