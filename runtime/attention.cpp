@@ -984,9 +984,10 @@ std::string Attention::explain() const {
                        shown->combine.lowered.kernel_name,
                        shown->partial_code ? ", cache " + shown->partial_code->cache_outcome : "",
                        m.packed_launches.load(),
-                       m.packed_split ? fmt::format(", through {} (causal is a no-op there)",
-                                                    m.packed_split->partial.lowered.kernel_name)
-                                      : ""));
+                       m.split && m.packed_split
+                           ? fmt::format(", through {} (causal is a no-op there)",
+                                         m.packed_split->partial.lowered.kernel_name)
+                           : ""));
     else if (!m.split_failure.empty())
       line("split-kv", "unavailable, calls run unsplit: " + m.split_failure);
     else

@@ -505,5 +505,32 @@ TEST(SpecFlags, RunTakesNumSplits) {
   EXPECT_NE(r.out.find("-> PASS"), std::string::npos) << r.out;
 }
 
+/// `run --device hip:N|cuda:N|emulator:ARCH`: the library's whole path on that
+/// device (here the emulator: the same code as on a GPU but for the copies),
+/// checked against the float64 reference; a GPU library that does not load, an
+/// unknown device and --arch beside a device are errors that say so.
+TEST(Cli, RunOnALibraryDevice) {
+  Ran r = run_tool("", "run --device emulator:gfx1201 --arch gfx1201");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("drop --arch"), std::string::npos) << r.err;
+  r = run_tool("", "run --device tpu:0");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("unknown device 'tpu:0'"), std::string::npos) << r.err;
+  if (!have_llvm())
+    GTEST_SKIP() << "this build has no emulator (FLASHJIT_WITH_LLVM=OFF)";
+  r = run_tool("FLASHJIT_CACHE_DIR=$(mktemp -d)",
+               "run --device emulator:gfx942 --head-dim 80 --heads 8 --kv-heads 2 --seqlen-q 1 "
+               "--seqlen-k 900 --causal --lse --dtype f16");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("device: emulator:gfx942"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("GQA-packed"), std::string::npos) << r.out; // decode went packed
+  EXPECT_NE(r.out.find("-> PASS"), std::string::npos) << r.out;
+  r = run_tool("", "run --device emulator:gfx1100 --head-dim 48 --heads 2 --seqlen-q 70 "
+                   "--seqlen-k 33 --attn-mask bool:bqk --alibi heads --block-n 32");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("block_n=32"), std::string::npos) << r.out; // the config flag reached it
+  EXPECT_NE(r.out.find("-> PASS"), std::string::npos) << r.out;
+}
+
 } // namespace
 } // namespace flashjit::cli

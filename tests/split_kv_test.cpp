@@ -287,7 +287,7 @@ TEST(SplitKvAttention, GqaPackedDecodeMatchesTheReference) {
     EXPECT_NE(explain.find("4 of those calls ran the split-KV kernels"), std::string::npos)
         << explain;
     EXPECT_NE(explain.find("3 of them GQA-packed"), std::string::npos) << explain;
-    if (c.causal)
+    if (c.causal) // the two-token call built the causal pair beside the packed one
       EXPECT_NE(explain.find("causal is a no-op there"), std::string::npos) << explain;
   }
 }

@@ -7,7 +7,9 @@
 #include "ir/reference.h"
 #include "lowering/lower.h"
 #include "runtime/attention.h"
+#include "runtime/device.h"
 #include "runtime/emulator.h"
+#include "runtime/gpu_driver.h"
 #include "runtime/npy.h"
 #include "runtime/pipeline.h"
 #include "tools/cli.h"
@@ -244,6 +246,104 @@ Status save_tensors(const std::string &dir, const AttentionSpec &s, const HostTe
   return Status::ok();
 }
 
+/// `run` on a device of flashjit::Attention (emulator:ARCH, hip:N, cuda:N): the
+/// library's whole path (generate, compile, cache, load, forward, split-KV when
+/// chosen), with the inputs copied to the GPU and the outputs back. Fills t.o and
+/// t.lse; `described` gets the device line of the report.
+Status run_on_device(const std::string &device, const Job &job, bool config_given, HostTensors &t,
+                     std::string *described) {
+  auto info = find_device(device);
+  if (!info)
+    return info.status();
+  const AttentionSpec &spec = job.spec;
+  Options options = job.options;
+  if (!config_given) // the device's own default config, not --arch's
+    options.config.reset();
+  options.synchronize = true;
+  auto attn = Attention::create(spec, device, options);
+  if (!attn)
+    return attn.status();
+  auto bits = [&](const std::vector<float> &x) {
+    std::vector<uint16_t> out(x.size());
+    for (size_t i = 0; i < x.size(); ++i)
+      out[i] = uint16_t(to_bits(spec.dtype, x[i]));
+    return out;
+  };
+  const std::vector<uint16_t> q = bits(t.q), k = bits(t.k), v = bits(t.v);
+  std::vector<uint16_t> o(t.o.size(), 0x7fc1); // NaN until written
+  std::vector<float> lse(t.lse.size(), std::numeric_limits<float>::quiet_NaN());
+  std::vector<uint32_t> mask(t.attn_mask.size()); // 4 bytes per element: room for any type
+  mask_storage(spec.mask, t.attn_mask, mask.data());
+  // Each buffer: its host copy and, on a GPU, its device copy.
+  struct Buffer {
+    void *host;
+    size_t bytes;
+    bool output;
+    void *device = nullptr;
+  };
+  std::vector<Buffer> buffers = {
+      {const_cast<uint16_t *>(q.data()), q.size() * 2, false},
+      {const_cast<uint16_t *>(k.data()), k.size() * 2, false},
+      {const_cast<uint16_t *>(v.data()), v.size() * 2, false},
+      {o.data(), o.size() * 2, true},
+      {lse.data(), lse.size() * 4, true},
+      {t.alibi_slopes.data(), t.alibi_slopes.size() * 4, false},
+      {t.sinks.data(), t.sinks.size() * 4, false},
+      {mask.data(), size_t(spec.mask_elements()) * size_t(mask_type_bytes(spec.mask)), false}};
+  runtime::GpuDriver *driver = nullptr;
+  Status s;
+  if (info->kind != DeviceKind::emulator) {
+    auto d = runtime::gpu_driver(info->kind);
+    if (!d)
+      return d.status();
+    driver = *d;
+    for (Buffer &b : buffers) {
+      if (b.bytes == 0 || !s)
+        continue;
+      auto m = driver->allocate(info->index, b.bytes);
+      if (!m) {
+        s = m.status().with_context(fmt::format("{} bytes on {}", b.bytes, device));
+        break;
+      }
+      b.device = *m;
+      s = driver->copy_to_device(info->index, b.device, b.host, b.bytes);
+    }
+  }
+  auto at = [&](size_t i) -> void * {
+    const Buffer &b = buffers[i];
+    return b.bytes == 0 ? nullptr : driver ? b.device : b.host;
+  };
+  if (s) {
+    AttentionTensors tensors{at(0), at(1), at(2), at(3), static_cast<float *>(at(4))};
+    tensors.alibi_slopes = static_cast<const float *>(at(5));
+    tensors.sinks = static_cast<const float *>(at(6));
+    tensors.attn_mask = at(7);
+    s = attn->forward(spec, tensors);
+  }
+  for (Buffer &b : buffers) {
+    if (b.device == nullptr)
+      continue;
+    if (s && b.output)
+      s = driver->copy_to_host(info->index, b.host, b.device, b.bytes);
+    if (Status released = driver->release(info->index, b.device); s && !released)
+      s = released;
+  }
+  FJ_RETURN_IF_ERROR(s);
+  for (size_t i = 0; i < o.size(); ++i)
+    t.o[i] = from_bits(spec.dtype, o[i]);
+  t.lse = lse;
+  // The device line: the device, then the explain() lines that say what ran.
+  std::string lines;
+  for (const char *key : {"rules:", "config:", "split-kv:", "cache:"}) {
+    const std::string e = attn->explain();
+    const size_t at_key = e.find(key);
+    if (at_key != std::string::npos)
+      lines += "\n  " + e.substr(at_key, e.find('\n', at_key) - at_key);
+  }
+  *described = fmt::format("{} ({}, {}){}", device, info->name, info->arch, lines);
+  return Status::ok();
+}
+
 int cmd_run(const cli::Args &a) {
   auto job = job_from(a);
   if (!job)
@@ -253,14 +353,23 @@ int cmd_run(const cli::Args &a) {
   if (!p)
     return fail(p.status());
   const std::string device = a.get("--device", "interpreter");
-  if (device != "interpreter" && device != "emulator")
-    return fail(Status::error("--device {} is not known: use interpreter (the IR on the CPU) or "
-                              "emulator (the emitted AMD kernel on the CPU, needs --arch)",
+  // A device of flashjit::Attention: emulator:ARCH, hip:N, cuda:N.
+  const bool attention_device = device.find(':') != std::string::npos;
+  if (device != "interpreter" && device != "emulator" && !attention_device)
+    return fail(Status::error("--device {} is not known: use interpreter (the IR on the CPU), "
+                              "emulator (the emitted AMD kernel on the CPU, needs --arch), or a "
+                              "device of the library: hip:N, cuda:N or emulator:ARCH",
                               device));
   std::optional<lowering::Lowered> kernel, combine; // combine: split-KV's second kernel
-  if (spec.num_splits > 1 && device != "emulator")
+  if (spec.num_splits > 1 && device == "interpreter")
     return fail(Status::error("--num-splits runs the split-KV kernels, which only --device "
-                              "emulator has (the interpreter runs the attention program)"));
+                              "emulator has and the library's devices (hip:N, cuda:N, "
+                              "emulator:ARCH); the interpreter runs the attention program"));
+  if (attention_device && a.has("--arch"))
+    return fail(Status::error("--arch names the target of --device interpreter|emulator; {} "
+                              "has its own ({}): drop --arch",
+                              device,
+                              device.starts_with("emulator:") ? "after the colon" : "the GPU's"));
   if (device == "emulator") {
     if (!job->target || job->target->is_nvidia())
       return fail(Status::error("--device emulator runs an emitted AMD kernel: give an AMD --arch, "
@@ -288,13 +397,19 @@ int cmd_run(const cli::Args &a) {
   // The CPU needs hours for long sequences: say so up front, and refuse past
   // kSlowRunSeconds unless asked (tools/run_estimate.h has the rates).
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  const cli::RunEstimate estimate = cli::estimate_run(spec, job->config, bool(kernel), cores);
-  if (Status s = cli::check_run_time(estimate, device, cores, a.has("--allow-slow")); !s)
+  // What runs the kernel: the interpreter, the emulator, or a GPU (whose time
+  // is nothing beside the float64 reference's).
+  const bool on_gpu = device.starts_with("hip:") || device.starts_with("cuda:");
+  const std::string executor = on_gpu ? device : attention_device ? "emulator" : device;
+  cli::RunEstimate estimate = cli::estimate_run(spec, job->config, executor == "emulator", cores);
+  if (on_gpu)
+    estimate.executor_seconds = 0;
+  if (Status s = cli::check_run_time(estimate, executor, cores, a.has("--allow-slow")); !s)
     return fail(s);
   if (Status s = cli::check_run_memory(cli::run_host_bytes(spec), cli::physical_memory_bytes()); !s)
     return fail(s);
   if (estimate.seconds() > cli::kAnnounceRunSeconds)
-    fmt::print(stderr, "flashjit: run: {}\n", cli::describe(estimate, device, cores));
+    fmt::print(stderr, "flashjit: run: {}\n", cli::describe(estimate, executor, cores));
   // A --save-dir that does not exist yet is not the --load-dir (the error_code
   // form: the throwing one throws for a missing path on newer libstdc++).
   std::error_code missing;
@@ -313,10 +428,15 @@ int cmd_run(const cli::Args &a) {
   if (a.has("--load-dir"))
     if (Status s = load_inputs(a.get("--load-dir"), spec, t); !s)
       return fail(s);
-  if (Status s = combine  ? runtime::emulate_split_kv(*kernel, *combine, *job->target, spec,
-                                                      spec.num_splits, t)
-                 : kernel ? runtime::emulate(*kernel, *job->target, spec, t)
-                          : ir::interpret(*p, ir::bind_attention(spec), t);
+  std::string on_device;
+  const bool config_given =
+      std::any_of(cli::config_flags().begin(), cli::config_flags().end(),
+                  [&](const cli::FlagSpec &f) { return f.name != "--rules" && a.has(f.name); });
+  if (Status s = attention_device ? run_on_device(device, *job, config_given, t, &on_device)
+                 : combine        ? runtime::emulate_split_kv(*kernel, *combine, *job->target, spec,
+                                                              spec.num_splits, t)
+                 : kernel         ? runtime::emulate(*kernel, *job->target, spec, t)
+                                  : ir::interpret(*p, ir::bind_attention(spec), t);
       !s)
     return fail(s);
   const ReferenceResult ref = reference_attention(spec, t);
@@ -326,7 +446,8 @@ int cmd_run(const cli::Args &a) {
   fmt::print("spec:   {}\ndevice: {}\nerror vs float64 reference: max_abs {:.3e}  rel_l2 {:.3e}  "
              "nonfinite {}  (tolerance {}: abs {:.0e}, rel {:.0e}) -> {}\n",
              spec.summary(),
-             kernel
+             attention_device ? on_device
+             : kernel
                  ? fmt::format("emulator ({} rules, {}{})", kernel->rules, job->target->target_id(),
                                combine ? fmt::format(", split-KV over {} splits then {}",
                                                      spec.num_splits, combine->kernel_name)
@@ -373,12 +494,15 @@ std::vector<cli::Command> commands() {
       {"run",
        "Run the kernel for a spec on random (or loaded) inputs, compare with the float64 "
        "reference and print the error; exits 2 past the dtype's tolerance.",
-       "--device interpreter|emulator [--arch ARCH] [spec flags] [--seed N] [--save-dir DIR] "
-       "[--load-dir DIR]",
+       "--device interpreter|emulator|hip:N|cuda:N|emulator:ARCH [--arch ARCH] [spec flags] "
+       "[--seed N] [--save-dir DIR] [--load-dir DIR]",
        with_spec(
            {{"--device", "NAME",
              "interpreter: the IR's own semantics on the CPU; emulator: the kernel emitted "
-             "for --arch, run on the CPU with the matrix instructions' exact lane semantics",
+             "for --arch, run on the CPU with the matrix instructions' exact lane semantics; "
+             "hip:N, cuda:N or emulator:ARCH: the library's whole path on that device "
+             "(compile, cache, load, forward, split-KV when chosen), the kernel checked on "
+             "the silicon",
              "interpreter"},
             {"--arch", "ARCH", "AMD target (emulator; its default config for either device)", ""},
             {"--seed", "N", "seed of the random inputs", "0"},

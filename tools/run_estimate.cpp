@@ -37,6 +37,10 @@ std::string human_seconds(double seconds) {
 }
 
 std::string describe(const RunEstimate &e, std::string_view device, unsigned cores) {
+  if (e.executor_seconds == 0) // a GPU: the float64 reference is the time
+    return fmt::format("about {} ({:.3g} FLOP on {}, then the float64 reference on the CPU at "
+                       "{:.1f} GFLOP/s)",
+                       human_seconds(e.seconds()), e.flops, device, kReferenceFlops / 1e9);
   const double per_core = device == "emulator" ? kEmulatorFlopsPerCore : kInterpreterFlopsPerCore;
   return fmt::format("about {} ({:.3g} FLOP: {} on the {} at {:.1f} GFLOP/s x {} core{}, {} for "
                      "the float64 reference at {:.1f} GFLOP/s)",
