@@ -532,5 +532,38 @@ TEST(Cli, RunOnALibraryDevice) {
   EXPECT_NE(r.out.find("-> PASS"), std::string::npos) << r.out;
 }
 
+/// `run --json` and `warmup --json`: one JSON object each, which the project's
+/// reader parses, with the fields the text says.
+TEST(Cli, RunAndWarmupPrintJson) {
+  Ran r = run_tool("", "run --head-dim 40 --heads 2 --seqlen-q 20 --causal --json");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  std::string error;
+  auto run = json::parse(r.out, &error);
+  ASSERT_TRUE(run) << error << "\n" << r.out;
+  ASSERT_TRUE(run->find("pass") && run->find("max_abs") && run->find("tolerance")) << r.out;
+  EXPECT_TRUE(run->find("pass")->boolean);
+  EXPECT_EQ(run->find("device")->string, "interpreter");
+  EXPECT_EQ(run->find("signature")->string, "bf16 d=40/40 causal align16");
+  EXPECT_LT(run->find("max_abs")->number, run->find("tolerance")->find("abs")->number);
+
+  const fs::path dir = fs::temp_directory_path() / ("fj_cli_json_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream((dir / "m.json").string())
+      << R"([{"arch": "gfx9999", "head_dim": 64}, {"arch": "sm_80", "head_dim": 32}])";
+  r = run_tool("", "warmup '" + (dir / "m.json").string() + "' --compiler none --dir '" +
+                       (dir / "cache").string() + "' --json");
+  auto warm = json::parse(r.out, &error);
+  ASSERT_TRUE(warm) << error << "\n" << r.out << r.err;
+  const json::Value *kernels = warm->find("kernels");
+  ASSERT_TRUE(kernels && kernels->is_array() && kernels->items.size() == 2) << r.out;
+  EXPECT_FALSE(kernels->items[0].find("ready")->boolean);
+  EXPECT_NE(kernels->items[0].find("error")->string.find("unknown arch 'gfx9999'"),
+            std::string::npos);
+  EXPECT_EQ(kernels->items[1].find("target")->string, "sm_80");
+  EXPECT_EQ(r.code, 1); // one kernel is not ready
+  EXPECT_EQ(warm->find("failed")->number, kernels->items[1].find("ready")->boolean ? 1 : 2);
+  fs::remove_all(dir);
+}
+
 } // namespace
 } // namespace flashjit::cli

@@ -150,6 +150,10 @@ struct WarmupResult {
   std::string line;
   std::string what; // "<target> <signature> (<config>)"
   std::string key;  // the cache key, once compiled
+  // For --json: the parts of `what`, and how the kernel came to be ready.
+  std::string target, signature, config, kernel, outcome, compiler;
+  double seconds = 0;
+  int64_t bytes = 0;
 };
 
 /// One item through the pipeline (runtime/pipeline.h), into `cache`: the same
@@ -158,7 +162,12 @@ struct WarmupResult {
 /// _DUMP_DIR.
 WarmupResult warm_one(const WarmupItem &w, const std::string &compiler_name,
                       compiler::KernelCache &cache) {
-  auto fail_with = [](const Status &s) { return WarmupResult{s, "", "", ""}; };
+  auto fail_with = [&](const Status &s) {
+    WarmupResult r{s, "", "", ""};
+    r.target = w.arch;
+    r.signature = w.spec.signature().summary();
+    return r;
+  };
   Options options;
   options.compiler = compiler_name;
   options.mma_m = w.mma_m.value_or(0);
@@ -185,11 +194,20 @@ WarmupResult warm_one(const WarmupItem &w, const std::string &compiler_name,
   // here that is a failure: a later process would not find it.
   if (Status s = cache.stored(c->cache_key); !s)
     return fail_with(s.with_context(what));
-  return {Status::ok(),
-          fmt::format("{}: {} in {:.1f} ms ({}, {} bytes, key {})", what, c->cache_outcome,
-                      c->seconds * 1e3, c->compiler, c->code.bytes.size(),
-                      c->cache_key.substr(0, 16)),
-          what, c->cache_key};
+  WarmupResult r{Status::ok(),
+                 fmt::format("{}: {} in {:.1f} ms ({}, {} bytes, key {})", what, c->cache_outcome,
+                             c->seconds * 1e3, c->compiler, c->code.bytes.size(),
+                             c->cache_key.substr(0, 16)),
+                 what, c->cache_key};
+  r.target = g->target.target_id();
+  r.signature = w.spec.signature().summary();
+  r.config = g->config.summary();
+  r.kernel = g->lowered.kernel_name;
+  r.outcome = c->cache_outcome;
+  r.compiler = c->compiler;
+  r.seconds = c->seconds;
+  r.bytes = int64_t(c->code.bytes.size());
+  return r;
 }
 
 int cmd_warmup(const Args &a) {
@@ -244,6 +262,25 @@ int cmd_warmup(const Args &a) {
                        : s.with_context(r.what);
       }
   int failed = 0;
+  if (a.has("--json")) { // one object per item, in the manifest's order
+    fmt::print("{{\"directory\": {}, \"kernels\": [", json_string(*dir));
+    for (size_t i = 0; i < results.size(); ++i) {
+      const WarmupResult &r = results[i];
+      failed += !r.status;
+      fmt::print("{}\n  {{\"target\": {}, \"signature\": {}, \"ready\": {}, ", i ? "," : "",
+                 json_string(r.target), json_string(r.signature), r.status ? "true" : "false");
+      if (r.status)
+        fmt::print("\"kernel\": {}, \"config\": {}, \"outcome\": {}, \"seconds\": {:.6f}, "
+                   "\"compiler\": {}, \"bytes\": {}, \"key\": {}}}",
+                   json_string(r.kernel), json_string(r.config), json_string(r.outcome), r.seconds,
+                   json_string(r.compiler), r.bytes, json_string(r.key));
+      else
+        fmt::print("\"error\": {}}}", json_string(r.status.message()));
+    }
+    fmt::print("{}], \"ready\": {}, \"failed\": {}}}\n", results.empty() ? "" : "\n",
+               results.size() - size_t(failed), failed);
+    return failed ? 1 : 0;
+  }
   for (size_t i = 0; i < results.size(); ++i) {
     if (results[i].status)
       fmt::print("[{}/{}] {}\n", i + 1, results.size(), results[i].line);
@@ -307,7 +344,7 @@ std::vector<Command> cache_commands() {
       {"warmup",
        "Compile the kernels a manifest lists into the cache, ahead of their first use (one "
        "per signature: its lengths and batch are only examples).",
-       "MANIFEST.json | --manifest FILE [--compiler NAME] [--jobs N] [--dir DIR]",
+       "MANIFEST.json | --manifest FILE [--compiler NAME] [--jobs N] [--dir DIR] [--json]",
        {{"--manifest", "FILE",
          "JSON list of {\"arch\": ..., spec fields..., block_m/block_n/waves/mma_m} (see "
          "tools/cmd_cache.cpp)",
@@ -315,7 +352,11 @@ std::vector<Command> cache_commands() {
         {"--compiler", "NAME", "auto, llvm, hiprtc or nvrtc, for every item",
          "auto, or the item's"},
         {"--jobs", "N", "compile N kernels at once", "1"},
-        dir},
+        dir,
+        {"--json", "",
+         "print one JSON object: each kernel's target, signature, and its key, outcome and "
+         "time or its error",
+         ""}},
        cmd_warmup,
        /*max_positional=*/1},
       {"knobs",

@@ -443,23 +443,36 @@ int cmd_run(const cli::Args &a) {
   const ErrorStats err = compare(spec, t, ref);
   const Tolerance tol = tolerance_for(spec.dtype);
   const bool ok = err.within(tol.abs, tol.rel);
-  fmt::print("spec:   {}\ndevice: {}\nerror vs float64 reference: max_abs {:.3e}  rel_l2 {:.3e}  "
-             "nonfinite {}  (tolerance {}: abs {:.0e}, rel {:.0e}) -> {}\n",
-             spec.summary(),
-             attention_device ? on_device
-             : kernel
-                 ? fmt::format("emulator ({} rules, {}{})", kernel->rules, job->target->target_id(),
-                               combine ? fmt::format(", split-KV over {} splits then {}",
-                                                     spec.num_splits, combine->kernel_name)
-                                       : "")
-                 : device,
-             err.max_abs, err.rel_l2, err.nonfinite, dtype_name(spec.dtype), tol.abs, tol.rel,
-             ok ? "PASS" : "FAIL");
+  if (a.has("--json")) {
+    fmt::print(
+        "{{\"spec\": {}, \"signature\": {}, \"device\": {}, \"max_abs\": {:.6e}, "
+        "\"rel_l2\": {:.6e}, \"nonfinite\": {}, \"tolerance\": {{\"dtype\": {}, "
+        "\"abs\": {}, \"rel\": {}}}, \"pass\": {}}}\n",
+        compiler::json_string(spec.summary()), compiler::json_string(spec.signature().summary()),
+        compiler::json_string(attention_device ? device
+                              : kernel ? fmt::format("emulator:{}", job->target->target_id())
+                                       : device),
+        err.max_abs, err.rel_l2, err.nonfinite, compiler::json_string(dtype_name(spec.dtype)),
+        tol.abs, tol.rel, ok ? "true" : "false");
+  } else {
+    fmt::print("spec:   {}\ndevice: {}\nerror vs float64 reference: max_abs {:.3e}  rel_l2 {:.3e}  "
+               "nonfinite {}  (tolerance {}: abs {:.0e}, rel {:.0e}) -> {}\n",
+               spec.summary(),
+               attention_device ? on_device
+               : kernel ? fmt::format("emulator ({} rules, {}{})", kernel->rules,
+                                      job->target->target_id(),
+                                      combine ? fmt::format(", split-KV over {} splits then {}",
+                                                            spec.num_splits, combine->kernel_name)
+                                              : "")
+                        : device,
+               err.max_abs, err.rel_l2, err.nonfinite, dtype_name(spec.dtype), tol.abs, tol.rel,
+               ok ? "PASS" : "FAIL");
+  }
   if (a.has("--save-dir")) {
     if (Status s = save_tensors(a.get("--save-dir"), spec, t, a.has("--force")); !s)
       return fail(s);
-    fmt::print("saved q.npy k.npy v.npy out.npy{} to {}\n", spec.lse ? " lse.npy" : "",
-               a.get("--save-dir"));
+    fmt::print(a.has("--json") ? stderr : stdout, "saved q.npy k.npy v.npy out.npy{} to {}\n",
+               spec.lse ? " lse.npy" : "", a.get("--save-dir"));
   }
   return ok ? 0 : 2;
 }
@@ -506,6 +519,10 @@ std::vector<cli::Command> commands() {
              "interpreter"},
             {"--arch", "ARCH", "AMD target (emulator; its default config for either device)", ""},
             {"--seed", "N", "seed of the random inputs", "0"},
+            {"--json", "",
+             "print the result as one JSON object: spec, signature, device, errors, tolerance, "
+             "pass",
+             ""},
             {"--save-dir", "DIR",
              "write q/k/v/out(/lse).npy in the spec's layout (bf16 widened to f32)", ""},
             {"--load-dir", "DIR", "read q/k/v.npy from DIR instead of random inputs", ""},
