@@ -304,6 +304,32 @@ Expected<std::string> score_function(const AttentionSpec &spec, const Program &p
 
 namespace {
 
+/// Whether every node of `e` is an integer: what the block-range pass bounds
+/// (f32 rounding and array elements have no static bounds).
+bool integer_throughout(const Expr &e) {
+  if (!e.is_int || e.kind == Expr::Kind::load)
+    return false;
+  for (const Expr &a : e.args)
+    if (!integer_throughout(a))
+      return false;
+  return true;
+}
+
+} // namespace
+
+void add_block_range(const AttentionSpec &spec, Program &p, Op &loop) {
+  if (spec.mask_mod.empty())
+    return;
+  auto e = parse_expr(spec.mask_mod, p.expr_scope(), "mask_mod");
+  if (!e || !integer_throughout(*e))
+    return; // nothing the intervals could bound: no scan
+  if (!p.function("mask_range"))
+    p.functions.push_back({"mask_range", print_expr(*e)});
+  loop.attrs["range"] = Symbol{"mask_range"};
+}
+
+namespace {
+
 Expected<Program> build(const AttentionSpec &spec, const Config &config, bool split_kv) {
   FJ_RETURN_IF_ERROR(spec.validate());
   FJ_RETURN_IF_ERROR(validate(config));
@@ -474,6 +500,7 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, bool sp
   Op loop{OpKind::For, {}, {q_block, m0, l0, acc0}, mask_attrs, {}, {}};
   loop.attrs["block_m"] = bm;
   loop.attrs["block_n"] = bn;
+  add_block_range(spec, p, loop);
   if (split_kv)
     loop.attrs["splits"] = ParamRef{"num_splits"};
   const ValueId m = p.add_value(row, "m"), l = p.add_value(row, "l"),

@@ -75,6 +75,12 @@ BlockRange split_range(BlockRange r, int64_t split, int64_t splits);
 /// Whether query row i may see key j (bounds, bottom-right causal, window).
 bool visible(int64_t i, int64_t j, int64_t seqlen_q, int64_t seqlen_k, bool causal, Window window);
 
+/// The block-range pass's hook: with an integer mask_mod, `loop` gets `range =
+/// @mask_range` (the mask_mod as a function of `p`), which narrows its block
+/// range to the blocks the mask's interval over the block may keep
+/// (templates/block_range.hip). A float mask_mod adds nothing.
+void add_block_range(const AttentionSpec &spec, Program &p, Op &loop);
+
 /// The backward pass (ir/build_backward.cpp): what it cannot take, by name.
 Status validate_backward(const AttentionSpec &spec);
 /// The dQ program: a workgroup per query block, looping over the KV blocks.

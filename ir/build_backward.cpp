@@ -234,6 +234,7 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, Kernel 
   Op loop{OpKind::For, {}, {row_block}, mask_attrs, {}, {}};
   loop.attrs["block_m"] = bm;
   loop.attrs["block_n"] = bn;
+  add_block_range(spec, p, loop);
   loop.operands.insert(loop.operands.end(), inits.begin(), inits.end());
   const ValueId col_block = p.add_value(Type::index(), dq ? "kb" : "qb");
   loop.region_args = {col_block};

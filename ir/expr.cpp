@@ -1,6 +1,7 @@
 // Score expressions (ir/expr.h): a recursive-descent parser with C's
 // precedence, the canonical printer, the evaluator and the C emitter.
 #include "ir/expr.h"
+#include "ir/interval.h"
 
 #include <fmt/format.h>
 
@@ -607,6 +608,106 @@ std::string emit_c(const Expr &e, const std::function<std::string(const std::str
   }
   }
   return "0";
+}
+
+// ---- the block-range pass (ir/interval.h) ----------------------------------------
+
+Interval interval_of(const Expr &e, const std::function<Interval(const std::string &)> &vars,
+                     const std::function<double(const std::string &)> &scalar) {
+  using namespace interval;
+  if (!e.is_int) // f32 rounding: no exact bounds
+    return fj_iv_unknown();
+  auto arg = [&](int i) { return interval_of(e.args[size_t(i)], vars, scalar); };
+  switch (e.kind) {
+  case Expr::Kind::number:
+    return fj_iv_exact(e.value);
+  case Expr::Kind::var:
+    return vars(e.name);
+  case Expr::Kind::scalar:
+    return fj_iv_exact(scalar(e.name));
+  case Expr::Kind::load:
+    return fj_iv_unknown();
+  case Expr::Kind::unary:
+    return e.name == "!" ? fj_iv_not(arg(0)) : fj_iv_neg(arg(0));
+  case Expr::Kind::select:
+    return fj_iv_select(arg(0), arg(1), arg(2));
+  case Expr::Kind::call:
+    if (e.name == "min")
+      return fj_iv_min(arg(0), arg(1));
+    if (e.name == "max")
+      return fj_iv_max(arg(0), arg(1));
+    if (e.name == "abs")
+      return fj_iv_abs(arg(0));
+    return fj_iv_unknown();
+  case Expr::Kind::binary: {
+    const std::string &op = e.name;
+    const Interval a = arg(0), b = arg(1);
+    if (op == "&&")
+      return fj_iv_and(a, b);
+    if (op == "||")
+      return fj_iv_or(a, b);
+    if (op == "+")
+      return fj_iv_add(a, b);
+    if (op == "-")
+      return fj_iv_sub(a, b);
+    if (op == "*")
+      return fj_iv_mul(a, b);
+    if (op == "/")
+      return fj_iv_div(a, b);
+    if (op == "%")
+      return fj_iv_mod(a, b);
+    if (op == "<")
+      return fj_iv_lt(a, b);
+    if (op == "<=")
+      return fj_iv_le(a, b);
+    if (op == ">")
+      return fj_iv_gt(a, b);
+    if (op == ">=")
+      return fj_iv_ge(a, b);
+    if (op == "==")
+      return fj_iv_eq(a, b);
+    return fj_iv_ne(a, b);
+  }
+  }
+  return fj_iv_unknown();
+}
+
+std::string emit_c_interval(const Expr &e,
+                            const std::function<std::string(const std::string &)> &vars) {
+  if (!e.is_int)
+    return "fj_iv_unknown()";
+  auto arg = [&](int i) { return emit_c_interval(e.args[size_t(i)], vars); };
+  switch (e.kind) {
+  case Expr::Kind::number:
+    return fmt::format("fj_iv_exact({}.0)", int64_t(e.value));
+  case Expr::Kind::var:
+    return vars(e.name);
+  case Expr::Kind::scalar:
+    return fmt::format("fj_iv_exact(double({}))", e.name);
+  case Expr::Kind::load:
+    return "fj_iv_unknown()";
+  case Expr::Kind::unary:
+    return fmt::format("fj_iv_{}({})", e.name == "!" ? "not" : "neg", arg(0));
+  case Expr::Kind::select:
+    return fmt::format("fj_iv_select({}, {}, {})", arg(0), arg(1), arg(2));
+  case Expr::Kind::call:
+    if (e.name == "min" || e.name == "max")
+      return fmt::format("fj_iv_{}({}, {})", e.name, arg(0), arg(1));
+    if (e.name == "abs")
+      return fmt::format("fj_iv_abs({})", arg(0));
+    return "fj_iv_unknown()";
+  case Expr::Kind::binary: {
+    static const std::pair<const char *, const char *> kNames[] = {
+        {"&&", "and"}, {"||", "or"}, {"+", "add"}, {"-", "sub"}, {"*", "mul"},
+        {"/", "div"},  {"%", "mod"}, {"<", "lt"},  {"<=", "le"}, {">", "gt"},
+        {">=", "ge"},  {"==", "eq"}, {"!=", "ne"}};
+    for (const auto &[op, name] : kNames)
+      if (e.name == op)
+        return fmt::format("fj_iv_{}({}, {})", name, arg(0), arg(1));
+    return "fj_iv_unknown()";
+  }
+  }
+  return "fj_iv_unknown()";
 }
 
 } // namespace flashjit::ir

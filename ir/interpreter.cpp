@@ -5,6 +5,7 @@
 
 #include "ir/build.h"
 #include "ir/expr.h"
+#include "ir/interval.h"
 
 #include <algorithm>
 #include <cmath>
@@ -180,6 +181,41 @@ private:
     };
     return c;
   }
+  /// The block-range pass (`range = @f` on a `for`): `range` without the blocks
+  /// at either end whose every (query, key) pair f's interval says is 0 — the
+  /// kernels' loop narrowing (templates/block_range.hip), so an unsound interval
+  /// shows here as a wrong result.
+  BlockRange narrowed(const Op &op, BlockRange range, bool transposed) const {
+    const Expr &f = buffers_.functions.at(op.symbol_attr("range"));
+    const int64_t sq = seq("Q"), sk = seq("K");
+    const int64_t rows = op.int_attr("block_m"), cols = op.int_attr("block_n");
+    const int64_t row0 = in(op, 0).index * rows;
+    auto may_see = [&](int64_t block) {
+      int64_t q0 = row0, q1 = row0 + rows, k0 = block * cols, k1 = block * cols + cols;
+      if (transposed) // rows are keys, the loop's blocks queries
+        std::swap(q0, k0), std::swap(q1, k1);
+      const Interval q = interval::fj_iv_range(double(q0), double(std::min(q1, sq) - 1));
+      const Interval k = interval::fj_iv_range(double(k0), double(std::min(k1, sk) - 1));
+      const Interval v = interval_of(
+          f,
+          [&](const std::string &name) {
+            return name == "q_idx"      ? q
+                   : name == "kv_idx"   ? k
+                   : name == "b"        ? interval::fj_iv_exact(double(batch_))
+                   : name == "h"        ? interval::fj_iv_exact(double(head_))
+                   : name == "seqlen_q" ? interval::fj_iv_exact(double(sq))
+                   : name == "seqlen_k" ? interval::fj_iv_exact(double(sk))
+                                        : interval::fj_iv_unknown();
+          },
+          [&](const std::string &name) { return buffers_.args->real(name).value(); });
+      return interval::fj_iv_can_be_nonzero(v);
+    };
+    while (range.begin < range.end && !may_see(range.begin))
+      ++range.begin;
+    while (range.end > range.begin && !may_see(range.end - 1))
+      --range.end;
+    return range;
+  }
   // The rows of `t` this workgroup's batch has.
   int64_t seq(const TensorParam &t) const {
     auto it = t.seq.is_param() ? rows_.find(t.seq.param) : rows_.end();
@@ -354,6 +390,8 @@ private:
       BlockRange range = (transposed ? q_block_range : kv_block_range)(
           in(op, 0).index, op.int_attr("block_m"), op.int_attr("block_n"), seq("Q"), seq("K"),
           op.int_attr("causal") != 0, window(op));
+      if (op.attrs.count("range"))
+        range = narrowed(op, range, transposed);
       if (op.attrs.count("splits"))
         range = split_range(range, split_, int_value(op, "splits", *buffers_.args, 1));
       for (size_t i = 1; i < op.operands.size(); ++i)

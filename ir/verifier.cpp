@@ -430,6 +430,18 @@ Status check_types(const OpChecker &c, const Op &op) {
   return c.fail("unknown op kind {}", static_cast<int>(op.kind));
 }
 
+/// Whether a `for` in `body` names function `name` as its `range`.
+bool names_a_range(const std::vector<Op> &body, const std::string &name) {
+  for (const Op &op : body)
+    if (op.kind == OpKind::For) {
+      const auto it = op.attrs.find("range");
+      const Symbol *f = it == op.attrs.end() ? nullptr : std::get_if<Symbol>(&it->second);
+      if ((f && f->name == name) || names_a_range(op.body, name))
+        return true;
+    }
+  return false;
+}
+
 class Verifier {
 public:
   explicit Verifier(const Program &p)
@@ -523,9 +535,10 @@ private:
       auto e = parse_expr(f.text, p_.expr_scope(), fmt::format("function @{}", f.name));
       if (!e)
         return e.status();
-      if (e->is_int)
+      if (e->is_int && !names_a_range(p_.body, f.name))
         return Status::error("function @{} gives an integer; a score function gives the new "
-                             "score (a float; -inf hides the key)",
+                             "score (a float; -inf hides the key), and only a `for`'s `range` "
+                             "(a mask) is an integer",
                              f.name);
     }
     for (const Sequence &q : p_.sequences) {
@@ -704,6 +717,20 @@ private:
       if (op.results.size() != op.operands.size() - 1)
         return c.fail("has {} results, expected {} (one per initial value)", op.results.size(),
                       op.operands.size() - 1);
+      if (const auto it = op.attrs.find("range"); it != op.attrs.end()) {
+        // The block-range pass: an integer expression of the pair (a mask).
+        const Symbol *f = std::get_if<Symbol>(&it->second);
+        const ScoreFunction *fn = f ? p_.function(f->name) : nullptr;
+        if (!fn)
+          return c.fail("attr `range` must name a function of the kernel (@name)");
+        auto e = parse_expr(fn->text, p_.expr_scope(), "function @" + fn->name);
+        if (!e)
+          return e.status();
+        if (!e->is_int || uses_var(*e, "score"))
+          return c.fail("attr `range` names @{}, which is not an integer expression of the "
+                        "positions (a mask: no score, no float result)",
+                        fn->name);
+      }
     } else if (!op.region_args.empty() || !op.body.empty()) {
       return c.fail("has a region, but only `for` has one");
     }

@@ -191,6 +191,8 @@ private:
   void finish_stage(const Op &op, const std::string &buf);
   Status emit_store(const Op &op);
   Status emit_for(const Op &op);
+  // The block-range pass: narrows kv_begin / kv_end by the `for`'s `range` function.
+  Status emit_block_range(const Op &op, bool transposed);
   bool plan_pipeline(const Op &loop);
   void emit_copy(ValueId dst_name_of, const std::string &dst, ValueId src);
   // Loads `len` elements at src + d0 into frag[first...]: one vector load where the

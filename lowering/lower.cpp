@@ -18,6 +18,18 @@
 
 namespace flashjit::lowering::emit {
 
+namespace {
+
+/// Whether a `for` in `body` narrows its range by a mask (the block-range pass).
+bool uses_block_range(const std::vector<Op> &body) {
+  for (const Op &op : body)
+    if (op.kind == OpKind::For && (op.attrs.count("range") || uses_block_range(op.body)))
+      return true;
+  return false;
+}
+
+} // namespace
+
 std::string KernelEmitter::declare(ValueId v) {
   const Type &t = type(v);
   const std::string n = name(v);
@@ -228,6 +240,10 @@ Expected<Lowered> KernelEmitter::run() {
   w_.blank();
   w_.raw(templates::attention_common);
   w_.blank();
+  if (uses_block_range(p_.body)) {
+    w_.raw(templates::block_range);
+    w_.blank();
+  }
   if (!rules_.kernel_helpers().empty()) {
     w_.raw(rules_.kernel_helpers());
     w_.blank();

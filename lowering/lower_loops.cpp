@@ -2,6 +2,9 @@
 // edge, and the software pipeline of the staged tiles (lowering/emitter.h).
 #include "lowering/emitter.h"
 
+#include "ir/expr.h"
+#include "ir/interval.h"
+
 namespace flashjit::lowering::emit {
 
 void KernelEmitter::emit_copy(ValueId, const std::string &dst, ValueId src) {
@@ -144,6 +147,55 @@ Status KernelEmitter::emit_interleaved(const Op &loop, size_t s_at, size_t o_at)
   return Status::ok();
 }
 
+Status KernelEmitter::emit_block_range(const Op &op, bool transposed) {
+  if (!op.attrs.count("range"))
+    return Status::ok();
+  const ir::ScoreFunction *f = p_.function(op.symbol_attr("range"));
+  auto e = ir::parse_expr(f->text, p_.expr_scope(), "function @" + f->name);
+  if (!e)
+    return e.status();
+  const std::string sq = seq_const(*p_.tensor("Q")), sk = seq_const(*p_.tensor("K"));
+  // Rows are this workgroup's block (keys when transposed), columns one block of the loop.
+  const std::string rows = "fj_iv_range(double(fj_row_lo), double(fj_row_hi))",
+                    cols = "fj_iv_range(double(fj_col_lo), double(fj_col_hi))";
+  auto exact = [](const std::string &c) { return fmt::format("fj_iv_exact(double({}))", c); };
+  const std::string may_see = ir::emit_c_interval(*e, [&](const std::string &var) {
+    if (var == "q_idx")
+      return transposed ? cols : rows;
+    if (var == "kv_idx")
+      return transposed ? rows : cols;
+    if (var == "b")
+      return exact(name(p_.grid_arg(2)));
+    if (var == "h")
+      return exact(name(p_.grid_arg(1)));
+    if (var == "seqlen_q")
+      return exact(sq);
+    if (var == "seqlen_k")
+      return exact(sk);
+    return std::string("fj_iv_unknown()");
+  });
+  w_.line("// IR: range = @{}: the blocks at either end where `{}` is 0 for every", f->name,
+          f->text);
+  w_.line("// (query, key) pair, by its interval over the block (templates/block_range.hip),");
+  w_.line("// are not visited.");
+  w_.open("{{");
+  w_.line("const int fj_row_lo = {} * kBlockM;", name(op.operands[0]));
+  w_.line("const int fj_row_hi = (fj_row_lo + kBlockM < {0} ? fj_row_lo + kBlockM : {0}) - 1;",
+          transposed ? sk : sq);
+  w_.open("auto fj_may_see = [&](int block) -> bool {{");
+  w_.line("const int fj_col_lo = block * kBlockN;");
+  w_.line("const int fj_col_hi = (fj_col_lo + kBlockN < {0} ? fj_col_lo + kBlockN : {0}) - 1;",
+          transposed ? sq : sk);
+  w_.line("return fj_iv_can_be_nonzero({});", may_see);
+  w_.close("};");
+  w_.line("while (kv_begin < kv_end && !fj_may_see(kv_begin))");
+  w_.line("  ++kv_begin;");
+  w_.line("while (kv_end > kv_begin && !fj_may_see(kv_end - 1))");
+  w_.line("  --kv_end;");
+  w_.close();
+  return Status::ok();
+}
+
 Status KernelEmitter::emit_for(const Op &op) {
   std::string res;
   for (ValueId r : op.results)
@@ -163,6 +215,7 @@ Status KernelEmitter::emit_for(const Op &op) {
   w_.line("int kv_begin, kv_end;");
   w_.line("{}({}, {}, &kv_begin, &kv_end);", transposed ? "fj_q_range" : "fj_kv_range",
           name(op.operands[0]), mask_args());
+  FJ_RETURN_IF_ERROR(emit_block_range(op, transposed));
   if (op.attrs.count("splits")) {
     const ir::Attr &splits = op.attrs.at("splits");
     w_.line("// IR: splits = {}: this workgroup visits split %{} of those blocks only",

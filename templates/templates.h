@@ -9,6 +9,9 @@ namespace flashjit::templates {
 
 extern const std::string_view amdgcn_prelude;
 extern const std::string_view attention_common;
+/// The block-range pass's interval arithmetic (fj_iv_*), in kernels whose loops
+/// narrow their block range by a mask expression; ir/interval.h runs it on the host.
+extern const std::string_view block_range;
 extern const std::string_view cuda_prelude;
 /// The CPU emulator's prelude: the fj_* wrappers over runtime/emulator.cpp's hooks.
 extern const std::string_view emulator_prelude;

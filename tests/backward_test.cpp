@@ -54,8 +54,18 @@ struct Case {
   // reference takes it as it is.
   MaskType mask = MaskType::none;
   const char *mask_axes = "bhqk";
-  double dropout_p = 0; // seed 99, offset 3: the reference draws the same elements
+  double dropout_p = 0;         // seed 99, offset 3: the reference draws the same elements
+  Window ref_window = {-1, -1}; // the window the reference runs with (a mask_mod's equal)
 };
+
+/// A case whose mask_mod equals the window `w` (sq == sk: the diagonal is i == j),
+/// long enough that the block-range pass skips blocks in both loops.
+constexpr Case with_window_mask(Case c, const char *name, const char *mask_mod, Window w) {
+  c.name = name;
+  c.mask_mod = mask_mod;
+  c.ref_window = w;
+  return c;
+}
 
 /// A case with a mask tensor of `type`, dense over `axes` of bhqk, on top of `c`.
 constexpr Case with_mask(Case c, const char *name, MaskType type, const char *axes) {
@@ -150,6 +160,8 @@ const Case kCases[] = {
     with_mask({"", 1, 2, 1, 48, 40, 48, 48, false, {}, DType::bf16, Layout::bshd, 2.5},
               "additive_bf16_qk_softcap", MaskType::bf16, "qk"),
     with_dropout({"", 2, 4, 2, 40, 56, 32, 32}, "dropout_gqa", 0.25),
+    with_window_mask({"", 1, 2, 1, 200, 200, 32, 32}, "mask_mod_window_block_range",
+                     "q_idx - kv_idx <= 24 && kv_idx - q_idx <= 8", {24, 8}),
     with_dropout({"", 1, 2, 2, 48, 48, 64, 64, true, {}, DType::f16}, "dropout_causal_f16", 0.5),
 };
 
@@ -179,6 +191,8 @@ AttentionSpec reference_spec_of(const Case &c) {
   AttentionSpec s = spec_of(c);
   s.scale = s.softmax_scale() * c.ref_scale;
   s.causal = s.causal || c.ref_causal;
+  if (c.ref_window != Window{-1, -1})
+    s.window = c.ref_window;
   s.score_mod.clear();
   s.mask_mod.clear();
   return s;

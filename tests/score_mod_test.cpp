@@ -206,6 +206,14 @@ const ModCase kCases[] = {
      "q_idx >= kv_idx && q_idx - kv_idx < 17"},
     {"mask_hides_every_key", 1, 2, 2, 20, 40, 64, DType::bf16, false, kNoWindow, 0, Alibi::none, "",
      "kv_idx < 0"},
+    // Long enough that the block-range pass skips KV blocks at both ends of the
+    // loop (and, for the chunks, whole blocks around the diagonal's).
+    {"block_range_window", 1, 2, 2, 300, 260, 64, DType::bf16, false, kNoWindow, 0, Alibi::none, "",
+     "abs(q_idx - kv_idx) <= 40"},
+    {"block_range_chunks_causal", 2, 2, 1, 200, 200, 48, DType::f16, true, kNoWindow, 0,
+     Alibi::none, "", "q_idx / 50 == kv_idx / 50"},
+    {"block_range_prefix_lm", 1, 2, 2, 210, 210, 64, DType::bf16, false, kNoWindow, 0, Alibi::none,
+     "", "kv_idx < 24 || kv_idx <= q_idx"},
     {"mask_hides_some_rows", 1, 2, 2, 20, 40, 64, DType::bf16, true, kNoWindow, 0, Alibi::none,
      "score * 2", "q_idx % 2 == 0"},
     {"sinks_causal_gqa", 2, 8, 2, 37, 80, 64, DType::bf16, true, kNoWindow, 0, Alibi::none, "", "",
