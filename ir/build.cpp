@@ -141,15 +141,7 @@ constexpr const char *kTensorPrefixes[] = {"q", "k", "v", "o"};
 
 } // namespace
 
-Bindings bind_attention(const AttentionSpec &spec) {
-  // The names of the stride parameters, in build_attention's order (no
-  // formatting per call: this runs on every launch).
-  static constexpr std::string_view kStrideNames[4][4] = {
-      {"q_batch_stride", "q_head_stride", "q_seq_stride", "q_dim_stride"},
-      {"k_batch_stride", "k_head_stride", "k_seq_stride", "k_dim_stride"},
-      {"v_batch_stride", "v_head_stride", "v_seq_stride", "v_dim_stride"},
-      {"o_batch_stride", "o_head_stride", "o_seq_stride", "o_dim_stride"}};
-  Bindings b;
+void bind_shape(const AttentionSpec &spec, Bindings &b) {
   b.set_int("batches", spec.batch);
   b.set_int("heads", spec.heads);
   b.set_int("kv_heads", spec.kv_heads);
@@ -161,12 +153,12 @@ Bindings bind_attention(const AttentionSpec &spec) {
   } else {
     b.set_int("seqlen_q", spec.seqlen_q);
   }
-  if (seqs.packed_k)
-    b.set_int("total_k", seqs.total_k);
-  else if (seqs.used_k)
+  if (seqs.packed_k || seqs.used_k)
     b.set_int("max_seqlen_k", spec.seqlen_k);
   else
     b.set_int("seqlen_k", spec.seqlen_k);
+  if (seqs.packed_k)
+    b.set_int("total_k", seqs.total_k);
   if (seqs.paged()) {
     b.set_int("page_table_stride", seqs.pages_per_seq);
     b.set_int("page_size", seqs.page_size);
@@ -178,6 +170,19 @@ Bindings bind_attention(const AttentionSpec &spec) {
       std::max(spec.seqlen_q, seqs.total_q) + std::max(spec.seqlen_k, seqs.total_k);
   b.set_int("window_left", std::min(spec.window.left, widest));
   b.set_int("window_right", std::min(spec.window.right, widest));
+}
+
+Bindings bind_attention(const AttentionSpec &spec) {
+  // The names of the stride parameters, in build_attention's order (no
+  // formatting per call: this runs on every launch).
+  static constexpr std::string_view kStrideNames[4][4] = {
+      {"q_batch_stride", "q_head_stride", "q_seq_stride", "q_dim_stride"},
+      {"k_batch_stride", "k_head_stride", "k_seq_stride", "k_dim_stride"},
+      {"v_batch_stride", "v_head_stride", "v_seq_stride", "v_dim_stride"},
+      {"o_batch_stride", "o_head_stride", "o_seq_stride", "o_dim_stride"}};
+  Bindings b;
+  bind_shape(spec, b);
+  const Sequences &seqs = spec.seqs;
   b.set_real("scale_log2", spec.softmax_scale() * std::numbers::log2e);
   if (spec.has_score_modifier())
     b.set_real("scale", spec.softmax_scale());

@@ -34,6 +34,10 @@ Expected<Program> build_attention(const AttentionSpec &spec, const Config &confi
 
 /// The values of every scalar parameter build_attention() declares, for the
 /// shapes of `spec`. Window sizes past every key are clamped (same mask).
+/// The shape scalars every program of a spec shares: batch, heads, GQA group,
+/// the lengths (or a sequence's capacity and longest length), the pages and the
+/// window sizes (clamped to what the lengths can see).
+void bind_shape(const AttentionSpec &spec, Bindings &b);
 Bindings bind_attention(const AttentionSpec &spec);
 
 /// The first kernel of split-KV attention (flash-decoding): the same program

@@ -344,26 +344,7 @@ Expected<Program> build_backward_dkdv(const AttentionSpec &spec, const Config &c
 
 Bindings bind_backward(const AttentionSpec &spec) {
   Bindings b;
-  b.set_int("batches", spec.batch);
-  b.set_int("heads", spec.heads);
-  b.set_int("kv_heads", spec.kv_heads);
-  b.set_int("group", spec.group());
-  const Sequences &seqs = spec.seqs;
-  if (seqs.packed_q) {
-    b.set_int("max_seqlen_q", spec.seqlen_q);
-    b.set_int("total_q", seqs.total_q);
-  } else {
-    b.set_int("seqlen_q", spec.seqlen_q);
-  }
-  if (seqs.packed_k) {
-    b.set_int("max_seqlen_k", spec.seqlen_k);
-    b.set_int("total_k", seqs.total_k);
-  } else {
-    b.set_int("seqlen_k", spec.seqlen_k);
-  }
-  const int64_t widest = spec.seqlen_q + spec.seqlen_k; // as bind_attention clamps
-  b.set_int("window_left", std::min(spec.window.left, widest));
-  b.set_int("window_right", std::min(spec.window.right, widest));
+  bind_shape(spec, b);
   b.set_real("scale_log2", spec.softmax_scale() * std::numbers::log2e);
   b.set_real("scale", spec.softmax_scale());
   bind_modifiers(spec, b);

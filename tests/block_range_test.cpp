@@ -59,7 +59,8 @@ std::string random_expr(std::mt19937 &rng, int depth) {
     return pick(3) == 0 ? std::to_string(pick(90) - 20) : leaves[pick(6)];
   }
   const std::string a = random_expr(rng, depth - 1), b = random_expr(rng, depth - 1);
-  static const char *ops[] = {"+", "-", "*", "/", "%", "<", "<=", ">", ">=", "==", "!=", "&&", "||"};
+  static const char *ops[] = {
+      "+", "-", "*", "/", "%", "<", "<=", ">", ">=", "==", "!=", "&&", "||"};
   switch (pick(6)) {
   case 0:
     return "(-" + a + ")";
@@ -105,9 +106,9 @@ TEST(BlockRange, IntervalsHoldEveryValueOfTheBlock) {
         if (std::abs(v) > 2147483647.0)
           continue; // the kernel's int would wrap: the interval said unknown there
         ASSERT_TRUE(v >= r.lo && v <= r.hi)
-            << text << " = " << v << " at q_idx " << q << ", kv_idx " << k << " outside ["
-            << r.lo << ", " << r.hi << "] of the block q [" << q0 << ", " << q1 << "] k [" << k0
-            << ", " << k1 << "]";
+            << text << " = " << v << " at q_idx " << q << ", kv_idx " << k << " outside [" << r.lo
+            << ", " << r.hi << "] of the block q [" << q0 << ", " << q1 << "] k [" << k0 << ", "
+            << k1 << "]";
         ++checked;
       }
   }
@@ -144,8 +145,8 @@ TEST(BlockRange, CommonMasksGetExactAnswers) {
 TEST(BlockRange, AnIntegerMaskNarrowsTheLoopAFloatOneDoesNot) {
   AttentionSpec spec = make_spec(1, 2, 2, 300, 300, 64, 64, DType::bf16);
   spec.mask_mod = "abs(q_idx - kv_idx) <= 40";
-  for (auto build : {ir::build_attention, ir::build_split_kv, ir::build_backward_dq,
-                     ir::build_backward_dkdv}) {
+  for (auto build :
+       {ir::build_attention, ir::build_split_kv, ir::build_backward_dq, ir::build_backward_dkdv}) {
     auto p = build(spec, ir::Config{});
     ASSERT_TRUE(p) << p.status().message();
     ASSERT_TRUE(ir::verify(*p)) << ir::verify(*p).message();

@@ -83,14 +83,23 @@ def flash_attn_backward(dout, q, k, v, out, softmax_lse, dropout_p=0.0, softmax_
     signature = (_signature(dtype, d, dv, causal, window, True, strides) + mods +
                  (mask_type, spec.dropout_p > 0))
     handle = _attention(signature, spec, device, config, kind)
+    grads = _run_backward(handle, spec, kind, dtype, stream, ins, lse, bufs, alibi_slopes=slopes,
+                          attn_mask=mask_ptr)
+    del keep, mask_view
+    return grads
+
+
+def _run_backward(handle, spec, kind, dtype, stream, ins, lse, bufs, **arrays):
+    """fj_attention_backward over ins = (q, k, v, out, dout), lse and the gradient
+    buffers bufs = (dq, dk, dv), with the per-call `arrays` (pointers) by field name;
+    the gradients, NumPy bf16 bits widened to float32."""
     ptr = (lambda x: x.data_ptr()) if kind == "torch" else (lambda x: x.ctypes.data)
     t = _lib.BackwardTensors(q=ptr(ins[0]), k=ptr(ins[1]), v=ptr(ins[2]), out=ptr(ins[3]),
                              lse=ptr(lse), dout=ptr(ins[4]), dq=ptr(bufs[0]), dk=ptr(bufs[1]),
-                             dv=ptr(bufs[2]), alibi_slopes=slopes, attn_mask=mask_ptr)
+                             dv=ptr(bufs[2]), **arrays)
     _lib.check(_lib.lib.fj_attention_backward(
         handle, ctypes.byref(spec), ctypes.byref(t), ctypes.c_void_p(stream) if stream else None),
         "fj_attention_backward")
-    del keep, mask_view
     if kind == "numpy" and dtype == "bf16":
         return tuple((x.astype("uint32") << 16).view("float32") for x in bufs)
     return tuple(bufs)

@@ -2,7 +2,6 @@
 calls over flashjit's sequences (docs/sequences.md). One kernel per signature serves every
 batch of lengths; the lengths, block tables and cache counts are per-call arrays."""
 
-from . import _lib
 from .api import (_attention, _bf16_bits, _device, _dtype_name, _forward, _int, _kind,
                   _modifiers, _refuse_grad, _scale, _signature, _spec, _strides, _window)
 
@@ -272,18 +271,11 @@ def flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu
     signature = _signature(dtype, d, dv, causal, window, True, strides) + mods + (
         "varlen", False, 1, 0)
     handle = _attention(signature, spec, device, config, kind)
-    ptr = (lambda x: x.data_ptr()) if kind == "torch" else (lambda x: x.ctypes.data)
-    t = _lib.BackwardTensors(q=ptr(ins[0]), k=ptr(ins[1]), v=ptr(ins[2]), out=ptr(ins[3]),
-                             lse=ptr(lse), dout=ptr(ins[4]), dq=ptr(bufs[0]), dk=ptr(bufs[1]),
-                             dv=ptr(bufs[2]), alibi_slopes=slopes, **pointers)
-    import ctypes
-    _lib.check(_lib.lib.fj_attention_backward(
-        handle, ctypes.byref(spec), ctypes.byref(t), ctypes.c_void_p(stream) if stream else None),
-        "fj_attention_backward")
+    from .backward import _run_backward
+    grads = _run_backward(handle, spec, kind, dtype, stream, ins, lse, bufs, alibi_slopes=slopes,
+                          **pointers)
     del keep
-    if kind == "numpy" and dtype == "bf16":
-        return tuple((x.astype("uint32") << 16).view("float32") for x in bufs)
-    return tuple(bufs)
+    return grads
 
 
 _VARLEN_FUNCTION = None
