@@ -164,8 +164,8 @@ public:
   /// stream-ordered f32 workspace (ir::backward_workspace: 2 values per query
   /// row, dK and dV per query head) is taken and released on `stream`. Score
   /// modifiers (softcap, ALiBi, score_mod, mask_mod) are differentiated through
-  /// (ir::score_derivative); specs with sequences or sinks are refused by name
-  /// (ir::validate_backward).
+  /// (ir::score_derivative); varlen (packed rows) is taken, KV-cache sequences
+  /// (seqused_k, paged) and sinks are refused by name (ir::validate_backward).
   Status backward(const AttentionSpec &shape, const BackwardTensors &tensors,
                   void *stream = nullptr);
 
