@@ -146,6 +146,17 @@ Status check_index_arrays(const AttentionSpec &shape, const AttentionTensors &t,
   return Status::ok();
 }
 
+/// Host memory (the emulator): every entry of the spec's index arrays checked
+/// (check_sequences), before anything runs.
+Status check_host_index_arrays(const AttentionSpec &shape, const AttentionTensors &t) {
+  if (!shape.seqs.any())
+    return Status::ok();
+  HostTensors host;
+  for (const IndexArray &a : index_arrays(shape, t))
+    (host.*a.host).assign(a.pointer, a.pointer + a.entries);
+  return check_sequences(shape, host);
+}
+
 /// The index arrays of a backward call, as forward's tensors hold them.
 AttentionTensors index_view(const BackwardTensors &t) {
   AttentionTensors a;
@@ -232,7 +243,7 @@ struct Attention::Impl {
   };
   mutable std::mutex split_mutex;
   std::unique_ptr<SplitKv> split;
-  /// The split-KV kernels of GQA-packed decode (ir::gqa_packed_decode): those of
+  /// The split-KV kernels of GQA-packed decode (gqa_packed_decode, ir/spec.h): those of
   /// the signature without causal, which one bottom-right query makes a no-op.
   /// Null while unbuilt, and for a signature without causal (`split` serves).
   std::unique_ptr<SplitKv> packed_split;
@@ -585,15 +596,8 @@ Status Attention::Impl::check_backward(const AttentionSpec &shape, const Backwar
   FJ_RETURN_IF_ERROR(check_mask_pointer(shape, t.attn_mask).with_context("backward"));
   const AttentionTensors arrays = index_view(t);
   FJ_RETURN_IF_ERROR(check_index_arrays(shape, arrays, "backward"));
-  if (driver == nullptr) {
-    // Host memory (the emulator): every index array entry is checked first.
-    if (!shape.seqs.any())
-      return Status::ok();
-    HostTensors host;
-    for (const IndexArray &a : index_arrays(shape, arrays))
-      (host.*a.host).assign(a.pointer, a.pointer + a.entries);
-    return check_sequences(shape, host).with_context("backward");
-  }
+  if (driver == nullptr) // host memory (the emulator)
+    return check_host_index_arrays(shape, arrays).with_context("backward");
   for (const IndexArray &a : index_arrays(shape, arrays))
     FJ_RETURN_IF_ERROR(driver->check_buffer(device.index, a.pointer, size_t(a.entries) * 4,
                                             fmt::format("backward: {}", a.name)));
@@ -1078,14 +1082,9 @@ Status detail::AttentionAccess::forward(Attention &a, const AttentionSpec &shape
   if (m.driver != nullptr) // device memory (also for the interpreter on a GPU device)
     if (Status s = m.check_device_buffers(shape, t, stream); !s)
       return failed(failure, Failure::argument, s);
-  if (m.device.kind == DeviceKind::emulator && shape.seqs.any()) {
-    // Host memory: every index array entry is checked before anything runs.
-    HostTensors arrays;
-    for (const IndexArray &a : index_arrays(shape, t))
-      (arrays.*a.host).assign(a.pointer, a.pointer + a.entries);
-    if (Status s = check_sequences(shape, arrays); !s)
+  if (m.device.kind == DeviceKind::emulator)
+    if (Status s = check_host_index_arrays(shape, t); !s)
       return failed(failure, Failure::argument, s.with_context("forward"));
-  }
   if (m.generated)
     if (Status s = lowering::check_launch(m.generated->lowered, shape); !s)
       return failed(failure, Failure::argument, s.with_context("forward"));

@@ -352,7 +352,9 @@ std::vector<float> floats_of(const AttentionSpec &spec, const std::vector<uint16
   return out;
 }
 
-/// Forward then backward through one Attention on `device`; the gradients into t.
+/// Forward then backward through one Attention on `device`; the gradients into t
+/// (a gradient element the backward did not write stays NaN). Varlen specs pass
+/// t's cu_seqlens, and a backward without them is refused by name.
 void run_attention(const AttentionSpec &spec, const std::string &device, const Options &options,
                    HostTensors &t) {
   auto attn = Attention::create(spec, device, options);
@@ -367,13 +369,22 @@ void run_attention(const AttentionSpec &spec, const std::string &device, const O
   std::vector<uint32_t> mask_words(t.attn_mask.size()); // 4 bytes per element: room for any type
   mask_storage(spec.mask, t.attn_mask, mask_words.data());
   const void *mask = spec.mask == MaskType::none ? nullptr : mask_words.data();
+  const int32_t *cu_q = spec.seqs.packed_q ? t.cu_seqlens_q.data() : nullptr;
+  const int32_t *cu_k = spec.seqs.packed_k ? t.cu_seqlens_k.data() : nullptr;
   AttentionTensors fwd{q.data(), k.data(), v.data(), o.data(), lse.data()};
   fwd.alibi_slopes = slopes;
   fwd.attn_mask = mask;
+  fwd.cu_seqlens_q = cu_q;
+  fwd.cu_seqlens_k = cu_k;
   Status s = attn->forward(spec, fwd);
   ASSERT_TRUE(s) << s.message();
-  s = attn->backward(spec, {q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(),
-                            dq.data(), dk.data(), dv.data(), slopes, mask});
+  auto grads_into = [&](std::vector<uint16_t> &gq, std::vector<uint16_t> &gk,
+                        std::vector<uint16_t> &gv) {
+    return BackwardTensors{q.data(),    k.data(),  v.data(),  o.data(),  lse.data(),
+                           dout.data(), gq.data(), gk.data(), gv.data(), slopes,
+                           mask,        cu_q,      cu_k};
+  };
+  s = attn->backward(spec, grads_into(dq, dk, dv));
   ASSERT_TRUE(s) << s.message();
   t.o = floats_of(spec, o);
   t.dq = floats_of(spec, dq);
@@ -381,12 +392,18 @@ void run_attention(const AttentionSpec &spec, const std::string &device, const O
   t.dv = floats_of(spec, dv);
   // The same call again: the same bits (no atomics, sums in a fixed order).
   std::vector<uint16_t> dq2(dq.size(), 0x7fc1), dk2(dk.size(), 0x7fc1), dv2(dv.size(), 0x7fc1);
-  s = attn->backward(spec, {q.data(), k.data(), v.data(), o.data(), lse.data(), dout.data(),
-                            dq2.data(), dk2.data(), dv2.data(), slopes, mask});
+  s = attn->backward(spec, grads_into(dq2, dk2, dv2));
   ASSERT_TRUE(s) << s.message();
   EXPECT_EQ(dq, dq2);
   EXPECT_EQ(dk, dk2);
   EXPECT_EQ(dv, dv2);
+  if (cu_q) {
+    BackwardTensors without = grads_into(dq2, dk2, dv2);
+    without.cu_seqlens_q = nullptr;
+    s = attn->backward(spec, without);
+    ASSERT_FALSE(s);
+    EXPECT_NE(s.message().find("backward: cu_seqlens_q is null"), std::string::npos) << s.message();
+  }
 }
 
 struct Lowering {
@@ -443,30 +460,12 @@ TEST_P(BackwardVarlen, MatchesFloat64) {
   options.compiler = "none";
   options.rules = how.rules;
   options.cpu_threads = 2;
-  auto attn = Attention::create(spec, fmt::format("emulator:{}", how.arch), options);
-  ASSERT_TRUE(attn) << attn.status().message();
-  const std::vector<uint16_t> q = bits_of(spec, t.q), k = bits_of(spec, t.k),
-                              v = bits_of(spec, t.v), dout = bits_of(spec, t.dout);
-  std::vector<uint16_t> o(size_t(spec.o_elements()), 0x7fc1), dq(t.q.size(), 0x7fc1),
-      dk(t.k.size(), 0x7fc1), dv(t.v.size(), 0x7fc1);
-  std::vector<float> lse(size_t(spec.lse_elements()), std::nanf(""));
-  AttentionTensors fwd{q.data(), k.data(), v.data(), o.data(), lse.data()};
-  fwd.cu_seqlens_q = t.cu_seqlens_q.data();
-  fwd.cu_seqlens_k = spec.seqs.packed_k ? t.cu_seqlens_k.data() : nullptr;
-  Status s = attn->forward(spec, fwd);
-  ASSERT_TRUE(s) << s.message();
-  BackwardTensors bwd{q.data(),    k.data(),  v.data(),  o.data(), lse.data(),
-                      dout.data(), dq.data(), dk.data(), dv.data()};
-  bwd.cu_seqlens_q = t.cu_seqlens_q.data();
-  bwd.cu_seqlens_k = fwd.cu_seqlens_k;
-  s = attn->backward(spec, bwd);
-  ASSERT_TRUE(s) << s.message();
-  t.dq = floats_of(spec, dq);
-  t.dk = floats_of(spec, dk);
-  t.dv = floats_of(spec, dv);
+  run_attention(spec, fmt::format("emulator:{}", how.arch), options, t);
+  if (HasFatalFailure())
+    return;
   expect_gradients_match(spec, t);
   // The rows past the last sequence: K and V rows of no sequence have zero
-  // gradients; dQ's are left as they were (the poison).
+  // gradients; dQ's are left as they were (the poison, NaN).
   const int64_t used_q = t.cu_seqlens_q.back();
   const int64_t used_k = spec.seqs.packed_k ? t.cu_seqlens_k.back() : 0;
   for (int64_t row = used_k; spec.seqs.packed_k && row < spec.seqs.total_k; ++row)
@@ -477,12 +476,7 @@ TEST_P(BackwardVarlen, MatchesFloat64) {
         ASSERT_EQ(t.dv[size_t(row * spec.v.seq + h * spec.v.head + d)], 0.0f) << "dv row " << row;
     }
   for (int64_t row = used_q; row < spec.seqs.total_q; ++row)
-    ASSERT_EQ(dq[size_t(row * spec.q.seq)], 0x7fc1) << "dq row " << row;
-  // Without cu_seqlens the backward is refused by name.
-  bwd.cu_seqlens_q = nullptr;
-  s = attn->backward(spec, bwd);
-  ASSERT_FALSE(s);
-  EXPECT_NE(s.message().find("backward: cu_seqlens_q is null"), std::string::npos) << s.message();
+    ASSERT_TRUE(std::isnan(t.dq[size_t(row * spec.q.seq)])) << "dq row " << row;
 }
 
 const test::SeqCase kVarlenCases[] = {

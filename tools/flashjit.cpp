@@ -334,8 +334,8 @@ Status run_on_device(const std::string &device, const Job &job, bool config_give
   t.lse = lse;
   // The device line: the device, then the explain() lines that say what ran.
   std::string lines;
+  const std::string e = attn->explain();
   for (const char *key : {"rules:", "config:", "split-kv:", "cache:"}) {
-    const std::string e = attn->explain();
     const size_t at_key = e.find(key);
     if (at_key != std::string::npos)
       lines += "\n  " + e.substr(at_key, e.find('\n', at_key) - at_key);
