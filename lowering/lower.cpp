@@ -389,10 +389,18 @@ void KernelEmitter::emit_sequences() {
                                    : fmt::format("{}[{} + 1] - {}_start", q.starts, batch, q.name);
     w_.line("const int {0} = fj_clamp({1}, 0, {2} - {0}_start);", q.name, length, cap);
   }
-  const ir::TensorParam &q = *p_.tensor("Q");
-  if (q.seq.is_param() && p_.sequence(q.seq.param))
-    w_.line("if ({} * kBlockM >= {}) return; // a query block past this sequence's end",
-            name(p_.grid_arg(0)), q.seq.param);
+  // Grid axis 0 is a block of the rows of the tensor loaded at it: Q's in the
+  // forward and the dQ kernel, K's in the dK/dV kernel.
+  const ValueId row_block = p_.grid_arg(0);
+  for (const Op &op : p_.body) {
+    if (op.kind != OpKind::Load || op.operands.empty() || op.operands[0] != row_block)
+      continue;
+    const ir::TensorParam &rows = *p_.tensor(op.symbol_attr("tensor"));
+    if (rows.seq.is_param() && p_.sequence(rows.seq.param))
+      w_.line("if ({} * kBlockM >= {}) return; // a {} block past this sequence's end",
+              name(row_block), rows.seq.param, rows.name == "Q" ? "query" : "key");
+    break;
+  }
 }
 
 // A warpgroup product (Rules::warpgroup_products): over every query tile, or

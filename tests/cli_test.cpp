@@ -489,11 +489,16 @@ TEST(SpecFlags, RunTakesNumSplits) {
   EXPECT_EQ(s->num_splits, 4);
   s = spec_from(flags({{"--num-splits", "1"}}));
   ASSERT_TRUE(s) << s.status().message();
-  EXPECT_EQ(s->num_splits, 0); // off: the attention kernel
+  EXPECT_EQ(s->num_splits, 1); // off: the attention kernel
   s = spec_from(flags({{"--num-splits", "0"}}));
-  ASSERT_FALSE(s);
-  EXPECT_NE(s.status().message().find("--num-splits 0"), std::string::npos);
-  Ran r = run_tool("", "run --heads 2 --num-splits 3");
+  ASSERT_TRUE(s) << s.status().message();
+  EXPECT_EQ(s->num_splits, 0); // chosen per call by the library
+  Ran r = run_tool("", "run --heads 2 --num-splits 0");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("--num-splits 0 (chosen per call) needs a device with compute units"),
+            std::string::npos)
+      << r.err;
+  r = run_tool("", "run --heads 2 --num-splits 3");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("only --device emulator has"), std::string::npos) << r.err;
   if (!have_llvm())
@@ -524,6 +529,12 @@ TEST(Cli, RunOnALibraryDevice) {
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("device: emulator:gfx942"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("GQA-packed"), std::string::npos) << r.out; // decode went packed
+  EXPECT_NE(r.out.find("-> PASS"), std::string::npos) << r.out;
+  r = run_tool("FLASHJIT_CACHE_DIR=$(mktemp -d)",
+               "run --device emulator:gfx942 --heads 8 --kv-heads 2 --seqlen-q 1 --seqlen-k 900 "
+               "--num-splits 1");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("split-kv: not used"), std::string::npos) << r.out; // 1 is off
   EXPECT_NE(r.out.find("-> PASS"), std::string::npos) << r.out;
   r = run_tool("", "run --device emulator:gfx1100 --head-dim 48 --heads 2 --seqlen-q 70 "
                    "--seqlen-k 33 --attn-mask bool:bqk --alibi heads --block-n 32");

@@ -361,6 +361,11 @@ int cmd_run(const cli::Args &a) {
                               "device of the library: hip:N, cuda:N or emulator:ARCH",
                               device));
   std::optional<lowering::Lowered> kernel, combine; // combine: split-KV's second kernel
+  if (!attention_device && a.has("--num-splits") && spec.num_splits == 0)
+    return fail(Status::error("--num-splits 0 (chosen per call) needs a device with compute "
+                              "units (hip:N, cuda:N, emulator:ARCH): give 1 (off) or 2..{} for "
+                              "--device {}",
+                              kMaxSplits, device));
   if (spec.num_splits > 1 && device == "interpreter")
     return fail(Status::error("--num-splits runs the split-KV kernels, which only --device "
                               "emulator has and the library's devices (hip:N, cuda:N, "

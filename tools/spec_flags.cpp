@@ -42,9 +42,9 @@ std::vector<FlagSpec> spec_flags() {
        "0 (off)"},
       {"--dropout-seed", "S", "the seed of dropout's draws, below 2^53", "0"},
       {"--num-splits", "N",
-       "split-KV (flash-decoding): each query block's keys over N workgroups, merged by LSE "
-       "(run --device emulator; 1: off)",
-       "1"},
+       "split-KV (flash-decoding): each query block's keys over N workgroups, merged by LSE; "
+       "0 lets the library choose per call (hip:N, cuda:N, emulator:ARCH), 1 is off",
+       "0 (chosen per call on a library device, off on interpreter|emulator)"},
   };
 }
 
@@ -105,13 +105,10 @@ Expected<AttentionSpec> spec_from(const Args &a) {
   FJ_RETURN_IF_ERROR(geti("--seqlen-k", s.seqlen_q, s.seqlen_k));
   FJ_RETURN_IF_ERROR(geti("--head-dim", 64, s.head_dim_qk));
   FJ_RETURN_IF_ERROR(geti("--head-dim-v", s.head_dim_qk, s.head_dim_v));
-  FJ_RETURN_IF_ERROR(geti("--num-splits", 1, s.num_splits));
-  if (s.num_splits == 0)
-    return Status::error("--num-splits 0 (chosen per call) needs a device with compute units: "
-                         "give 1 (off) or 2..{} here",
-                         kMaxSplits);
-  if (s.num_splits == 1) // off: `run` takes the attention kernel (the spec's default, 0)
-    s.num_splits = 0;
+  // The library's meaning: 0 chosen per call, 1 off, n > 1 that many splits
+  // (AttentionSpec::num_splits); `run` on the interpreter or the emulator has
+  // no compute units to choose for and refuses an explicit 0.
+  FJ_RETURN_IF_ERROR(geti("--num-splits", 0, s.num_splits));
   auto dt = parse_dtype(a.get("--dtype", "bf16"));
   if (!dt)
     return dt.status().with_context("--dtype");

@@ -165,6 +165,7 @@ def test_block_table_entry_outside_the_cache_is_refused():
 @pytest.mark.parametrize("lens_q,lens_k,causal,window,dtype,hq,hkv,d,dv", [
     ([5, 0, 37, 1], [5, 0, 37, 1], True, (-1, -1), "bf16", 4, 2, 64, 64),
     ([3, 24, 9], [40, 7, 30], False, (10, 3), "f16", 3, 1, 40, 24),
+    ([1, 130, 0, 77], [64, 130, 5, 200], True, (-1, -1), "bf16", 8, 2, 64, 64),
 ])
 def test_varlen_gradients_match_each_sequence(lens_q, lens_k, causal, window, dtype, hq, hkv,
                                               d, dv):
