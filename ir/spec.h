@@ -116,6 +116,10 @@ struct KernelSignature {
 
 /// The most KV splits one call may ask for (AttentionSpec::num_splits).
 constexpr int64_t kMaxSplits = 128;
+/// The most KV splits flashjit chooses itself (num_splits 0): one-token decode
+/// of a few heads needs more workgroups than kMaxSplits to keep a GPU's memory
+/// busy. The combine kernel takes up to this many.
+constexpr int64_t kMaxChosenSplits = 1024;
 
 /// The longest sequence a kernel indexes (its row indices are 32-bit).
 constexpr int64_t kMaxSeqlen = int64_t(1) << 29;

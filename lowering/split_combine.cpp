@@ -6,10 +6,13 @@
 //   O       = sum_s w_s O_s / sum_s w_s     (0 for a row that sees no key)
 //   LSE     = lse_max + ln(sum_s w_s)       (-inf for such a row)
 //
-// It has no matrix products and no tiles, only a loop over the splits per
-// output element, so it is written here directly rather than built as tile IR
-// (docs/decisions.md). The splits are summed in order: results are the same
-// run to run.
+// It has no matrix products and no tiles, so it is written here directly
+// rather than built as tile IR (docs/decisions.md). One workgroup merges one
+// row: its work-items read the splits' LSEs at once, and kGroups groups of a
+// wave's width each sum every kGroups-th split's partial row, so a decode call
+// of a few rows and 128 splits is not 128 dependent loads long. The sums run in
+// a fixed order (a tree over the LSEs, then the groups in order): results are
+// the same run to run.
 #include "lowering/lower.h"
 
 #include "ir/build.h"
@@ -23,9 +26,11 @@ namespace flashjit::lowering {
 
 namespace {
 
-// A workgroup merges kRows rows; each row's head-dim entries are spread over
-// kColThreads work-items, each holding ceil(head_dim_v / kColThreads) of them.
-constexpr int kThreads = 128, kColThreads = 32, kRows = kThreads / kColThreads;
+// A workgroup merges kColThreads entries of one row (the grid's y axis covers
+// the head dim): kThreads work-items read the LSEs (every kThreads-th split
+// each, kMaxChosenSplits at most), then kGroups groups of kColThreads, one
+// entry per work-item, sum every kGroups-th split.
+constexpr int kThreads = 256, kColThreads = 32, kGroups = kThreads / kColThreads;
 
 std::string combine_name(const KernelSignature &sig) {
   return fmt::format("fa_combine_{}_d{}{}{}", dtype_name(sig.dtype), sig.head_dim_v,
@@ -45,7 +50,7 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
                                       std::string_view name) {
   FJ_RETURN_IF_ERROR(spec.validate());
   const KernelSignature sig = spec.signature();
-  const int cols = int((sig.head_dim_v + kColThreads - 1) / kColThreads);
+  const int chunks = int((sig.head_dim_v + kColThreads - 1) / kColThreads);
   Lowered out;
   out.kernel_name = name.empty() ? combine_name(sig) : std::string(name);
   out.params = {
@@ -73,7 +78,8 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
       continue;
     out.params.push_back({name, KernelParam::Kind::scalar, type, emit::c_scalar_type(type)});
   }
-  out.grid = {ir::GridAxis{-1, ir::Extent::of("rows"), kRows}};
+  out.grid = {ir::GridAxis{-1, ir::Extent::of("rows"), 1},
+              ir::GridAxis{-1, ir::Extent::constant(chunks), 1}};
   out.block_threads = kThreads;
 
   HipWriter w;
@@ -82,12 +88,15 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
          dtype_name(sig.dtype));
   w.blank();
   w.line("constexpr int kDimV = {}; // head_dim_v", sig.head_dim_v);
-  w.line("constexpr int kColThreads = {}; // work-items per row", kColThreads);
-  w.line("constexpr int kCols = {}; // head-dim entries per work-item", cols);
-  w.line("constexpr int kRows = {}; // rows per workgroup", kRows);
+  w.line("constexpr int kThreads = {}; // work-items", kThreads);
+  w.line("constexpr int kMaxSplits = {}; // the most splits a call has", kMaxChosenSplits);
+  w.line("constexpr int kColThreads = {}; // work-items of a group: entries of a workgroup",
+         kColThreads);
+  w.line("constexpr int kGroups = {}; // groups, each summing every kGroups-th split", kGroups);
   w.blank();
   w.line("// Merges split-KV's partial results: workspace row r = (batch * heads + head) *");
   w.line("// seqlen_q + query holds O_partial[split][r][0..kDimV) and LSE_partial[split][r].");
+  w.line("// One workgroup per row and kColThreads entries of it.");
   w.line("FJ_GLOBAL FJ_WORKGROUP_SIZE({})", kThreads);
   w.line("void {}(", out.kernel_name);
   w.indent(2);
@@ -98,47 +107,75 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
   }
   w.indent(-2);
   w.indent(1);
-  w.line("const long row = long(fj_group_id_x()) * kRows + fj_thread_id() / kColThreads;");
-  w.line("const int col0 = fj_thread_id() % kColThreads;");
-  w.line("if (row >= rows)");
-  w.line("  return;");
+  w.line("FJ_LDS_ARRAY(float, lds_weight, kMaxSplits); // each split's weight");
+  w.line("FJ_LDS_ARRAY(float, lds_tree, kThreads); // the reductions over the splits");
+  w.line("FJ_LDS_ARRAY(float, lds_acc, kThreads); // each group's weighted sums");
+  w.line("const long row = long(fj_group_id_x());");
+  w.line("const int tid = fj_thread_id();");
   w.line("const long split_rows = rows; // rows per split in the workspace");
+  w.line("// lse_max = max_s LSE_s, then sum = sum_s w_s: each work-item over every");
+  w.line("// kThreads-th split, then a tree; all in a fixed order.");
   w.line("float lse_max = -FJ_INF;");
-  w.line("for (int s = 0; s < num_splits; ++s)");
-  w.line("  lse_max = fj_max(lse_max, fj_global_load_f32(LSE_partial + s * split_rows + row));");
-  w.line("float acc[kCols];");
-  w.line("#pragma unroll");
-  w.line("for (int c = 0; c < kCols; ++c)");
-  w.line("  acc[c] = 0.0f;");
+  w.line("for (int s = tid; s < num_splits; s += kThreads) {{");
+  w.line("  const float lse = fj_global_load_f32(LSE_partial + s * split_rows + row);");
+  w.line("  lds_weight[s] = lse;");
+  w.line("  lse_max = fj_max(lse_max, lse);");
+  w.line("}}");
+  w.line("lds_tree[tid] = lse_max;");
+  w.line("fj_barrier();");
+  w.line("for (int half = kThreads / 2; half > 0; half /= 2) {{");
+  w.line("  if (tid < half)");
+  w.line("    lds_tree[tid] = fj_max(lds_tree[tid], lds_tree[tid + half]);");
+  w.line("  fj_barrier();");
+  w.line("}}");
+  w.line("lse_max = lds_tree[0];");
+  w.line("fj_barrier();");
+  w.line("// A split's weight: 0 for an empty one (its partial output is not read), and");
+  w.line("// so for every split of a row no split saw a key of.");
   w.line("float sum = 0.0f;");
-  w.open("if (lse_max != -FJ_INF) {{");
-  w.open("for (int s = 0; s < num_splits; ++s) {{");
-  w.line("const float lse = fj_global_load_f32(LSE_partial + s * split_rows + row);");
-  w.line("if (lse == -FJ_INF)");
-  w.line("  continue; // an empty split: its partial output is 0 with weight 0");
-  w.line("const float weight = fj_exp2((lse - lse_max) * {});",
+  w.line("for (int s = tid; s < num_splits; s += kThreads) {{");
+  w.line("  const float lse = lds_weight[s];");
+  w.line("  const float w = lse == -FJ_INF ? 0.0f : fj_exp2((lse - lse_max) * {});",
          emit::float_literal(std::numbers::log2e));
-  w.line("sum += weight;");
-  w.line("const float *o = O_partial + (s * split_rows + row) * kDimV;");
-  w.line("#pragma unroll");
-  w.line("for (int c = 0; c < kCols; ++c)");
-  w.line("  if (col0 + c * kColThreads < kDimV)");
-  w.line("    acc[c] += weight * fj_global_load_f32(o + col0 + c * kColThreads);");
+  w.line("  lds_weight[s] = w;");
+  w.line("  sum += w;");
+  w.line("}}");
+  w.line("lds_tree[tid] = sum;");
+  w.line("fj_barrier();");
+  w.line("for (int half = kThreads / 2; half > 0; half /= 2) {{");
+  w.line("  if (tid < half)");
+  w.line("    lds_tree[tid] += lds_tree[tid + half];");
+  w.line("  fj_barrier();");
+  w.line("}}");
+  w.line("sum = lds_tree[0];");
+  w.line("const int group = tid / kColThreads, lane = tid % kColThreads;");
+  w.line("const int col = int(fj_group_id_y()) * kColThreads + lane;");
+  w.line("float acc = 0.0f;");
+  w.open("if (col < kDimV) {{");
+  w.line("#pragma unroll 8");
+  w.open("for (int s = group; s < num_splits; s += kGroups) {{");
+  w.line("const float w = lds_weight[s];");
+  w.line("if (w != 0.0f)");
+  w.line("  acc += w * fj_global_load_f32(O_partial + (s * split_rows + row) * kDimV + col);");
   w.close();
   w.close();
+  w.line("lds_acc[tid] = acc;");
+  w.line("fj_barrier();");
   w.line("const int query = int(row % seqlen_q);");
   w.line("const int head = int(row / seqlen_q % heads);");
   w.line("const long batch = row / seqlen_q / heads;");
+  w.open("if (tid < kColThreads && col < kDimV) {{");
+  w.line("float total = 0.0f; // the groups' sums in order");
+  w.line("#pragma unroll");
+  w.line("for (int g = 0; g < kGroups; ++g)");
+  w.line("  total += lds_acc[g * kColThreads + tid];");
   w.line("fj_bits *dst = O + batch * o_batch_stride + head * o_head_stride + long(query) * "
          "o_seq_stride;");
-  w.line("const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;");
-  w.line("#pragma unroll");
-  w.line("for (int c = 0; c < kCols; ++c)");
-  w.line("  if (col0 + c * kColThreads < kDimV)");
-  w.line("    fj_global_store1(dst + long(col0 + c * kColThreads){}, fj_from_f32(acc[c] * inv));",
+  w.line("fj_global_store1(dst + long(col){}, fj_from_f32(sum > 0.0f ? total / sum : 0.0f));",
          sig.unit_dim[3] ? "" : " * o_dim_stride");
+  w.close();
   if (sig.lse) {
-    w.line("if (col0 == 0)");
+    w.line("if (tid == 0 && fj_group_id_y() == 0)");
     w.line(
         "  fj_global_store_f32(LSE + batch * lse_batch_stride + head * lse_head_stride + query,");
     w.line("                      sum > 0.0f ? lse_max + fj_log2(sum) * {} : -FJ_INF);",
@@ -157,6 +194,7 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
   full.raw(out.kernel_text);
   out.source = full.str();
   out.rules = "combine";
+  out.lds_bytes = int((kMaxChosenSplits + 2 * kThreads) * 4);
   out.pointer_alignment = 4;
   out.max_row_stride = INT32_MAX;
   return out;

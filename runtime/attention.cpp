@@ -265,18 +265,18 @@ struct Attention::Impl {
   std::string split_failure; // why split-KV could not be built, if it was tried and failed
   std::atomic<int64_t> split_launches{0};
   std::atomic<int64_t> packed_launches{0}; // of split_launches, those GQA-packed
+  std::atomic<int64_t> last_splits{0};     // the latest split call's number of splits
 
   /// Generation, compile and module load; the first failure with its stage.
   Status build(Failure *failure);
   /// The number of KV splits of a call, 0 for the attention kernel alone.
-  /// num_splits n > 1 asks for n, 1 for none. Chosen (0): when batch x heads x
-  /// query blocks (of kDecodeRows rows for decode, at most that many queries)
-  /// cannot fill the device's compute units, enough splits to fill them about
-  /// four times over, with at least 4 KV blocks per split, at most kMaxSplits;
-  /// decode that fills the device runs one split when the attention kernel's
-  /// blocks are 128 rows or more (the one-wave split kernel wastes fewer products).
-  /// A GQA-packed decode (`packed`: its rows are query heads) always takes the
-  /// split kernels. Measured on the H100: bench/results/README.md.
+  /// num_splits n > 1 asks for n, 1 for none. Chosen (0): decode (at most
+  /// kDecodeRows queries, or GQA-packed) takes enough splits that batch x heads x
+  /// splits fills the device's compute units about four times over, down to one
+  /// KV block per split, at most kMaxChosenSplits; a prefill whose batch x heads x
+  /// query blocks cannot fill the compute units, likewise with at least 4 KV
+  /// blocks per split, at most kMaxSplits. The comments in the body say when one
+  /// split runs. Measured on the H100: bench/results/README.md.
   int64_t choose_splits(const AttentionSpec &shape, bool packed = false) const;
   static constexpr int64_t kDecodeRows = 16;
   /// The split-KV kernels (those of GQA-packed decode when `packed`), built
@@ -352,16 +352,26 @@ int64_t Attention::Impl::choose_splits(const AttentionSpec &shape, bool packed) 
   const int64_t rows = decode ? kDecodeRows : c.block_m;
   const int64_t work = shape.batch * shape.heads * ((shape.seqlen_q + rows - 1) / rows);
   const int64_t units = std::max(device.compute_units, 1);
-  // A call that fills the device splits nothing. Decode still takes the split
-  // kernels (one split) when the attention kernel's block is 128 or more rows:
-  // on the H100 benchmark that was 2.6x faster at D = 64 (128-row blocks) and up
-  // to 1.2x slower at D = 128 (64-row blocks: 4 waves against 1).
-  if (work >= units)
-    return decode && c.block_m >= 128 ? 1 : 0;
   const int64_t kv_blocks = (shape.seqlen_k + c.block_n - 1) / c.block_n;
   const int64_t wanted = (4 * units + work - 1) / work;
+  if (decode) {
+    // Decode's split kernel is one wave, and one wave's KV loop is latency
+    // bound: enough splits for about four workgroups per compute unit, down to
+    // one KV block each, past kMaxSplits. On the H100 (bench/results/README.md)
+    // B=1 Hq:Hkv 8:1 at 32k keys went from 128 splits of 4 blocks to 512 of
+    // one, and B=32 32:8 from 1 split to 3. A call that fills the device four
+    // times over runs one split when the attention kernel's block is 128 or
+    // more rows (2.6x faster at D = 64), else the attention kernel (up to 1.2x
+    // faster at D = 128: 4 waves against 1); GQA-packed rows are only the split
+    // kernels'.
+    const int64_t splits = std::clamp<int64_t>(wanted, 1, std::min(kv_blocks, kMaxChosenSplits));
+    return splits > 1 || packed || c.block_m >= 128 ? splits : 0;
+  }
+  // A prefill that fills the device splits nothing.
+  if (work >= units)
+    return 0;
   const int64_t splits = std::max<int64_t>(1, std::min({wanted, kv_blocks / 4, kMaxSplits}));
-  return decode || splits > 1 ? splits : 0;
+  return splits > 1 ? splits : 0;
 }
 
 Expected<const Attention::Impl::SplitKv *> Attention::Impl::split_kv(Failure *failure,
@@ -981,10 +991,12 @@ std::string Attention::explain() const {
     const Impl::SplitKv *shown = m.split ? m.split.get() : m.packed_split.get();
     if (shown)
       line("split-kv",
-           fmt::format("{} of those calls ran the split-KV kernels: {} then {} (built on the "
-                       "first such call{}); {} of them GQA-packed (one-token decode: a KV "
-                       "head's query heads as the rows of its tiles){}",
-                       m.split_launches.load(), shown->partial.lowered.kernel_name,
+           fmt::format("{} of those calls ran the split-KV kernels (the latest over {} "
+                       "splits): {} then {} (built on the first such call{}); {} of them "
+                       "GQA-packed (one-token decode: a KV head's query heads as the rows of "
+                       "its tiles){}",
+                       m.split_launches.load(), m.last_splits.load(),
+                       shown->partial.lowered.kernel_name,
                        shown->combine.lowered.kernel_name,
                        shown->partial_code ? ", cache " + shown->partial_code->cache_outcome : "",
                        m.packed_launches.load(),
@@ -1109,6 +1121,7 @@ Status detail::AttentionAccess::forward(Attention &a, const AttentionSpec &shape
   }
   if (split) {
     m.split_launches.fetch_add(1, std::memory_order_relaxed);
+    m.last_splits.store(splits, std::memory_order_relaxed);
     if (packed)
       m.packed_launches.fetch_add(1, std::memory_order_relaxed);
   }

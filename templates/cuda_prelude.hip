@@ -11,6 +11,8 @@
 // The kernel's shared memory is dynamic (static stops at 48 KiB): each array is a
 // slice at a 16-byte aligned byte offset; the launch passes the total.
 extern __shared__ __align__(1024) unsigned char fj_dynamic_lds[];
+// A small static array (at most 48 KiB in all), as the AMD preludes declare LDS.
+#define FJ_LDS_ARRAY(type, name, count) __shared__ type name[count]
 #define FJ_DYNAMIC_LDS_ARRAY(type, name, count, offset)                                             \
   type *const name = reinterpret_cast<type *>(fj_dynamic_lds + (offset))
 

@@ -188,6 +188,31 @@ INSTANTIATE_TEST_SUITE_P(Decode, SplitKvEmulator,
                                               std::get<2>(info.param));
                          });
 
+// More splits than the combine's work-items (flashjit chooses up to
+// kMaxChosenSplits for decode of few heads), most of them past the last KV
+// block (empty): each work-item reads several LSEs.
+TEST(SplitKvCombine, TakesMoreSplitsThanWorkItems) {
+  auto t = lowering::parse_target("gfx1201");
+  ASSERT_TRUE(t) << t.status().message();
+  AttentionSpec spec = spec_of({1, 4, 1, 1, 5000, 64, 64, bf16, bshd, false, kNoWindow, true});
+  ir::Config config = lowering::default_config(spec, *t, automatic);
+  config.block_n = 16;
+  auto program = ir::build_split_kv(spec, config);
+  ASSERT_TRUE(program) << program.status().message();
+  auto partial = lowering::lower(*program, *t, automatic);
+  ASSERT_TRUE(partial) << partial.status().message();
+  auto combine = lowering::lower_split_combine(spec, *t);
+  ASSERT_TRUE(combine) << combine.status().message();
+  for (int64_t splits : {int64_t{313}, kMaxChosenSplits}) {
+    SCOPED_TRACE(fmt::format("{} splits", splits));
+    HostTensors tensors = make_random_inputs(spec, 800 + uint64_t(splits));
+    Status s =
+        runtime::emulate_split_kv(*partial, *combine, *t, spec, splits, tensors, {.threads = 2});
+    ASSERT_TRUE(s) << s.message();
+    expect_matches_reference(spec, tensors);
+  }
+}
+
 } // namespace
 
 // ---- through flashjit::Attention -------------------------------------------

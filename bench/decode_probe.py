@@ -1,0 +1,75 @@
+"""Where a decode call's time goes: each CUDA kernel's device time per call (torch.profiler)
+for flashjit's flash_attn_func and SDPA's cuDNN and flash backends, with the plan flashjit
+chose (explain()). L2 is flushed before each call, as in bench_decode.py.
+
+    python3 bench/decode_probe.py B:SK:HQ:HKV:D [...]   e.g. 1:32768:8:1:128 8:32768:32:8:128
+"""
+import sys
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, "python")
+import flashjit  # noqa: E402
+from flashjit import _lib, api  # noqa: E402
+
+ITERS = 20
+flush = torch.empty(256 << 18, dtype=torch.int32, device="cuda")  # 256 MB, above the L2
+
+
+def kernels(fn):
+    """(name, microseconds per call) of each device kernel fn launches, the flush left out."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(ITERS):
+            flush.zero_()
+            fn()
+        torch.cuda.synchronize()
+    times = defaultdict(float)
+    for e in prof.events():
+        if e.device_type.name == "CUDA" and "zero" not in e.name.lower() and \
+                "fill" not in e.name.lower():
+            times[e.name[:70]] += e.device_time / ITERS
+    return sorted(times.items(), key=lambda kv: -kv[1])
+
+
+def main():
+    for case in sys.argv[1:]:
+        b, sk, hq, hkv, d = (int(x) for x in case.split(":"))
+        q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in "kv")
+        gbytes = (k.numel() + v.numel()) * 2 / 1e3  # KB -> GB/s when divided by us
+        print(f"== B={b} Sk={sk} Hq:Hkv={hq}:{hkv} D={d}: K+V {gbytes / 1e3:.1f} MB")
+        before = set(api._ATTENTIONS)
+        flashjit.flash_attn_func(q, k, v)
+        new = set(api._ATTENTIONS) - before
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+        runs = {"flashjit": lambda: flashjit.flash_attn_func(q, k, v)}
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION),
+                              ("flash", SDPBackend.FLASH_ATTENTION)):
+            def call(backend=backend):
+                with sdpa_kernel([backend]):
+                    return torch.nn.functional.scaled_dot_product_attention(
+                        qt, kt, vt, enable_gqa=hq != hkv)
+            runs[f"sdpa_{name}"] = call
+        for name, fn in runs.items():
+            try:
+                ks = kernels(fn)
+            except RuntimeError as e:
+                print(f"  {name}: {str(e).splitlines()[0]}")
+                continue
+            total = sum(t for _, t in ks)
+            print(f"  {name}: {total:.1f} us on the device ({gbytes / total:.0f} GB/s K+V)")
+            for kname, t in ks:
+                print(f"      {t:8.1f} us  {kname}")
+        for key in new:  # the plan flashjit chose, with the calls it counted
+            text = _lib.lib.fj_attention_explain(api._ATTENTIONS[key]) or b""
+            print("   " + text.decode().replace("\n", "\n   ").rstrip())
+
+
+if __name__ == "__main__":
+    main()
