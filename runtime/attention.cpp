@@ -996,8 +996,7 @@ std::string Attention::explain() const {
                        "GQA-packed (one-token decode: a KV head's query heads as the rows of "
                        "its tiles){}",
                        m.split_launches.load(), m.last_splits.load(),
-                       shown->partial.lowered.kernel_name,
-                       shown->combine.lowered.kernel_name,
+                       shown->partial.lowered.kernel_name, shown->combine.lowered.kernel_name,
                        shown->partial_code ? ", cache " + shown->partial_code->cache_outcome : "",
                        m.packed_launches.load(),
                        m.split && m.packed_split
