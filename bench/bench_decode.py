@@ -136,6 +136,15 @@ def sdpa_list(text):
     return names
 
 
+# Peak HBM bandwidth (GB/s) by a word of the GPU's name, first match; the data sheets'.
+PEAK_GBPS = (("H100 PCIe", 2000.0), ("H100", 3350.0), ("H200", 4800.0))
+DEFAULT_PEAK_GBPS = 3350.0
+
+
+def peak_of(gpu):
+    return next((g for name, g in PEAK_GBPS if name in gpu), DEFAULT_PEAK_GBPS)
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="bench/results")
@@ -154,8 +163,9 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", default="bf16", choices=sorted(ELEMENT_BYTES))
     ap.add_argument("--max-kv-gb", type=float, default=40.0,
                     help="skip a case whose K+V cache is larger (GB = 1e9 bytes)")
-    ap.add_argument("--peak-gbps", type=float, default=3350.0,
-                    help="peak HBM bandwidth in GB/s (3350: H100 SXM, HBM3)")
+    ap.add_argument("--peak-gbps", type=float, default=None,
+                    help="peak HBM bandwidth in GB/s (default: by the GPU's name, "
+                         + ", ".join(f"{n} {g:g}" for n, g in PEAK_GBPS) + f"; else {DEFAULT_PEAK_GBPS:g})")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
@@ -166,7 +176,7 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     if args.warmup < 0 or args.iters < 1:
         ap.error("--warmup must be >= 0 and --iters >= 1")
-    if args.peak_gbps <= 0 or args.max_kv_gb <= 0:
+    if (args.peak_gbps is not None and args.peak_gbps <= 0) or args.max_kv_gb <= 0:
         ap.error("--peak-gbps and --max-kv-gb must be positive")
     return args
 
@@ -456,6 +466,8 @@ def main(argv=None):
     args = parse_args(argv)
     runner = FakeRunner(args) if args.dry_run else TorchRunner(args)
     gpu = runner.gpu()
+    if args.peak_gbps is None:
+        args.peak_gbps = peak_of(gpu)
     day = datetime.date.today().isoformat()
     out_dir = pathlib.Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,10 +1,12 @@
 """Where a decode call's time goes: each CUDA kernel's device time per call (torch.profiler)
 for flashjit's flash_attn_func and SDPA's cuDNN and flash backends, with the plan flashjit
-chose (explain()). L2 is flushed before each call, as in bench_decode.py.
+chose (explain()). L2 is flushed before each call, as in bench_decode.py. Also the time per
+call of 200 calls back to back (no flush), which is the host's time where that is longer.
 
     python3 bench/decode_probe.py B:SK:HQ:HKV:D [...]   e.g. 1:32768:8:1:128 8:32768:32:8:128
 """
 import sys
+import time
 from collections import defaultdict
 
 import torch
@@ -63,7 +65,13 @@ def main():
                 print(f"  {name}: {str(e).splitlines()[0]}")
                 continue
             total = sum(t for _, t in ks)
-            print(f"  {name}: {total:.1f} us on the device ({gbytes / total:.0f} GB/s K+V)")
+            start = time.perf_counter()  # back to back: the host's time where it is longer
+            for _ in range(200):
+                fn()
+            torch.cuda.synchronize()
+            back = (time.perf_counter() - start) / 200 * 1e6
+            print(f"  {name}: {total:.1f} us on the device ({gbytes / total:.0f} GB/s K+V); "
+                  f"{back:.1f} us per call back to back")
             for kname, t in ks:
                 print(f"      {t:8.1f} us  {kname}")
         for key in new:  # the plan flashjit chose, with the calls it counted
