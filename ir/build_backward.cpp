@@ -329,8 +329,6 @@ Status validate_backward(const AttentionSpec &spec) {
   };
   if (spec.seqs.used_k || spec.seqs.paged())
     return refuse("KV-cache sequences (seqused_k, paged KV caches); varlen (cu_seqlens) is taken");
-  if (spec.sinks)
-    return refuse("attention sinks");
   return Status::ok();
 }
 

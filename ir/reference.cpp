@@ -455,13 +455,12 @@ Expected<ReferenceGrads> reference_attention_backward(const AttentionSpec &spec,
       {spec.seqs.used_k || spec.seqs.paged(), "KV-cache sequences (seqused_k, a paged KV cache)"},
       {!spec.score_mod.empty(), "score_mod"},
       {!spec.mask_mod.empty(), "mask_mod"},
-      {spec.sinks, "sinks"},
   };
   for (const auto &[used, feature] : unsupported)
     if (used)
       return Status::error("{} has no backward yet: the float64 reference gradients cover dense "
                            "or strided layouts, varlen (packed rows), GQA/MQA, causal, windows, "
-                           "ALiBi and softcap",
+                           "ALiBi, softcap, dropout and attention sinks",
                            feature);
 
   const int64_t B = spec.batch, H = spec.heads, KVH = spec.kv_heads;
@@ -477,6 +476,8 @@ Expected<ReferenceGrads> reference_attention_backward(const AttentionSpec &spec,
   g.dq.assign(static_cast<size_t>(B * H * Sq * Dqk), 0.0);
   g.dk.assign(static_cast<size_t>(B * KVH * Sk * Dqk), 0.0);
   g.dv.assign(static_cast<size_t>(B * KVH * Sk * Dv), 0.0);
+  if (spec.sinks)
+    g.dsinks.assign(static_cast<size_t>(H), 0.0);
 
   // Dense float64 copies of one head's K and V, and of one query row's Q and
   // dO; p and dscore hold the row's probabilities and d(modified)/d(scaled).
@@ -522,7 +523,10 @@ Expected<ReferenceGrads> reference_attention_backward(const AttentionSpec &spec,
         }
         if (max == kNegInf)
           continue; // every key hidden by the mask tensor: zero gradients
-        double sum = 0;
+        // A sink joins the denominator with its logit and no value.
+        const double sink = spec.sinks ? double(in.sinks[size_t(h)]) : kNegInf;
+        max = std::max(max, sink);
+        double sum = sink == kNegInf ? 0 : std::exp(sink - max);
         for (int64_t j = keys.lo; j < keys.hi; ++j)
           sum += p[j] = std::exp(p[j] - max);
         for (int64_t j = keys.lo; j < keys.hi; ++j)
@@ -539,6 +543,10 @@ Expected<ReferenceGrads> reference_attention_backward(const AttentionSpec &spec,
           delta += dout[d] * o;
         }
 
+        // The sink's own gradient: its probability times (0 - delta), as any
+        // logit of a softmax whose output does not use it.
+        if (spec.sinks && sink != kNegInf)
+          g.dsinks[size_t(h)] -= std::exp(sink - max) / sum * delta;
         // dS = P * (dO V^T - delta) through the modifiers; then the products.
         double *dq = &g.dq[((b * H + h) * Sq + i) * Dqk];
         for (int64_t j = keys.lo; j < keys.hi; ++j) {
@@ -616,10 +624,22 @@ GradErrorStats compare_grads(const AttentionSpec &spec, const HostTensors &resul
     });
     return sums.stats();
   };
-  return {
-      .dq = one(spec.q, result.dq, ref.dq, spec.heads, spec.seqlen_q, spec.head_dim_qk, false),
-      .dk = one(spec.k, result.dk, ref.dk, spec.kv_heads, spec.seqlen_k, spec.head_dim_qk, true),
-      .dv = one(spec.v, result.dv, ref.dv, spec.kv_heads, spec.seqlen_k, spec.head_dim_v, true)};
+  ErrorStats dsinks;
+  if (spec.sinks) {
+    ErrorSums sums;
+    double largest = 1;
+    for (int64_t h = 0; h < spec.heads; ++h) {
+      sums.add(element_or_poison(result.dsinks, h), ref.dsinks[size_t(h)]);
+      largest = std::max(largest, std::abs(ref.dsinks[size_t(h)]));
+    }
+    dsinks = sums.stats();
+    dsinks.max_abs /= largest;
+  }
+  return {.dq = one(spec.q, result.dq, ref.dq, spec.heads, spec.seqlen_q, spec.head_dim_qk, false),
+          .dk =
+              one(spec.k, result.dk, ref.dk, spec.kv_heads, spec.seqlen_k, spec.head_dim_qk, true),
+          .dv = one(spec.v, result.dv, ref.dv, spec.kv_heads, spec.seqlen_k, spec.head_dim_v, true),
+          .dsinks = dsinks};
 }
 
 Tolerance tolerance_for(DType t) {

@@ -27,6 +27,8 @@ struct HostTensors {
   /// The backward pass: dout, the gradient of O, in O's strides (spec.o); dq,
   /// dk, dv, the gradients of Q, K and V, in their tensors' strides. Empty when unused.
   std::vector<float> dout, dq, dk, dv;
+  /// With attention sinks: their gradient, [heads]. Empty when unused.
+  std::vector<float> dsinks;
 };
 
 /// A mask tensor's elements (AttentionSpec::mask) as values, from its raw
@@ -61,10 +63,13 @@ void make_random_grad(const AttentionSpec &spec, HostTensors &t, uint64_t seed);
 /// dense [batch, heads, seqlen, dim] arrays (dk, dv over kv_heads: a kv head's
 /// gradient sums its group of query heads). Rows that see no key have zero
 /// gradient. Covers what the backward kernels do: dense or strided layouts,
-/// GQA/MQA, causal (bottom-right), windows, ALiBi, softcap; anything else (sequences,
-/// score_mod, mask_mod, sinks) is an error naming the feature.
+/// GQA/MQA, causal (bottom-right), windows, ALiBi, softcap, dropout, varlen and
+/// attention sinks (dsinks [heads]: a sink's logit joins each row's softmax with no
+/// value); anything else (KV-cache sequences, score_mod, mask_mod) is an error
+/// naming the feature.
 struct ReferenceGrads {
   std::vector<double> dq, dk, dv;
+  std::vector<double> dsinks; // [heads], with sinks
 };
 Expected<ReferenceGrads> reference_attention_backward(const AttentionSpec &spec,
                                                       const HostTensors &in);
@@ -81,11 +86,13 @@ ErrorStats compare(const AttentionSpec &spec, const HostTensors &result,
                    const ReferenceResult &ref);
 
 /// A result's dQ, dK and dV (in the spec's strides) against the reference's.
+/// With sinks, dsinks too: a sum over every query row of a head grows with the
+/// rows, so its max_abs is relative to max(1, max |reference|).
 struct GradErrorStats {
-  ErrorStats dq, dk, dv;
+  ErrorStats dq, dk, dv, dsinks;
   bool within(double tol_abs, double tol_rel) const {
     return dq.within(tol_abs, tol_rel) && dk.within(tol_abs, tol_rel) &&
-           dv.within(tol_abs, tol_rel);
+           dv.within(tol_abs, tol_rel) && dsinks.within(tol_abs, tol_rel);
   }
 };
 GradErrorStats compare_grads(const AttentionSpec &spec, const HostTensors &result,

@@ -3,7 +3,13 @@
 //   preprocess  per query row: D = rowsum(dO * O) and L = LSE * log2(e), +inf
 //               for a row that sees no key (LSE = -inf), so that P = 2^(S - L) is 0;
 //   reduce      per key row and KV head: dK = sum over the group's query heads of
-//               the dK/dV program's f32 results, converted to the dtype (likewise dV).
+//               the dK/dV program's f32 results, converted to the dtype (likewise dV);
+//   sinks       per head, with attention sinks: dsink = -sum over the head's rows of
+//               P_sink * D, P_sink = exp(sink - LSE) = 2^(sink log2(e) - L).
+//
+// A sink joins each row's softmax with its logit and no value, and the forward's
+// LSE counts it: the dQ and dK/dV programs, which take P from L, need nothing
+// more, and the sink's own gradient is the softmax's, p_sink * (0 - D).
 //
 // Neither has a matrix product or a tile: a loop per row, written here directly
 // like the split-KV combine (docs/decisions.md). Both sum in a fixed order, so
@@ -130,6 +136,7 @@ ir::Bindings bind_backward_kernels(const AttentionSpec &spec) {
   b.set_int("rows", batches_q * spec.heads * rows_q);
   b.set_int("rows_k", batches_k * spec.kv_heads * rows_k);
   b.set_int("q_rows", rows_q);
+  b.set_int("q_batches", batches_q);
   b.set_int("k_rows", rows_k);
   for (const auto &[prefix, s] :
        {std::pair{"o", &spec.o}, std::pair{"k", &spec.k}, std::pair{"v", &spec.v}}) {
@@ -283,6 +290,74 @@ Expected<Lowered> lower_backward_reduce(const AttentionSpec &spec, const Target 
   w.close();
   finish(out, target, w, "the backward's sum of dK and dV over each group of query heads");
   out.rules = "backward-reduce";
+  return out;
+}
+
+Expected<Lowered> lower_backward_sinks(const AttentionSpec &spec, const Target &target) {
+  FJ_RETURN_IF_ERROR(ir::validate_backward(spec));
+  if (!spec.sinks)
+    return Status::error("the sinks' gradient kernel is for a spec with attention sinks");
+  const KernelSignature sig = spec.signature();
+  constexpr int kSinkThreads = 256;
+  Lowered out;
+  out.kernel_name = fmt::format("fa_bwd_sinks{}", sig.packed_q ? "_varlenq" : "");
+  out.params = {
+      {"L", KernelParam::Kind::tensor, ir::ScalarType::i64, "const float *"},
+      {"D", KernelParam::Kind::tensor, ir::ScalarType::i64, "const float *"},
+      {"sinks", KernelParam::Kind::tensor, ir::ScalarType::i64, "const float *"},
+      {"dsinks", KernelParam::Kind::tensor, ir::ScalarType::i64, "float *"},
+  };
+  if (sig.packed_q)
+    out.params.push_back(
+        {"cu_seqlens_q", KernelParam::Kind::tensor, ir::ScalarType::i64, "const int *"});
+  add_scalars(out, {{"heads", ir::ScalarType::i32},
+                    {"q_rows", ir::ScalarType::i32},
+                    {"q_batches", ir::ScalarType::i32},
+                    {"batches", ir::ScalarType::i32}});
+  out.grid = {ir::GridAxis{-1, ir::Extent::of("heads"), 1}};
+  out.block_threads = kSinkThreads;
+
+  HipWriter w;
+  w.line("constexpr int kThreads = {};", kSinkThreads);
+  w.blank();
+  w.line("// One workgroup per head: dsinks[head] = -sum over the head's rows r =");
+  w.line("// (batch * heads + head) * q_rows + query of 2^(sink log2(e) - L[r]) * D[r]");
+  w.line("// (L = +inf: a row that saw nothing, 0), each work-item over every kThreads-th");
+  w.line("// row, then a tree: a fixed order.");
+  open_kernel(w, out);
+  w.line("FJ_LDS_ARRAY(float, lds_tree, kThreads);");
+  w.line("const int head = fj_group_id_x();");
+  w.line("const int tid = fj_thread_id();");
+  if (sig.packed_q) {
+    w.line("// Packed queries: the rows up to the last sequence's end (cu_seqlens_q[batches],");
+    w.line("// clamped); those past it belong to no sequence.");
+    w.line("const int last_end = cu_seqlens_q[batches];");
+    w.line("const int used = last_end < 0 ? 0 : last_end > q_rows ? q_rows : last_end;");
+  } else {
+    w.line("const int used = q_rows;");
+  }
+  w.line("const float sink = fj_global_load_f32(sinks + head) * {};",
+         emit::float_literal(std::numbers::log2e));
+  w.line("float sum = 0.0f;");
+  w.open("for (long n = tid; n < long(q_batches) * used; n += kThreads) {{");
+  w.line("const long row = (n / used * heads + head) * long(q_rows) + n % used;");
+  w.line("const float l = fj_global_load_f32(L + row);");
+  w.line("if (l != FJ_INF)");
+  w.line("  sum += fj_exp2(sink - l) * fj_global_load_f32(D + row);");
+  w.close();
+  w.line("lds_tree[tid] = sum;");
+  w.line("fj_barrier();");
+  w.line("for (int half = kThreads / 2; half > 0; half /= 2) {{");
+  w.line("  if (tid < half)");
+  w.line("    lds_tree[tid] += lds_tree[tid + half];");
+  w.line("  fj_barrier();");
+  w.line("}}");
+  w.line("if (tid == 0)");
+  w.line("  fj_global_store_f32(dsinks + head, -lds_tree[0]);");
+  w.close();
+  finish(out, target, w, "the backward's gradient of the attention sinks");
+  out.lds_bytes = kSinkThreads * 4;
+  out.rules = "backward-sinks";
   return out;
 }
 

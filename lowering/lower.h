@@ -96,6 +96,8 @@ ir::Bindings bind_split_combine(const AttentionSpec &spec, int64_t splits);
 /// the reduce (dK and dV summed over each group of query heads, converted).
 Expected<Lowered> lower_backward_preprocess(const AttentionSpec &spec, const Target &target);
 Expected<Lowered> lower_backward_reduce(const AttentionSpec &spec, const Target &target);
+/// With attention sinks: each head's sink gradient, -sum of P_sink * D over its rows.
+Expected<Lowered> lower_backward_sinks(const AttentionSpec &spec, const Target &target);
 /// The config of the backward's dQ (dkdv false) or dK/dV program on `target`,
 /// from the forward's `config`: 16-row matrix tiles, and the largest loop block
 /// (64, 32 or 16 rows) whose LDS tiles fit the target's workgroup LDS, with the

@@ -251,7 +251,7 @@ struct Attention::Impl {
   /// The backward pass's four kernels (pipeline::KernelKind's backward_*, in
   /// launch order), built on the first backward() call.
   struct Backward {
-    static constexpr int kKernels = 4;
+    static constexpr int kKernels = 5; // the 5th (the sinks' gradient) only with sinks
     Generated generated[kKernels];
     std::optional<Compiled> code[kKernels];
     std::unique_ptr<runtime::GpuKernel> kernel[kKernels];
@@ -547,10 +547,12 @@ Expected<const Attention::Impl::Backward *> Attention::Impl::backward_kernels(Fa
                                 fallback_reason));
   auto made = std::make_unique<Backward>();
   using pipeline::KernelKind;
-  const KernelKind kinds[Backward::kKernels] = {KernelKind::backward_preprocess,
-                                                KernelKind::backward_dq, KernelKind::backward_dkdv,
-                                                KernelKind::backward_reduce};
+  const KernelKind kinds[Backward::kKernels] = {
+      KernelKind::backward_preprocess, KernelKind::backward_dq, KernelKind::backward_dkdv,
+      KernelKind::backward_reduce, KernelKind::backward_sinks};
   for (int i = 0; i < Backward::kKernels; ++i) {
+    if (kinds[i] == KernelKind::backward_sinks && !spec.sinks)
+      continue;
     auto g = pipeline::generate(spec, device.arch, options, failure, kinds[i]);
     if (!g)
       return g.status().with_context("backward");
@@ -604,6 +606,21 @@ Status Attention::Impl::check_backward(const AttentionSpec &shape, const Backwar
                                         : fmt::format("has ALiBi: pass the forward's {} f32 slopes",
                                                       alibi_slopes(shape)));
   FJ_RETURN_IF_ERROR(check_mask_pointer(shape, t.attn_mask).with_context("backward"));
+  for (const auto &[name, pointer] : {std::pair<const char *, const void *>{"sinks", t.sinks},
+                                      std::pair<const char *, const void *>{"dsinks", t.dsinks}}) {
+    if (shape.sinks != (pointer != nullptr))
+      return Status::error("backward: {} is {} but the spec {}", name, pointer ? "given" : "null",
+                           pointer ? "has no attention sinks: pass null, or set spec.sinks"
+                                   : fmt::format("has attention sinks: pass {} f32 {}", shape.heads,
+                                                 std::string_view(name) == "sinks"
+                                                     ? "logits (the forward's)"
+                                                     : "for their gradient"));
+    if (reinterpret_cast<uintptr_t>(pointer) % alignof(float) != 0)
+      return Status::error("backward: {} ({}) is not aligned to 4 bytes", name, pointer);
+    if (pointer && driver != nullptr)
+      FJ_RETURN_IF_ERROR(driver->check_buffer(device.index, pointer, size_t(shape.heads) * 4,
+                                              fmt::format("backward: {}", name)));
+  }
   const AttentionTensors arrays = index_view(t);
   FJ_RETURN_IF_ERROR(check_index_arrays(shape, arrays, "backward"));
   if (driver == nullptr) // host memory (the emulator)
@@ -726,6 +743,12 @@ Status Attention::Impl::run_backward(const Backward &b, const AttentionSpec &sha
                 cu_k,
                 {"dK", dk_heads, dk_bytes, 4},
                 {"dV", dv_heads, dv_bytes, 4}});
+  if (s && shape.sinks)
+    s = run(4, {l_arg,
+                d_arg,
+                {"sinks", t.sinks, shape.heads * 4, 4},
+                {"dsinks", t.dsinks, shape.heads * 4, 4},
+                cu_q});
   if (s)
     s = run(3, {{"dK_heads", dk_heads, dk_bytes, 4},
                 {"dV_heads", dv_heads, dv_bytes, 4},

@@ -116,6 +116,10 @@ struct BackwardTensors {
   /// Rows past the last sequence belong to none: dq is not written there, dk
   /// and dv get 0. KV-cache sequences (seqused_k, paged) have no backward.
   const int32_t *cu_seqlens_q = nullptr, *cu_seqlens_k = nullptr;
+  /// Attention sinks (AttentionSpec::sinks): the forward's f32 logits [heads] in,
+  /// their gradient [heads] out (f32; written, not accumulated); null otherwise.
+  const float *sinks = nullptr;
+  float *dsinks = nullptr;
 };
 
 namespace detail {

@@ -6,6 +6,7 @@
 #include "runtime/attention_detail.h"
 #include "runtime/device.h"
 
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -69,8 +70,13 @@ fj_error null_argument(const char *function, const char *name) {
 /// FJ_ABI_VERSION): its struct_size set by an init function and no larger than
 /// the library's own. ABI 1 is the first layout, so every smaller size is one
 /// no init function ever wrote.
+// The struct_size of each struct's first ABI 1 layout: a caller built against
+// it passes that size, and the fields added since read as their defaults.
+template <typename T> constexpr size_t kFirstSize = sizeof(T);
+template <> constexpr size_t kFirstSize<fj_backward_tensors> = offsetof(fj_backward_tensors, sinks);
+
 template <typename T> fj_error check_size(const char *function, const char *type, const T *in) {
-  if (in->struct_size == sizeof(T))
+  if (in->struct_size == sizeof(T) || in->struct_size == kFirstSize<T>)
     return FJ_OK;
   if (in->struct_size > sizeof(T))
     return fail(FJ_ERROR_INVALID_ARGUMENT,
@@ -575,13 +581,14 @@ fj_error fj_attention_backward(fj_attention *attention, const fj_spec *shape,
     if (shape != nullptr)
       if (fj_error e = to_spec("fj_attention_backward", shape, &s); e != FJ_OK)
         return e;
-    const flashjit::BackwardTensors t{tensors->q,           tensors->k,
-                                      tensors->v,           tensors->out,
-                                      tensors->lse,         tensors->dout,
-                                      tensors->dq,          tensors->dk,
-                                      tensors->dv,          tensors->alibi_slopes,
-                                      tensors->attn_mask,   tensors->cu_seqlens_q,
-                                      tensors->cu_seqlens_k};
+    fj_backward_tensors in{}; // a caller's older, shorter struct: the rest NULL
+    std::memcpy(&in, tensors, tensors->struct_size);
+    flashjit::BackwardTensors t{
+        in.q,           in.k,  in.v,  in.out,          in.lse,       in.dout,
+        in.dq,          in.dk, in.dv, in.alibi_slopes, in.attn_mask, in.cu_seqlens_q,
+        in.cu_seqlens_k};
+    t.sinks = in.sinks;
+    t.dsinks = in.dsinks;
     Failure failure = Failure::none;
     Status status =
         flashjit::detail::AttentionAccess::backward(attention->attention, s, t, stream, &failure);

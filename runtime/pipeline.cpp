@@ -53,18 +53,20 @@ Expected<Generated> generate(const AttentionSpec &spec, std::string_view arch,
     return failed(failure, Failure::argument, s);
   const bool backward = kind == KernelKind::backward_preprocess ||
                         kind == KernelKind::backward_dq || kind == KernelKind::backward_dkdv ||
-                        kind == KernelKind::backward_reduce;
+                        kind == KernelKind::backward_reduce || kind == KernelKind::backward_sinks;
   if (backward)
     if (Status s = ir::validate_backward(spec); !s)
       return failed(failure, Failure::unsupported, s);
   if (kind == KernelKind::split_combine || kind == KernelKind::backward_preprocess ||
-      kind == KernelKind::backward_reduce) {
+      kind == KernelKind::backward_reduce || kind == KernelKind::backward_sinks) {
     // Kernels without tile IR. Named like the attention kernels: what it
     // computes, then a hash of its text.
     auto lowered = kind == KernelKind::split_combine ? lowering::lower_split_combine(spec, g.target)
                    : kind == KernelKind::backward_preprocess
                        ? lowering::lower_backward_preprocess(spec, g.target)
-                       : lowering::lower_backward_reduce(spec, g.target);
+                   : kind == KernelKind::backward_reduce
+                       ? lowering::lower_backward_reduce(spec, g.target)
+                       : lowering::lower_backward_sinks(spec, g.target);
     if (!lowered)
       return failed(failure, Failure::unsupported, lowered.status());
     const std::string variant =

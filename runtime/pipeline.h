@@ -49,6 +49,7 @@ enum class KernelKind {
   backward_dq,         // ir::build_backward_dq
   backward_dkdv,       // ir::build_backward_dkdv: f32 per query head
   backward_reduce,     // lowering::lower_backward_reduce: sums each group, converts
+  backward_sinks,      // lowering::lower_backward_sinks: the sinks' gradient (with sinks)
 };
 
 /// Validates the spec and options, chooses the config (Options::config, else the

@@ -31,6 +31,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <numbers>
 
 namespace flashjit {
 namespace {
@@ -56,6 +58,7 @@ struct Case {
   const char *mask_axes = "bhqk";
   double dropout_p = 0;         // seed 99, offset 3: the reference draws the same elements
   Window ref_window = {-1, -1}; // the window the reference runs with (a mask_mod's equal)
+  bool sinks = false;           // attention sinks: random logits, and their gradient
 };
 
 /// A case whose mask_mod equals the window `w` (sq == sk: the diagonal is i == j),
@@ -72,6 +75,13 @@ constexpr Case with_mask(Case c, const char *name, MaskType type, const char *ax
   c.name = name;
   c.mask = type;
   c.mask_axes = axes;
+  return c;
+}
+
+/// A case with attention sinks on top of `c`.
+constexpr Case with_sinks(Case c, const char *name) {
+  c.name = name;
+  c.sinks = true;
   return c;
 }
 
@@ -163,6 +173,9 @@ const Case kCases[] = {
     with_window_mask({"", 1, 2, 1, 200, 200, 32, 32}, "mask_mod_window_block_range",
                      "q_idx - kv_idx <= 24 && kv_idx - q_idx <= 8", {24, 8}),
     with_dropout({"", 1, 2, 2, 48, 48, 64, 64, true, {}, DType::f16}, "dropout_causal_f16", 0.5),
+    // Rows that see no key still have the sink (P_sink = 1, D = 0).
+    with_sinks({"", 2, 4, 2, 70, 40, 64, 64, true}, "sinks_causal_gqa_empty_rows"),
+    with_sinks({"", 1, 2, 2, 50, 90, 40, 40, false, {20, 5}, DType::f16}, "sinks_window_f16"),
 };
 
 AttentionSpec spec_of(const Case &c) {
@@ -180,6 +193,7 @@ AttentionSpec spec_of(const Case &c) {
     s.mask_strides =
         dense_mask_strides(c.mask_axes, s.batch, s.heads, s.seqlen_q, s.seqlen_k).value();
   }
+  s.sinks = c.sinks;
   s.dropout_p = c.dropout_p;
   s.dropout_seed = 99;
   s.dropout_offset = 3;
@@ -224,7 +238,11 @@ void expect_gradients_match(const AttentionSpec &spec, const HostTensors &t) {
   const bool bf16 = spec.dtype == DType::bf16;
   const double rel = bf16 ? 2e-2 : 1e-2, abs_scale = bf16 ? 4e-2 : 2e-2;
   const std::pair<const char *, std::pair<const ErrorStats *, const std::vector<double> *>>
-      grads[] = {{"dq", {&e.dq, &ref->dq}}, {"dk", {&e.dk, &ref->dk}}, {"dv", {&e.dv, &ref->dv}}};
+      grads[] = {{"dq", {&e.dq, &ref->dq}},
+                 {"dk", {&e.dk, &ref->dk}},
+                 {"dv", {&e.dv, &ref->dv}},
+                 {"dsinks", {&e.dsinks, &ref->dsinks}}};
+  ASSERT_EQ(ref->dsinks.size(), spec.sinks ? size_t(spec.heads) : 0);
   for (const auto &[name, stats] : grads) {
     double largest = 0;
     for (double x : *stats.second)
@@ -278,8 +296,7 @@ TEST(BackwardIr, TransposedRangeCoversEveryVisiblePair) {
 TEST(BackwardIr, RefusalsNameTheFeature) {
   AttentionSpec spec = make_spec(1, 2, 2, 16, 16, 64, 64, DType::bf16);
   const std::pair<const char *, std::function<void(AttentionSpec &)>> cases[] = {
-      {"KV-cache sequences", [](AttentionSpec &s) { s.seqs.used_k = true; }},
-      {"attention sinks", [](AttentionSpec &s) { s.sinks = true; }}};
+      {"KV-cache sequences", [](AttentionSpec &s) { s.seqs.used_k = true; }}};
   for (const auto &[what, change] : cases) {
     AttentionSpec s = spec;
     change(s);
@@ -329,6 +346,18 @@ TEST_P(BackwardInterpreter, MatchesFloat64) {
             (*out)[size_t(b * strides->batch + kh * strides->head + j * strides->seq +
                           c * strides->dim)] = round_to(spec.dtype, sum);
           }
+  // The sinks' gradient as the sinks kernel computes it, from L and D:
+  // -sum over a head's rows of 2^(sink log2(e) - L) * D.
+  if (spec.sinks) {
+    t.dsinks.assign(size_t(spec.heads), 0.0f);
+    for (size_t row = 0; row < l.size(); ++row)
+      if (!std::isinf(l[row]))
+        t.dsinks[row / size_t(spec.seqlen_q) % size_t(spec.heads)] -=
+            std::exp2(t.sinks[row / size_t(spec.seqlen_q) % size_t(spec.heads)] *
+                          float(std::numbers::log2e) -
+                      l[row]) *
+            d[row];
+  }
   expect_gradients_match(ref, t);
 }
 
@@ -376,29 +405,37 @@ void run_attention(const AttentionSpec &spec, const std::string &device, const O
   fwd.attn_mask = mask;
   fwd.cu_seqlens_q = cu_q;
   fwd.cu_seqlens_k = cu_k;
+  fwd.sinks = spec.sinks ? t.sinks.data() : nullptr;
   Status s = attn->forward(spec, fwd);
   ASSERT_TRUE(s) << s.message();
+  std::vector<float> dsinks(spec.sinks ? size_t(spec.heads) : 0, std::nanf("")), dsinks2 = dsinks;
   auto grads_into = [&](std::vector<uint16_t> &gq, std::vector<uint16_t> &gk,
-                        std::vector<uint16_t> &gv) {
-    return BackwardTensors{q.data(),    k.data(),  v.data(),  o.data(),  lse.data(),
-                           dout.data(), gq.data(), gk.data(), gv.data(), slopes,
-                           mask,        cu_q,      cu_k};
+                        std::vector<uint16_t> &gv, std::vector<float> &gs) {
+    BackwardTensors b{q.data(),  k.data(),  v.data(), o.data(), lse.data(), dout.data(), gq.data(),
+                      gk.data(), gv.data(), slopes,   mask,     cu_q,       cu_k};
+    if (spec.sinks) {
+      b.sinks = t.sinks.data();
+      b.dsinks = gs.data();
+    }
+    return b;
   };
-  s = attn->backward(spec, grads_into(dq, dk, dv));
+  s = attn->backward(spec, grads_into(dq, dk, dv, dsinks));
   ASSERT_TRUE(s) << s.message();
+  t.dsinks = dsinks;
   t.o = floats_of(spec, o);
   t.dq = floats_of(spec, dq);
   t.dk = floats_of(spec, dk);
   t.dv = floats_of(spec, dv);
   // The same call again: the same bits (no atomics, sums in a fixed order).
   std::vector<uint16_t> dq2(dq.size(), 0x7fc1), dk2(dk.size(), 0x7fc1), dv2(dv.size(), 0x7fc1);
-  s = attn->backward(spec, grads_into(dq2, dk2, dv2));
+  s = attn->backward(spec, grads_into(dq2, dk2, dv2, dsinks2));
   ASSERT_TRUE(s) << s.message();
   EXPECT_EQ(dq, dq2);
+  EXPECT_EQ(0, std::memcmp(dsinks.data(), dsinks2.data(), dsinks.size() * 4));
   EXPECT_EQ(dk, dk2);
   EXPECT_EQ(dv, dv2);
   if (cu_q) {
-    BackwardTensors without = grads_into(dq2, dk2, dv2);
+    BackwardTensors without = grads_into(dq2, dk2, dv2, dsinks2);
     without.cu_seqlens_q = nullptr;
     s = attn->backward(spec, without);
     ASSERT_FALSE(s);
@@ -527,6 +564,22 @@ const test::SeqCase kVarlenCases[] = {
      true,
      false,
      0},
+    {"varlen_sinks_gqa",
+     4,
+     2,
+     32,
+     32,
+     DType::bf16,
+     true,
+     {-1, -1},
+     true,
+     {30, 0, 45},
+     {50, 10, 45},
+     true,
+     true,
+     false,
+     0,
+     true},
     {"varlen_q_dense_k_causal",
      4,
      4,
@@ -576,9 +629,22 @@ TEST(BackwardAttention, NullLseAndRefusedSpecsAreErrors) {
   std::vector<float> lse(32);
   t.lse = lse.data();
   s = with_sinks->backward(sunk, t);
-  ASSERT_FALSE(s);
-  EXPECT_NE(s.message().find("the backward pass does not take attention sinks"), std::string::npos)
+  ASSERT_FALSE(s); // sinks' logits in, their gradient out: both or neither
+  EXPECT_NE(s.message().find("backward: sinks is null but the spec has attention sinks: pass 2 "
+                             "f32 logits (the forward's)"),
+            std::string::npos)
       << s.message();
+  std::vector<float> sinks(2, 0.5f);
+  t.sinks = sinks.data();
+  s = with_sinks->backward(sunk, t);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.message().find("backward: dsinks is null"), std::string::npos) << s.message();
+  s = attn->backward(spec, t);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.message().find("backward: sinks is given but the spec has no attention sinks"),
+            std::string::npos)
+      << s.message();
+  t.sinks = nullptr;
   // ALiBi's slopes are an argument of the backward too.
   AttentionSpec tilted = spec;
   tilted.alibi = Alibi::heads;

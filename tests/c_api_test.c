@@ -10,6 +10,7 @@
 #include <flashjit/flashjit.h>
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -445,11 +446,85 @@ static void test_varlen(void) {
 #endif
 }
 
+/* The backward with attention sinks through the C ABI: dsinks written (it starts
+ * as NaN) and the same bits twice; a caller built before fj_backward_tensors had
+ * sinks (the shorter struct_size) reads as NULL there and gets the error naming
+ * them. The numbers against float64: backward_test.cpp. */
+static void test_backward_sinks(void) {
+#ifdef FLASHJIT_TEST_WITH_LLVM
+  const int64_t heads = 2, seq = 24, d = 32;
+  const size_t n = (size_t)(heads * seq * d), rows = (size_t)(heads * seq);
+  fj_spec spec;
+  fj_attention *attn = NULL;
+  fj_tensors t;
+  fj_backward_tensors g;
+  uint16_t *q = malloc(n * 2), *k = malloc(n * 2), *v = malloc(n * 2), *o = malloc(n * 2),
+           *dout = malloc(n * 2), *dq = malloc(n * 2), *dk = malloc(n * 2), *dv = malloc(n * 2);
+  float *lse = malloc(rows * sizeof(float));
+  const float sinks[2] = {0.75f, -1.5f};
+  float dsinks[2] = {NAN, NAN}, again[2] = {NAN, NAN};
+  size_t i;
+  fj_spec_init_bshd(&spec, 1, heads, heads, seq, seq, d, d, FJ_DTYPE_BF16);
+  spec.causal = 1;
+  spec.lse = 1;
+  spec.sinks = 1;
+  fill_random(q, n);
+  fill_random(k, n);
+  fill_random(v, n);
+  fill_random(dout, n);
+  for (i = 0; i < n; ++i)
+    o[i] = 0xffff;
+  if (fj_attention_create(&spec, "emulator:gfx1201", "auto", &attn) != FJ_OK) {
+    CHECK(!"fj_attention_create of a spec with sinks on emulator:gfx1201");
+  } else {
+    fj_tensors_init(&t);
+    t.q = q;
+    t.k = k;
+    t.v = v;
+    t.out = o;
+    t.lse = lse;
+    t.sinks = sinks;
+    CHECK(fj_attention_forward_tensors(attn, NULL, &t, NULL) == FJ_OK);
+    fj_backward_tensors_init(&g);
+    g.q = q;
+    g.k = k;
+    g.v = v;
+    g.out = o;
+    g.lse = lse;
+    g.dout = dout;
+    g.dq = dq;
+    g.dk = dk;
+    g.dv = dv;
+    g.sinks = sinks;
+    g.dsinks = dsinks;
+    CHECK(fj_attention_backward(attn, NULL, &g, NULL) == FJ_OK);
+    CHECK(isfinite(dsinks[0]) && isfinite(dsinks[1]) && dsinks[0] != 0.0f);
+    g.dsinks = again;
+    CHECK(fj_attention_backward(attn, NULL, &g, NULL) == FJ_OK);
+    CHECK(memcmp(dsinks, again, sizeof dsinks) == 0);
+    g.struct_size = (uint32_t)offsetof(fj_backward_tensors, sinks);
+    CHECK_ERROR(fj_attention_backward(attn, NULL, &g, NULL), FJ_ERROR_INVALID_ARGUMENT,
+                "sinks is null but the spec has attention sinks");
+    fj_attention_destroy(attn);
+  }
+  free(q);
+  free(k);
+  free(v);
+  free(o);
+  free(dout);
+  free(dq);
+  free(dk);
+  free(dv);
+  free(lse);
+#endif
+}
+
 int main(void) {
   test_basics();
   test_errors();
   test_emulator();
   test_varlen();
+  test_backward_sinks();
   if (failures)
     fprintf(stderr, "c_api_test: %d check(s) failed\n", failures);
   else

@@ -223,7 +223,6 @@ TEST(ReferenceBackward, RefusesWhatItDoesNotCoverByName) {
       {"sequences", [](AttentionSpec &s) { s.seqs.page_size = 2; }},
       {"score_mod", [](AttentionSpec &s) { s.score_mod = "score * 0.5"; }},
       {"mask_mod", [](AttentionSpec &s) { s.mask_mod = "kv_idx <= q_idx"; }},
-      {"sinks", [](AttentionSpec &s) { s.sinks = true; }},
   };
   for (const Refusal &r : refusals) {
     AttentionSpec s = base;

@@ -302,6 +302,12 @@ typedef struct fj_backward_tensors {
    * spec packs that side (packed_q / packed_k), else NULL; lse is then
    * [heads, total_q]. Rows past the last sequence: dq not written, dk and dv 0. */
   const int32_t *cu_seqlens_q, *cu_seqlens_k;
+  /* Attention sinks (spec.sinks = 1): the forward's f32 logits [heads] in, their
+   * f32 gradient [heads] out (written, not accumulated); else both NULL. Added in
+   * 0.1.0 after the first ABI 1 header: a caller built before them passes a
+   * smaller struct_size and reads as NULL here. */
+  const float *sinks;
+  float *dsinks;
 } fj_backward_tensors;
 
 /* Every pointer NULL, struct_size set. */
@@ -311,8 +317,9 @@ FJ_API void fj_backward_tensors_init(fj_backward_tensors *tensors);
  * dout (FlashAttention-2's backward, deterministic: the same bits run to run),
  * through the score modifiers (softcap, ALiBi, score_mod, mask_mod). `shape` as
  * for fj_attention_forward_tensors (NULL: the handle's spec). Its kernels are
- * built on the first call. Varlen specs (packed_q / packed_k) are taken; KV-cache
- * sequences (used_k, paged) and sinks return FJ_ERROR_UNSUPPORTED naming the feature. */
+ * built on the first call. Varlen specs (packed_q / packed_k) and attention sinks
+ * (with their gradient, dsinks) are taken; KV-cache sequences (used_k, paged)
+ * return FJ_ERROR_UNSUPPORTED naming the feature. */
 FJ_API fj_error fj_attention_backward(fj_attention *attention, const fj_spec *shape,
                                       const fj_backward_tensors *tensors, void *stream);
 

@@ -28,6 +28,7 @@ struct SeqCase {
   std::vector<int32_t> q_lens, k_lens; // per batch; dense Q needs equal lengths
   bool packed_q, packed_k, used_k;
   int64_t page_size; // 0: not paged
+  bool sinks = false;  // attention sinks (random logits)
 };
 
 inline std::string name_of(const SeqCase &c) { return c.name; }
@@ -54,6 +55,7 @@ inline SeqInputs make_seq_inputs(const SeqCase &c, uint64_t seed, Layout layout 
   s.causal = c.causal;
   s.window = c.window;
   s.lse = c.lse;
+  s.sinks = c.sinks;
   s.seqlen_q = max_q;
   HostTensors idx;
   std::mt19937 rng{uint32_t(seed)};
