@@ -27,8 +27,8 @@ struct SeqCase {
   bool lse;
   std::vector<int32_t> q_lens, k_lens; // per batch; dense Q needs equal lengths
   bool packed_q, packed_k, used_k;
-  int64_t page_size; // 0: not paged
-  bool sinks = false;  // attention sinks (random logits)
+  int64_t page_size;  // 0: not paged
+  bool sinks = false; // attention sinks (random logits)
 };
 
 inline std::string name_of(const SeqCase &c) { return c.name; }
