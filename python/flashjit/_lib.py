@@ -84,6 +84,7 @@ class BackwardTensors(_Sized):
         ("dq", ctypes.c_void_p), ("dk", ctypes.c_void_p), ("dv", ctypes.c_void_p),
         ("alibi_slopes", ctypes.c_void_p), ("attn_mask", ctypes.c_void_p),
         ("cu_seqlens_q", ctypes.c_void_p), ("cu_seqlens_k", ctypes.c_void_p),
+        ("sinks", ctypes.c_void_p), ("dsinks", ctypes.c_void_p),
     ]
 
 

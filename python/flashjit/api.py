@@ -412,9 +412,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     alibi_slopes, float32 [heads] or [batch, heads], adds FlashAttention's ALiBi bias.
     Torch inputs that require grad (with grad mode on) get gradients through
     flashjit's backward (flash_attn_backward, through softcap, ALiBi, score_mod and
-    mask_mod; deterministic, so `deterministic` changes nothing); the backward does
-    not take sinks yet, and such a call raises NotImplementedError rather than
-    dropping the gradient. dropout_p in [0, 1) drops each attention weight with
+    mask_mod; deterministic, so `deterministic` changes nothing); sinks that require
+    grad get theirs (in their dtype); an attn_mask that requires grad raises
+    NotImplementedError rather than dropping its gradient. dropout_p in [0, 1) drops each attention weight with
     that probability after the softmax and scales the kept ones by 1 / (1 - dropout_p),
     as FlashAttention does (in training; pass 0 for inference): which ones is a Philox
     draw of (dropout_seed, b, h, q_idx, kv_idx), dropout_seed None drawing a new seed
@@ -459,7 +459,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         if torch_ops.compiling():  # torch.compile: the custom op, traced without a break
             out, lse = torch_ops.attention(q, k, v, *args, seed_given=dropout_seed is not None)
         elif torch.is_grad_enabled() and any(getattr(x, "requires_grad", False)
-                                             for x in (q, k, v)):
+                                             for x in (q, k, v, sinks)):
             from .backward import attention_with_grad
             out, lse = attention_with_grad(q, k, v, *args)
         else:

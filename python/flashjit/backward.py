@@ -11,8 +11,10 @@ from .api import (_attention, _attention_forward, _bf16_bits, _check_qkv, _devic
 def flash_attn_backward(dout, q, k, v, out, softmax_lse, dropout_p=0.0, softmax_scale=None,
                         causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                         deterministic=False, *, arch=None, config=None, score_mod=None,
-                        mask_mod=None, attn_mask=None, dropout_seed=None):
-    """(dq, dk, dv): the gradients of out = flash_attn_func(q, k, v, ...) given dout.
+                        mask_mod=None, attn_mask=None, dropout_seed=None, sinks=None):
+    """(dq, dk, dv): the gradients of out = flash_attn_func(q, k, v, ...) given dout; with
+    sinks (the forward's attention sinks, [heads]), (dq, dk, dv, dsinks), dsinks float32
+    [heads].
 
     out and softmax_lse are the forward's, from flash_attn_func(..., return_attn_probs=True)
     (FlashAttention's +inf for a query that sees no key) or return_lse=True (-inf there);
@@ -74,8 +76,9 @@ def flash_attn_backward(dout, q, k, v, out, softmax_lse, dropout_p=0.0, softmax_
 
     strides = [_strides(x, kind) for x in ins[:4]]
     spec = _spec(b, sq, sk, hq, hkv, d, dv, dtype, scale, causal, window, True, strides)
-    mods, slopes, _, keep = _modifiers(spec, kind, None if kind == "numpy" else str(q.device),
-                                       b, hq, softcap, alibi_slopes, score_mod, mask_mod, None)
+    mods, slopes, sinks_ptr, keep = _modifiers(
+        spec, kind, None if kind == "numpy" else str(q.device), b, hq, softcap, alibi_slopes,
+        score_mod, mask_mod, sinks)
     mask_type, mask_ptr, mask_view = _mask_tensor(
         spec, kind, None if kind == "numpy" else str(q.device), attn_mask, (b, hq, sq, sk))
     spec.dropout_p, spec.dropout_seed = _dropout(dropout_p, dropout_seed, kind)
@@ -83,10 +86,20 @@ def flash_attn_backward(dout, q, k, v, out, softmax_lse, dropout_p=0.0, softmax_
     signature = (_signature(dtype, d, dv, causal, window, True, strides) + mods +
                  (mask_type, spec.dropout_p > 0))
     handle = _attention(signature, spec, device, config, kind)
-    grads = _run_backward(handle, spec, kind, dtype, stream, ins, lse, bufs, alibi_slopes=slopes,
-                          attn_mask=mask_ptr)
+    arrays = dict(alibi_slopes=slopes, attn_mask=mask_ptr)
+    dsinks = None
+    if sinks is not None:  # written by the backward, NaN until then
+        if kind == "torch":
+            import torch
+            dsinks = torch.full((hq,), float("nan"), dtype=torch.float32, device=q.device)
+            arrays.update(sinks=sinks_ptr, dsinks=dsinks.data_ptr())
+        else:
+            import numpy as np
+            dsinks = np.full((hq,), np.nan, dtype=np.float32)
+            arrays.update(sinks=sinks_ptr, dsinks=dsinks.ctypes.data)
+    grads = _run_backward(handle, spec, kind, dtype, stream, ins, lse, bufs, **arrays)
     del keep, mask_view
-    return grads
+    return grads if dsinks is None else grads + (dsinks,)
 
 
 def _run_backward(handle, spec, kind, dtype, stream, ins, lse, bufs, **arrays):
@@ -118,27 +131,30 @@ def _function():
             @staticmethod
             def forward(ctx, q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
                         config, num_splits, score_mod, mask_mod, attn_mask, dropout_p,
-                        dropout_seed):
+                        dropout_seed, sinks):
                 out, lse = _attention_forward(q, k, v, True, softmax_scale, causal, window_size,
                                               softcap, alibi_slopes, None, config, num_splits,
-                                              score_mod, mask_mod, None, attn_mask, dropout_p,
+                                              score_mod, mask_mod, sinks, attn_mask, dropout_p,
                                               dropout_seed)
                 ctx.save_for_backward(q, k, v, out, lse)
+                ctx.sinks = sinks
                 ctx.args = dict(softmax_scale=softmax_scale, causal=causal,
                                 window_size=window_size, softcap=softcap,
                                 alibi_slopes=alibi_slopes, config=config, score_mod=score_mod,
                                 mask_mod=mask_mod, attn_mask=attn_mask, dropout_p=dropout_p,
-                                dropout_seed=dropout_seed)
+                                dropout_seed=dropout_seed, sinks=sinks)
                 ctx.mark_non_differentiable(lse)
                 return out, lse
 
             @staticmethod
             def backward(ctx, dout, _dlse):
                 q, k, v, out, lse = ctx.saved_tensors
-                dq, dk, dv = flash_attn_backward(dout, q, k, v, out, lse, **ctx.args)
+                grads = flash_attn_backward(dout, q, k, v, out, lse, **ctx.args)
                 # No gradient for the slopes (FlashAttention's ALiBi is not learned) nor
-                # for attn_mask (attention_with_grad refuses one that requires grad).
-                return (dq, dk, dv) + (None,) * 12
+                # for attn_mask (attention_with_grad refuses one that requires grad). The
+                # sinks' comes in their own dtype.
+                dsinks = grads[3].to(ctx.sinks.dtype) if ctx.sinks is not None else None
+                return grads[:3] + (None,) * 12 + (dsinks,)
 
         _FUNCTION = FlashAttnFunction
     return _FUNCTION
@@ -148,14 +164,8 @@ def attention_with_grad(q, k, v, softmax_scale, causal, window_size, softcap, al
                         config, num_splits, score_mod, mask_mod, sinks, attn_mask=None,
                         dropout_p=0.0, dropout_seed=0):
     """flash_attn_func's call when a torch input requires grad: (out, lse) through the
-    autograd function, or NotImplementedError naming what the backward does not take,
-    so that no gradient is ever dropped without a word."""
-    if sinks is not None:
-        raise NotImplementedError(
-            "flashjit: an input requires grad and grad mode is on, but the backward pass does "
-            "not take sinks yet (issue 15): no gradient would flow through attention. For "
-            "inference, call it under torch.no_grad() or torch.inference_mode(); to run it on "
-            "purpose without gradients, pass q.detach(), k.detach(), v.detach()")
+    autograd function (sinks that require grad get theirs), or NotImplementedError naming
+    what the backward does not take, so that no gradient is ever dropped without a word."""
     if attn_mask is not None and getattr(attn_mask, "requires_grad", False):
         raise NotImplementedError(
             "flashjit: attn_mask requires grad, but flashjit computes no gradient for a mask "
@@ -165,4 +175,4 @@ def attention_with_grad(q, k, v, softmax_scale, causal, window_size, softcap, al
         raise ValueError(f"flashjit: arch={arch!r} applies to NumPy inputs (the emulator)")
     return _function().apply(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
                              config, num_splits, score_mod, mask_mod, attn_mask, dropout_p,
-                             dropout_seed)
+                             dropout_seed, sinks)

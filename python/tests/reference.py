@@ -88,13 +88,15 @@ def bf16_round(a):
 
 
 def attention_grads(q, k, v, dout, causal=False, window_size=(-1, -1), softmax_scale=None,
-                    softcap=0.0, alibi_slopes=None, mask=None, bias=None, dropout=None):
+                    softcap=0.0, alibi_slopes=None, mask=None, bias=None, dropout=None,
+                    sinks=None):
     """float64 (dq, dk, dv) of attention(q, k, v, ...)'s output against dout, by the
     analytic formulas: P = softmax(S), dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dO o
     O)), through softcap (times 1 - tanh^2), dQ = scale dS K, dK = scale dS^T Q; a kv
     head's gradient sums its group of query heads. mask, bias and dropout as attention():
     with dropout weights Z, O = (P o Z) V, dV = (P o Z)^T dO, dS = P (dP o Z - rowsum(dO o
-    O))."""
+    O)). With sinks [h] (a logit per head in the denominator, no value) the result is
+    (dq, dk, dv, dsinks): dsink_h = -sum over the head's rows of P_sink rowsum(dO o O)."""
     q, k, v, dout = (np.asarray(x, dtype=np.float64) for x in (q, k, v, dout))
     b, sq, hq, d = q.shape
     _, sk, hkv, dv = v.shape
@@ -126,9 +128,15 @@ def attention_grads(q, k, v, dout, causal=False, window_size=(-1, -1), softmax_s
         visible = visible & mask
     s = np.where(visible, s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
+    if sinks is not None:
+        sink = np.asarray(sinks, dtype=np.float64)[None, :, None, None]
+        m = np.maximum(m, sink)
     m = np.where(np.isinf(m), 0.0, m)
     p = np.exp(s - m)
     l = p.sum(axis=-1, keepdims=True)
+    if sinks is not None:
+        l = l + np.exp(sink - m)
+        p_sink = np.where(l > 0, np.exp(sink - m) / np.where(l > 0, l, 1), 0.0)
     p = np.where(l > 0, p / np.where(l > 0, l, 1), 0.0)  # rows that see no key: P = 0
     do = dout.transpose(0, 2, 1, 3)  # b h q d
     z = 1.0 if dropout is None else dropout
@@ -140,4 +148,7 @@ def attention_grads(q, k, v, dout, causal=False, window_size=(-1, -1), softmax_s
     dkr = np.einsum("bhqk,bqhd->bkhd", ds, q) * scale
     dk = dkr.reshape(b, sk, hkv, g, d).sum(axis=3)
     dvv = dvr.reshape(b, sk, hkv, g, dv).sum(axis=3)
-    return dq, dk, dvv
+    if sinks is None:
+        return dq, dk, dvv
+    dsinks = -(p_sink[..., 0] * (do * o).sum(axis=-1)).sum(axis=(0, 2))
+    return dq, dk, dvv, dsinks

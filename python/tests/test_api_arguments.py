@@ -121,7 +121,7 @@ def test_issue15_grad_check_passes_without_grad_mode_or_without_requires_grad():
 
 def test_issue15_flash_attn_func_asks_torchs_grad_mode(monkeypatch):
     """flash_attn_func asks torch.is_grad_enabled for torch inputs that require grad, and
-    refuses what the backward does not take (sinks) instead of detaching: through
+    refuses what the backward does not take (a gradient of attn_mask) instead of detaching: through
     a stand-in torch module, so that it runs without torch installed."""
     grad_mode = [True]
     fake_torch = types.ModuleType("torch")
@@ -132,11 +132,11 @@ def test_issue15_flash_attn_func_asks_torchs_grad_mode(monkeypatch):
         shape = (8, 2, 16)  # 3-D: refused right after the grad check
     Tensor.__module__ = "torch"
     q, k = Tensor(False), Tensor(True)
-    with pytest.raises(NotImplementedError, match=r"does not take sinks.*\.detach\(\)"):
-        flashjit.flash_attn_func(q, k, q, sinks=q)
+    with pytest.raises(NotImplementedError, match=r"attn_mask requires grad.*\.detach\(\)"):
+        flashjit.flash_attn_func(q, k, q, attn_mask=k)
     grad_mode[0] = False  # torch.no_grad(): past the check, to the next one
     with pytest.raises(ValueError, match="4-D"):
-        flashjit.flash_attn_func(q, k, q, sinks=q)
+        flashjit.flash_attn_func(q, k, q, attn_mask=k)
 
 
 # ---- issue 18, finding 12: integers range-checked, NUL refused ---------------------------

@@ -1,7 +1,7 @@
 """Gradients through flash_attn_func (issue 15): torch inputs that require grad get
 dq, dk, dv from flashjit's backward on CUDA, compared with float64 analytic gradients;
-what the backward does not take yet (sinks, KV-cache calls: seqused_k, block tables) is
-refused by name; varlen calls get their gradients per sequence rather than returning an output detached from autograd; softcap and
+what the backward does not take yet (KV-cache calls: seqused_k, block tables) is
+refused by name; attention sinks get their own gradient; varlen calls get their gradients per sequence rather than returning an output detached from autograd; softcap and
 ALiBi are differentiated through. Needs torch; the refusals run on the CPU too (they come before
 the device check).
 
@@ -25,14 +25,38 @@ def make(requires_grad, dtype=torch.float16, shape=(1, 16, 2, 32)):
             for r in requires_grad]
 
 
-def test_issue15_what_the_backward_does_not_take_is_refused_in_grad_mode():
-    q, k, v = make((True, False, False))
-    sinks = torch.zeros(2, device=DEVICE)
-    with pytest.raises(NotImplementedError, match=r"does not take sinks.*torch\.no_grad\(\)"):
-        flashjit.flash_attn_func(q, k, v, sinks=sinks)
-    with torch.no_grad():  # the way out: inference
-        if CUDA:
-            flashjit.flash_attn_func(q, k, v, sinks=sinks)
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sinks_get_gradients_on_cuda(dtype):
+    """Learned attention sinks (gpt-oss) that require grad: q, k, v and the sinks get
+    their gradients, against float64 autograd through softmax over [scores, sink] with
+    the sink's column dropped; dsinks comes in the sinks' dtype."""
+    torch.manual_seed(3)
+    b, sq, sk, hq, hkv, d = 2, 40, 64, 4, 2, 64
+    q = (torch.rand(b, sq, hq, d, device="cuda") * 2 - 1).to(dtype).requires_grad_()
+    k = (torch.rand(b, sk, hkv, d, device="cuda") * 2 - 1).to(dtype).requires_grad_()
+    v = (torch.rand(b, sk, hkv, d, device="cuda") * 2 - 1).to(dtype).requires_grad_()
+    sinks = (torch.rand(hq, device="cuda") * 3 - 1).to(dtype).requires_grad_()
+    dout = (torch.rand(b, sq, hq, d, device="cuda") * 2 - 1).to(dtype)
+    out = flashjit.flash_attn_func(q, k, v, causal=True, sinks=sinks)
+    out.backward(dout)
+    assert sinks.grad is not None and sinks.grad.dtype == dtype
+
+    q64, k64, v64, s64 = (x.detach().double().requires_grad_() for x in (q, k, v, sinks))
+    g = hq // hkv
+    scores = torch.einsum("bqhd,bkhd->bhqk", q64, k64.repeat_interleave(g, 2)) / math.sqrt(d)
+    i = torch.arange(sq, device="cuda")[:, None]
+    j = torch.arange(sk, device="cuda")[None, :]
+    scores = scores.masked_fill(j > i + sk - sq, float("-inf"))
+    logits = torch.cat([scores, s64[None, :, None, None].expand(b, hq, sq, 1)], dim=-1)
+    p = torch.softmax(logits, dim=-1)[..., :sk]
+    ref = torch.einsum("bhqk,bkhd->bqhd", p, v64.repeat_interleave(g, 2))
+    ref.backward(dout.double())
+    rel = 2e-2 if dtype == torch.bfloat16 else 1e-2
+    for name, got, want in (("q", q.grad, q64.grad), ("k", k.grad, k64.grad),
+                            ("v", v.grad, v64.grad), ("sinks", sinks.grad, s64.grad)):
+        err = ((got.double() - want).norm() / want.norm()).item()
+        assert err <= rel, f"d{name} relative error {err:.3g} > {rel}"
 
 
 def test_issue15_kvcache_sequences_requiring_grad_are_refused():
