@@ -226,6 +226,10 @@ def _modifiers(spec, kind, device_of, batch, heads, softcap, alibi_slopes, score
         if tuple(sinks.shape) != (heads,):
             raise ValueError(f"flashjit: sinks must be float32 [heads] = ({heads},), got shape "
                              f"{tuple(sinks.shape)}")
+        if _kind(sinks) == kind and str(sinks.dtype).replace("torch.", "") in ("bfloat16",
+                                                                                "float16"):
+            # A model's sinks parameter in its 16-bit dtype (gpt-oss): widened, exactly.
+            sinks = sinks.float() if kind == "torch" else sinks.astype("float32")
         sinks_ptr, held = _array(sinks, kind, device_of, "sinks", "float32")
         keep.append(held)
         spec.sinks = 1
@@ -436,8 +440,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     score_mod and mask_mod, expressions compiled into the kernel (docs/masks.md):
     score_mod of score, b, h, q_idx, kv_idx, seqlen_q, seqlen_k gives the new score,
     mask_mod of the same names but score hides a key where it is 0 (e.g.
-    mask_mod="q_idx / 512 == kv_idx / 512"); sinks, float32 [heads], gpt-oss's attention
-    sinks (a logit per head in each row's softmax denominator); attn_mask, SDPA's mask
+    mask_mod="q_idx / 512 == kv_idx / 512"); sinks, [heads] (float32, or bf16/f16
+    widened), gpt-oss's attention sinks (a logit per head in each row's softmax
+    denominator; their gradient flows when they require grad); attn_mask, SDPA's mask
     tensor in its layout [batch, heads, seqlen_q, seqlen_k] (or any shape that
     broadcasts to it, e.g. [batch, 1, 1, seqlen_k] for key padding): bool, True
     where the query attends, or float32/float16/bfloat16 added to the scaled
