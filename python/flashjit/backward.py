@@ -87,19 +87,27 @@ def flash_attn_backward(dout, q, k, v, out, softmax_lse, dropout_p=0.0, softmax_
                  (mask_type, spec.dropout_p > 0))
     handle = _attention(signature, spec, device, config, kind)
     arrays = dict(alibi_slopes=slopes, attn_mask=mask_ptr)
-    dsinks = None
-    if sinks is not None:  # written by the backward, NaN until then
-        if kind == "torch":
-            import torch
-            dsinks = torch.full((hq,), float("nan"), dtype=torch.float32, device=q.device)
-            arrays.update(sinks=sinks_ptr, dsinks=dsinks.data_ptr())
-        else:
-            import numpy as np
-            dsinks = np.full((hq,), np.nan, dtype=np.float32)
-            arrays.update(sinks=sinks_ptr, dsinks=dsinks.ctypes.data)
+    dsinks = _sink_gradient(arrays, sinks_ptr, hq, kind, q)
     grads = _run_backward(handle, spec, kind, dtype, stream, ins, lse, bufs, **arrays)
     del keep, mask_view
     return grads if dsinks is None else grads + (dsinks,)
+
+
+def _sink_gradient(arrays, sinks_ptr, heads, kind, like):
+    """With sinks (their pointer, else None): adds them and a float32 [heads] buffer for
+    their gradient (NaN until the backward writes it, on `like`'s device) to the
+    backward's `arrays`, and returns the buffer."""
+    if sinks_ptr is None:
+        return None
+    if kind == "torch":
+        import torch
+        dsinks = torch.full((heads,), float("nan"), dtype=torch.float32, device=like.device)
+        arrays.update(sinks=sinks_ptr, dsinks=dsinks.data_ptr())
+    else:
+        import numpy as np
+        dsinks = np.full((heads,), np.nan, dtype=np.float32)
+        arrays.update(sinks=sinks_ptr, dsinks=dsinks.ctypes.data)
+    return dsinks
 
 
 def _run_backward(handle, spec, kind, dtype, stream, ins, lse, bufs, **arrays):

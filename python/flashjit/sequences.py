@@ -27,7 +27,9 @@ def _common(q, k, v, arrays, arch, what="KV-cache calls", refuse_grad=True):
                         "arrays")
     if kind == "torch" and refuse_grad:
         import torch
-        _refuse_grad((("q", q), ("k", k), ("v", v)), torch.is_grad_enabled, what)
+        # Every tensor: q, k, v and the per-call arrays (new keys, sinks) alike.
+        _refuse_grad((("q", q), ("k", k), ("v", v)) + tuple(arrays.items()),
+                     torch.is_grad_enabled, what)
     dtypes = {_dtype_name(x, kind) for x in (q, k, v)}
     if None in dtypes or len(dtypes) != 1:
         raise TypeError(f"flashjit: q, k and v must share one dtype, bf16 or f16 (NumPy: "
@@ -96,20 +98,22 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     b attends to its first seqused_k[b] keys). dropout_p != 0 raises NotImplementedError
     (issue 15). NumPy inputs run on the emulator of `arch`; there every array entry is
     checked (a bad one is an error naming it). Torch inputs that require grad (grad mode
-    on) run through autograd: flash_attn_varlen_backward gives dq, dk, dv (not with a
-    block_table, seqused_k or sinks: those raise NotImplementedError)."""
+    on) run through autograd: flash_attn_varlen_backward gives dq, dk, dv, and sinks that
+    require grad get theirs (not with a block_table or seqused_k: those raise
+    NotImplementedError)."""
     if dropout_p != 0.0:
         raise NotImplementedError("flashjit: dropout in the varlen and KV-cache calls is not "
                                   "built yet (issue 15): pass dropout_p=0.0")
     if return_attn_probs and return_lse:
         raise ValueError("flashjit: return_attn_probs and return_lse both ask for the LSE: pass "
                          "one")
-    if _needs_grad(q, k, v) and block_table is None and seqused_k is None and sinks is None:
+    if _needs_grad(q, k, v, sinks) and block_table is None and seqused_k is None:
         if arch:
             raise ValueError(f"flashjit: arch={arch!r} applies to NumPy inputs (the emulator)")
         out, lse = _varlen_function().apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                             max_seqlen_k, softmax_scale, causal, window_size,
-                                            softcap, alibi_slopes, config, score_mod, mask_mod)
+                                            softcap, alibi_slopes, config, score_mod, mask_mod,
+                                            sinks)
         if return_attn_probs:  # FlashAttention's +inf for a query that sees no key
             return out, lse.masked_fill(lse == float("-inf"), float("inf")), None
         return (out, lse) if return_lse else out
@@ -119,8 +123,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     kind, dtype, device, stream = _common(q, k, v, {"cu_seqlens_q": cu_seqlens_q,
                                                     "cu_seqlens_k": cu_seqlens_k,
                                                     "block_table": block_table,
-                                                    "seqused_k": seqused_k}, arch,
-                                          "a block_table, seqused_k or sinks")
+                                                    "seqused_k": seqused_k, "sinks": sinks},
+                                          arch, "a block_table or seqused_k")
     if len(q.shape) != 3 or len(k.shape) != (4 if paged else 3) or len(v.shape) != len(k.shape):
         raise ValueError(f"flashjit: q must be [total_q, heads, d] and k, v "
                          f"{'[num_blocks, page_size, kv_heads, d] (paged)' if paged else '[total_k, kv_heads, d]'}; "
@@ -198,14 +202,15 @@ def flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu
                                max_seqlen_q, max_seqlen_k, dropout_p=0.0, softmax_scale=None,
                                causal=False, window_size=(-1, -1), softcap=0.0,
                                alibi_slopes=None, deterministic=False, *, arch=None,
-                               config=None, score_mod=None, mask_mod=None):
+                               config=None, score_mod=None, mask_mod=None, sinks=None):
     """(dq, dk, dv): the gradients of out = flash_attn_varlen_func(q, k, v, cu_seqlens_q,
     cu_seqlens_k, ...) given dout [total_q, heads, dv]. out and softmax_lse [heads, total_q]
     are the forward's (return_attn_probs' +inf or return_lse's -inf for a query that sees no
     key); the other arguments must be the forward's. Packed q, k and v only (no
     block_table or seqused_k). dq, dk and dv have the shapes, dtypes and strides of q, k
     and v; rows past the last sequence (cu_seqlens[-1] onward) get 0 in dk and dv, and in
-    dq when it is allocated here. Deterministic (no atomics)."""
+    dq when it is allocated here. With sinks (the forward's, [heads]): (dq, dk, dv,
+    dsinks), dsinks float32 [heads]. Deterministic (no atomics)."""
     if dropout_p != 0.0:
         raise NotImplementedError("flashjit: dropout in the varlen calls is not built yet "
                                   "(issue 15): pass dropout_p=0.0")
@@ -264,18 +269,19 @@ def flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu
     spec = _spec(batch, max_q, max_k, hq, hkv, d, dv, dtype, scale, causal, window, True, strides)
     spec.packed_q, spec.total_q = 1, total_q
     spec.packed_k, spec.total_k = 1, total_k
-    mods, slopes, _, held = _modifiers(spec, kind, dev, batch, hq, softcap, alibi_slopes,
-                                       score_mod, mask_mod, None)
+    mods, slopes, sink_ptr, held = _modifiers(spec, kind, dev, batch, hq, softcap,
+                                              alibi_slopes, score_mod, mask_mod, sinks)
     keep += held
     # One handle with the forward's: the signature of a varlen forward that returned the LSE.
     signature = _signature(dtype, d, dv, causal, window, True, strides) + mods + (
         "varlen", False, 1, 0)
     handle = _attention(signature, spec, device, config, kind)
-    from .backward import _run_backward
-    grads = _run_backward(handle, spec, kind, dtype, stream, ins, lse, bufs, alibi_slopes=slopes,
-                          **pointers)
+    from .backward import _run_backward, _sink_gradient
+    arrays = dict(alibi_slopes=slopes, **pointers)
+    dsinks = _sink_gradient(arrays, sink_ptr, hq, kind, q)
+    grads = _run_backward(handle, spec, kind, dtype, stream, ins, lse, bufs, **arrays)
     del keep
-    return grads
+    return grads if dsinks is None else grads + (dsinks,)
 
 
 _VARLEN_FUNCTION = None
@@ -290,10 +296,10 @@ def _varlen_function():
         class FlashAttnVarlenFunction(torch.autograd.Function):
             @staticmethod
             def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal,
-                        window_size, softcap, alibi_slopes, config, score_mod, mask_mod):
+                        window_size, softcap, alibi_slopes, config, score_mod, mask_mod, sinks):
                 args = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                             softcap=softcap, alibi_slopes=alibi_slopes, config=config,
-                            score_mod=score_mod, mask_mod=mask_mod)
+                            score_mod=score_mod, mask_mod=mask_mod, sinks=sinks)
                 out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k,
                                                   return_lse=True, **args)
                 ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
@@ -305,9 +311,11 @@ def _varlen_function():
             @staticmethod
             def backward(ctx, dout, _dlse):
                 q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-                dq, dk, dv = flash_attn_varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k,
-                                                        *ctx.sizes, **ctx.args)
-                return (dq, dk, dv) + (None,) * 12
+                grads = flash_attn_varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k,
+                                                   *ctx.sizes, **ctx.args)
+                sinks = ctx.args["sinks"]  # its gradient in its own dtype
+                dsinks = grads[3].to(sinks.dtype) if sinks is not None else None
+                return grads[:3] + (None,) * 12 + (dsinks,)
 
         _VARLEN_FUNCTION = FlashAttnVarlenFunction
     return _VARLEN_FUNCTION
@@ -376,7 +384,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     window = _window(window_size)
     paged = block_table is not None
     kind, dtype, device, stream = _common(q, k_cache, v_cache, {
-        "k": k, "v": v, "cache_batch_idx": cache_batch_idx, "block_table": block_table}, arch)
+        "k": k, "v": v, "cache_batch_idx": cache_batch_idx, "block_table": block_table,
+        "sinks": sinks}, arch)
     if len(q.shape) != 4 or len(k_cache.shape) != 4 or k_cache.shape[:-1] != v_cache.shape[:-1]:
         raise ValueError(f"flashjit: q must be [batch, seqlen_q, heads, d] and the caches "
                          f"[batch or blocks, rows, kv_heads, d]; got {tuple(q.shape)}, "

@@ -25,6 +25,23 @@ def make(requires_grad, dtype=torch.float16, shape=(1, 16, 2, 32)):
             for r in requires_grad]
 
 
+def causal_sinks_grads(q, k, v, sinks, dout):
+    """float64 (dq, dk, dv, dsinks) of causal attention with sinks, q [b, sq, hq, d], k, v
+    [b, sk, hkv, d]: autograd through softmax over [scores, sink] with the sink's column
+    dropped (it has no value)."""
+    q64, k64, v64, s64 = (x.detach().double().requires_grad_() for x in (q, k, v, sinks))
+    b, sq, hq, d = q.shape
+    sk, g = k.shape[1], hq // k.shape[2]
+    scores = torch.einsum("bqhd,bkhd->bhqk", q64, k64.repeat_interleave(g, 2)) / math.sqrt(d)
+    i = torch.arange(sq, device=q.device)[:, None]
+    j = torch.arange(sk, device=q.device)[None, :]
+    scores = scores.masked_fill(j > i + sk - sq, float("-inf"))
+    logits = torch.cat([scores, s64[None, :, None, None].expand(b, hq, sq, 1)], dim=-1)
+    p = torch.softmax(logits, dim=-1)[..., :sk]
+    torch.einsum("bhqk,bkhd->bqhd", p, v64.repeat_interleave(g, 2)).backward(dout.double())
+    return q64.grad, k64.grad, v64.grad, s64.grad
+
+
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_sinks_get_gradients_on_cuda(dtype):
@@ -42,21 +59,37 @@ def test_sinks_get_gradients_on_cuda(dtype):
     out.backward(dout)
     assert sinks.grad is not None and sinks.grad.dtype == dtype
 
-    q64, k64, v64, s64 = (x.detach().double().requires_grad_() for x in (q, k, v, sinks))
-    g = hq // hkv
-    scores = torch.einsum("bqhd,bkhd->bhqk", q64, k64.repeat_interleave(g, 2)) / math.sqrt(d)
-    i = torch.arange(sq, device="cuda")[:, None]
-    j = torch.arange(sk, device="cuda")[None, :]
-    scores = scores.masked_fill(j > i + sk - sq, float("-inf"))
-    logits = torch.cat([scores, s64[None, :, None, None].expand(b, hq, sq, 1)], dim=-1)
-    p = torch.softmax(logits, dim=-1)[..., :sk]
-    ref = torch.einsum("bhqk,bkhd->bqhd", p, v64.repeat_interleave(g, 2))
-    ref.backward(dout.double())
+    want = causal_sinks_grads(q, k, v, sinks, dout)
     rel = 2e-2 if dtype == torch.bfloat16 else 1e-2
-    for name, got, want in (("q", q.grad, q64.grad), ("k", k.grad, k64.grad),
-                            ("v", v.grad, v64.grad), ("sinks", sinks.grad, s64.grad)):
-        err = ((got.double() - want).norm() / want.norm()).item()
+    for name, got, ref in zip("q k v sinks".split(), (q.grad, k.grad, v.grad, sinks.grad), want):
+        err = ((got.double() - ref).norm() / ref.norm()).item()
         assert err <= rel, f"d{name} relative error {err:.3g} > {rel}"
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_varlen_sinks_get_gradients_on_cuda():
+    """flash_attn_varlen_func with sinks that require grad: each sequence's dq, dk, dv
+    against its float64 gradients, and dsinks against the sum of the sequences' (bf16,
+    relative L2 2e-2)."""
+    torch.manual_seed(8)
+    cu = torch.tensor([0, 20, 65], dtype=torch.int32, device="cuda")
+    q, k, v = ((torch.rand(65, 4, 64, device="cuda") * 2 - 1).to(torch.bfloat16)
+               .requires_grad_() for _ in range(3))
+    sinks = (torch.rand(4, device="cuda") * 2 - 1).requires_grad_()
+    dout = (torch.rand(65, 4, 64, device="cuda") * 2 - 1).to(torch.bfloat16)
+    flashjit.flash_attn_varlen_func(q, k, v, cu, cu, 45, 45, causal=True,
+                                    sinks=sinks).backward(dout)
+    want_dsinks = 0
+    for b in range(2):
+        rows = slice(int(cu[b]), int(cu[b + 1]))
+        want = causal_sinks_grads(q[rows][None], k[rows][None], v[rows][None], sinks,
+                                  dout[rows][None])
+        for name, got, ref in zip("qkv", (q.grad[rows], k.grad[rows], v.grad[rows]), want):
+            err = ((got.double() - ref[0]).norm() / ref[0].norm()).item()
+            assert err <= 2e-2, f"sequence {b}: d{name} relative error {err:.3g}"
+        want_dsinks = want_dsinks + want[3]
+    err = ((sinks.grad.double() - want_dsinks).norm() / want_dsinks.norm()).item()
+    assert err <= 2e-2, f"dsinks relative error {err:.3g}"
 
 
 def test_issue15_kvcache_sequences_requiring_grad_are_refused():
@@ -64,11 +97,14 @@ def test_issue15_kvcache_sequences_requiring_grad_are_refused():
     cu = torch.tensor([0, 16], dtype=torch.int32, device=DEVICE)
     used = torch.tensor([9], dtype=torch.int32, device=DEVICE)
     with pytest.raises(NotImplementedError,
-                       match=r"require grad .*does not take a block_table, seqused_k or sinks"):
+                       match=r"require grad .*does not take a block_table or seqused_k"):
         flashjit.flash_attn_varlen_func(q, q, q, cu, cu, 16, 16, seqused_k=used)
     kv = (torch.rand(1, 16, 2, 32) * 2 - 1).to(DEVICE, torch.float16)
     with pytest.raises(NotImplementedError, match=r"requires? grad .*does not take KV-cache calls"):
         flashjit.flash_attn_with_kvcache(q[None], kv, kv)
+    learned = torch.zeros(2, device=DEVICE, requires_grad=True)  # the sinks alone
+    with pytest.raises(NotImplementedError, match=r"sinks requires grad .*KV-cache calls"):
+        flashjit.flash_attn_with_kvcache(q.detach()[None], kv, kv, sinks=learned)
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
