@@ -345,15 +345,9 @@ Expected<Lowered> lower_backward_sinks(const AttentionSpec &spec, const Target &
   w.line("if (l != FJ_INF)");
   w.line("  sum += fj_exp2(sink - l) * fj_global_load_f32(D + row);");
   w.close();
-  w.line("lds_tree[tid] = sum;");
-  w.line("fj_barrier();");
-  w.line("for (int half = kThreads / 2; half > 0; half /= 2) {{");
-  w.line("  if (tid < half)");
-  w.line("    lds_tree[tid] += lds_tree[tid + half];");
-  w.line("  fj_barrier();");
-  w.line("}}");
+  tree_reduce(w, "lds_tree", "sum", false, "sum");
   w.line("if (tid == 0)");
-  w.line("  fj_global_store_f32(dsinks + head, -lds_tree[0]);");
+  w.line("  fj_global_store_f32(dsinks + head, -sum);");
   w.close();
   finish(out, target, w, "the backward's gradient of the attention sinks");
   out.lds_bytes = kSinkThreads * 4;

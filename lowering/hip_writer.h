@@ -33,4 +33,24 @@ private:
   int indent_ = 0;
 };
 
+/// A workgroup's reduction, in a fixed order (a tree over the LDS array `tree`
+/// of kThreads floats, indexed by `tid`): each work-item's `value` combined by
+/// fj_max (max) or + into `result` (an lvalue or a declaration), which every
+/// work-item reads before the closing barrier frees `tree` for reuse.
+inline void tree_reduce(HipWriter &w, std::string_view tree, std::string_view value, bool max,
+                        std::string_view result) {
+  w.line("{}[tid] = {};", tree, value);
+  w.line("fj_barrier();");
+  w.line("for (int half = kThreads / 2; half > 0; half /= 2) {{");
+  w.line("  if (tid < half)");
+  if (max)
+    w.line("    {0}[tid] = fj_max({0}[tid], {0}[tid + half]);", tree);
+  else
+    w.line("    {0}[tid] += {0}[tid + half];", tree);
+  w.line("  fj_barrier();");
+  w.line("}}");
+  w.line("{} = {}[0];", result, tree);
+  w.line("fj_barrier();");
+}
+
 } // namespace flashjit::lowering
