@@ -1,8 +1,10 @@
 // Every head dim x mask x dtype lowers for NVIDIA (sm_80; sm_90 by the sm90 rules'
 // wgmma, compiled for sm_90a) and compiles with nvrtc into a cubin that exports
-// the kernel. Skips, visibly, where nvrtc is absent.
+// the kernel; so does every kernel kind of a signature (split-KV, the backward's
+// five). Skips, visibly, where nvrtc is absent.
 #include "compiler/rtc_compiler.h"
 #include "lowering/lower.h"
+#include "runtime/pipeline.h"
 
 #include <gtest/gtest.h>
 
@@ -72,6 +74,48 @@ TEST(NvrtcRegression, EveryHeadDimCompiles) {
   for (size_t i = 0; i < results.size(); ++i) {
     const std::string error = results[i].get();
     EXPECT_EQ(error, "") << cases()[i].arch << " d" << cases()[i].dqk;
+  }
+}
+
+/// Every kernel a signature may run on sm_90 (the attention kernel, split-KV's two,
+/// the backward's preprocess, dQ, dK/dV, reduce and sinks' gradient), dense and
+/// varlen, with sinks and the LSE: the hand-written kernels (combine, preprocess,
+/// reduce, sinks) included, which no head-dim case above reaches.
+TEST(NvrtcRegression, EveryKernelKindCompiles) {
+  auto nvrtc = compiler::RtcCompiler::load(compiler::RtcKind::nvrtc);
+  if (!nvrtc)
+    GTEST_SKIP() << "nvrtc is not installed here: " << nvrtc.status().message();
+  using pipeline::KernelKind;
+  for (bool varlen : {false, true}) {
+    AttentionSpec spec = make_spec(2, 8, 2, 100, 300, 64, 64, DType::bf16);
+    spec.causal = true;
+    spec.lse = true;
+    spec.sinks = true;
+    if (varlen) {
+      spec.seqs.packed_q = spec.seqs.packed_k = true;
+      spec.seqs.total_q = 200;
+      spec.seqs.total_k = 600;
+    }
+    for (KernelKind kind :
+         {KernelKind::attention, KernelKind::split_partial, KernelKind::split_combine,
+          KernelKind::backward_preprocess, KernelKind::backward_dq, KernelKind::backward_dkdv,
+          KernelKind::backward_reduce, KernelKind::backward_sinks}) {
+      AttentionSpec s = spec;
+      if (kind == KernelKind::split_partial || kind == KernelKind::split_combine) {
+        s.sinks = false; // split-KV does not run with sinks, nor with packed queries
+        s.seqs.packed_q = false;
+        s.seqs.total_q = 0;
+      }
+      SCOPED_TRACE(fmt::format("{} kind {}", s.summary(), int(kind)));
+      const Options options;
+      auto g = pipeline::generate(s, "sm_90", options, nullptr, kind);
+      ASSERT_TRUE(g) << g.status().message();
+      auto code = (*nvrtc)->compile(g->lowered.source,
+                                    pipeline::compile_options(g->target, options, &g->lowered));
+      ASSERT_TRUE(code) << code.status().message();
+      const std::string bytes(code->bytes.begin(), code->bytes.end());
+      EXPECT_NE(bytes.find(g->lowered.kernel_name), std::string::npos) << g->lowered.kernel_name;
+    }
   }
 }
 
