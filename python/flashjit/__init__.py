@@ -24,9 +24,14 @@ from .sequences import flash_attn_varlen_backward, flash_attn_varlen_func, flash
 
 import sys as _sys
 
-if "torch" in _sys.modules:  # torch.compile needs the custom ops before it traces
-    from . import torch_ops as _torch_ops
+# torch.compile needs the custom ops registered before it traces (registering
+# them inside a trace fails): now if torch is imported, else right after it is.
+from . import torch_ops as _torch_ops  # noqa: E402  (imports nothing of torch itself)
+
+if "torch" in _sys.modules:
     _torch_ops.ops()
+else:
+    _torch_ops.register_after_torch_import()
 
 __all__ = ["flash_attn_func", "flash_attn_backward", "flash_attn_varlen_func",
            "flash_attn_varlen_backward",

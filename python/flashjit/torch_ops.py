@@ -3,11 +3,44 @@ flashjit::attention_backward) with fake implementations and autograd, so that
 torch.compile traces through flashjit without a graph break (fullgraph=True works).
 flash_attn_func routes torch tensors here while torch.compile traces; eager calls
 keep the direct path (no dispatcher overhead). `import flashjit` registers the ops
-when torch is already imported (else call ops() before torch.compile traces)."""
+when torch is already imported, else right after `import torch` (register_after_torch_import):
+registering them while torch.compile traces fails."""
 
+import importlib.abc
+import importlib.util
+import sys
 from typing import Optional
 
 _OPS = None
+
+
+class _AfterTorchImport(importlib.abc.MetaPathFinder):
+    """A finder that steps aside for torch's own and, once torch's module has run,
+    registers the ops (never failing torch's import: ops() is retried on first use)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)  # once, and not for the lookup below
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            try:
+                ops()
+            except Exception:  # a torch too old or too new for custom_op: left to the call
+                pass
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def register_after_torch_import():
+    """Registers the ops right after torch is imported (nothing if it never is)."""
+    if not any(isinstance(f, _AfterTorchImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterTorchImport())
 
 
 def compiling():

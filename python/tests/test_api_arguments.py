@@ -232,3 +232,33 @@ def test_handles_are_bounded_least_recently_used_first_out(monkeypatch):
     finally:
         for handle in fresh.values():
             flashjit._lib.lib.fj_attention_destroy(handle)
+
+
+# ---- the custom ops are registered after `import torch` when flashjit came first ---------
+
+def test_ops_registered_right_after_torch_is_imported(tmp_path):
+    """import flashjit, then torch (a stand-in package here): the ops are registered as
+    torch's import finishes, not inside a later torch.compile trace (where registering
+    fails), and the finder removes itself."""
+    import os
+    import pathlib
+    import subprocess
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("MARK = 1\n")
+    package = pathlib.Path(flashjit.__file__).resolve().parent.parent
+    code = f"""
+import sys
+sys.path[:0] = [{str(tmp_path)!r}, {str(package)!r}]
+assert "torch" not in sys.modules
+import flashjit
+from flashjit import torch_ops
+calls = []
+torch_ops.ops = lambda: calls.append(sys.modules["torch"].MARK)
+import torch
+assert calls == [1], calls
+assert not any(isinstance(f, torch_ops._AfterTorchImport) for f in sys.meta_path)
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ), timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr

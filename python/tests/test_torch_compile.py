@@ -41,6 +41,31 @@ def test_compile_fullgraph_forward_and_backward():
         assert torch.allclose(got.float(), want.float(), atol=1e-6, rtol=1e-6)
 
 
+def test_compile_works_when_flashjit_is_imported_before_torch():
+    """A fresh process that imports flashjit first and torch second, then compiles a
+    function whose first flashjit call is inside the trace (fullgraph): the ops were
+    registered as torch's import finished."""
+    cuda_torch()
+    import os
+    import pathlib
+    import subprocess
+    import sys
+    package = pathlib.Path(__file__).resolve().parent.parent
+    code = f"""
+import sys
+sys.path.insert(0, {str(package)!r})
+import flashjit
+import torch
+q = torch.randn(1, 64, 2, 64, device="cuda", dtype=torch.bfloat16)
+f = torch.compile(lambda q: flashjit.flash_attn_func(q, q, q, causal=True), fullgraph=True)
+assert torch.equal(f(q), flashjit.flash_attn_func(q, q, q, causal=True))
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ), timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
 def test_compile_refuses_dropout_without_a_seed():
     torch = cuda_torch()
     import flashjit
