@@ -188,6 +188,20 @@ Status check_mask_pointer(const AttentionSpec &s, const void *mask) {
   return Status::ok();
 }
 
+/// A sinks array (`name`: sinks, or the backward's dsinks) exactly when the spec
+/// has attention sinks, aligned to its f32 elements; `what` says what it holds.
+Status check_sinks_pointer(const AttentionSpec &s, const void *pointer, std::string_view name,
+                           std::string_view what) {
+  if (s.sinks != (pointer != nullptr))
+    return Status::error("{} is {} but the spec {}", name, pointer ? "given" : "null",
+                         pointer
+                             ? "has no attention sinks: pass null, or set spec.sinks"
+                             : fmt::format("has attention sinks: pass {} f32 {}", s.heads, what));
+  if (reinterpret_cast<uintptr_t>(pointer) % alignof(float) != 0)
+    return Status::error("{} ({}) is not aligned to 4 bytes", name, pointer);
+  return Status::ok();
+}
+
 /// Runs `run` over host copies of host buffers.
 Status run_on_host(const AttentionSpec &spec, const AttentionTensors &in,
                    const std::function<Status(HostTensors &)> &run) {
@@ -276,7 +290,7 @@ struct Attention::Impl {
   /// KV block per split, at most kMaxChosenSplits; a prefill whose batch x heads x
   /// query blocks cannot fill the compute units, likewise with at least 4 KV
   /// blocks per split, at most kMaxSplits. The comments in the body say when one
-  /// split runs. Measured on the H100: bench/results/README.md.
+  /// split runs. Measured on the H100 and the H200: bench/results/README.md.
   int64_t choose_splits(const AttentionSpec &shape, bool packed = false) const;
   static constexpr int64_t kDecodeRows = 16;
   /// The split-KV kernels (those of GQA-packed decode when `packed`), built
@@ -357,9 +371,10 @@ int64_t Attention::Impl::choose_splits(const AttentionSpec &shape, bool packed) 
   if (decode) {
     // Decode's split kernel is one wave, and one wave's KV loop is latency
     // bound: enough splits for about four workgroups per compute unit, down to
-    // one KV block each, past kMaxSplits. On the H100 (bench/results/README.md)
-    // B=1 Hq:Hkv 8:1 at 32k keys went from 128 splits of 4 blocks to 512 of
-    // one, and B=32 32:8 from 1 split to 3. A call that fills the device four
+    // one KV block each, past kMaxSplits. On the H200 (bench/results/README.md)
+    // B=1 Hq:Hkv 8:1 took 11.3 us at 4096 keys with one block per split against
+    // 19.0 with four, and 21.4 against 22.1 at 32k; on the H100 B=32 32:8 took
+    // 1501 us with 2 splits against 1666 with one. A call that fills the device four
     // times over runs one split when the attention kernel's block is 128 or
     // more rows (2.6x faster at D = 64), else the attention kernel (up to 1.2x
     // faster at D = 128: 4 waves against 1); GQA-packed rows are only the split
@@ -521,14 +536,8 @@ Status Attention::Impl::check_arguments(const AttentionSpec &shape,
         "forward: alibi_slopes is {} but the spec {}", t.alibi_slopes ? "given" : "null",
         t.alibi_slopes ? "has no ALiBi: pass null, or set spec.alibi"
                        : fmt::format("has ALiBi: pass {} f32 slopes", alibi_slopes(shape)));
-  if (shape.sinks != (t.sinks != nullptr))
-    return Status::error("forward: sinks is {} but the spec {}", t.sinks ? "given" : "null",
-                         t.sinks
-                             ? "has no attention sinks: pass null, or set spec.sinks"
-                             : fmt::format("has attention sinks: pass {} f32 logits", shape.heads));
-  if (t.sinks && reinterpret_cast<uintptr_t>(t.sinks) % alignof(float) != 0)
-    return Status::error("forward: sinks ({}) is not aligned to 4 bytes",
-                         static_cast<const void *>(t.sinks));
+  FJ_RETURN_IF_ERROR(
+      check_sinks_pointer(shape, t.sinks, "sinks", "logits").with_context("forward"));
   if (t.alibi_slopes && reinterpret_cast<uintptr_t>(t.alibi_slopes) % alignof(float) != 0)
     return Status::error("forward: alibi_slopes ({}) is not aligned to 4 bytes",
                          static_cast<const void *>(t.alibi_slopes));
@@ -606,17 +615,10 @@ Status Attention::Impl::check_backward(const AttentionSpec &shape, const Backwar
                                         : fmt::format("has ALiBi: pass the forward's {} f32 slopes",
                                                       alibi_slopes(shape)));
   FJ_RETURN_IF_ERROR(check_mask_pointer(shape, t.attn_mask).with_context("backward"));
-  for (const auto &[name, pointer] : {std::pair<const char *, const void *>{"sinks", t.sinks},
-                                      std::pair<const char *, const void *>{"dsinks", t.dsinks}}) {
-    if (shape.sinks != (pointer != nullptr))
-      return Status::error("backward: {} is {} but the spec {}", name, pointer ? "given" : "null",
-                           pointer ? "has no attention sinks: pass null, or set spec.sinks"
-                                   : fmt::format("has attention sinks: pass {} f32 {}", shape.heads,
-                                                 std::string_view(name) == "sinks"
-                                                     ? "logits (the forward's)"
-                                                     : "for their gradient"));
-    if (reinterpret_cast<uintptr_t>(pointer) % alignof(float) != 0)
-      return Status::error("backward: {} ({}) is not aligned to 4 bytes", name, pointer);
+  for (const auto &[name, pointer, what] : {std::tuple<const char *, const void *, const char *>{
+                                                "sinks", t.sinks, "logits (the forward's)"},
+                                            {"dsinks", t.dsinks, "for their gradient"}}) {
+    FJ_RETURN_IF_ERROR(check_sinks_pointer(shape, pointer, name, what).with_context("backward"));
     if (pointer && driver != nullptr)
       FJ_RETURN_IF_ERROR(driver->check_buffer(device.index, pointer, size_t(shape.heads) * 4,
                                               fmt::format("backward: {}", name)));
