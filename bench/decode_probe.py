@@ -3,7 +3,12 @@ for flashjit's flash_attn_func and SDPA's cuDNN and flash backends, with the pla
 chose (explain()). L2 is flushed before each call, as in bench_decode.py. Also the time per
 call of 200 calls back to back (no flush), which is the host's time where that is longer.
 
-    python3 bench/decode_probe.py B:SK:HQ:HKV:D [...]   e.g. 1:32768:8:1:128 8:32768:32:8:128
+    python3 bench/decode_probe.py [--splits 0,4,8] B:SK:HQ:HKV:D [...]
+        e.g. 1:32768:8:1:128 8:32768:32:8:128
+
+--splits runs flashjit once per num_splits value (0: chosen per call, 1: off); default 0.
+--config KEY=N,KEY=N (repeatable) runs flashjit with that config too (flash_attn_func's
+config=, e.g. block_m=16,block_n=32,waves=1,stages=2: the split kernel takes it whole).
 """
 import sys
 import time
@@ -39,7 +44,15 @@ def kernels(fn):
 
 
 def main():
-    for case in sys.argv[1:]:
+    args = sys.argv[1:]
+    splits, configs = [0], []
+    while args[:1] in (["--splits"], ["--config"]):
+        if args[0] == "--splits":
+            splits = [int(x) for x in args[1].split(",")]
+        else:
+            configs.append({k: int(v) for k, v in (kv.split("=") for kv in args[1].split(","))})
+        args = args[2:]
+    for case in args:
         b, sk, hq, hkv, d = (int(x) for x in case.split(":"))
         q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in "kv")
@@ -49,7 +62,13 @@ def main():
         flashjit.flash_attn_func(q, k, v)
         new = set(api._ATTENTIONS) - before
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-        runs = {"flashjit": lambda: flashjit.flash_attn_func(q, k, v)}
+        runs = {}
+        for n in splits:
+            runs["flashjit" + (f" num_splits={n}" if n else "")] = \
+                lambda n=n: flashjit.flash_attn_func(q, k, v, num_splits=n)
+        for c in configs:
+            runs["flashjit " + ",".join(f"{k}={v}" for k, v in c.items())] = \
+                lambda c=c: flashjit.flash_attn_func(q, k, v, config=c)
         from torch.nn.attention import SDPBackend, sdpa_kernel
         for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION),
                               ("flash", SDPBackend.FLASH_ATTENTION)):

@@ -32,4 +32,16 @@ ResourceEstimate estimate_resources(const AttentionSpec &spec, const ir::Config 
   return e;
 }
 
+int64_t resident_per_unit(const Lowered &kernel, const Target &t) {
+  // Four SIMDs per compute unit on every family flashjit targets: a CDNA CU, an
+  // RDNA workgroup processor (two CUs of two SIMD32s), an NVIDIA SM's four
+  // partitions.
+  constexpr int64_t kSimdsPerUnit = 4;
+  const int64_t waves = std::max<int64_t>(1, kernel.block_threads / std::max(t.wave_size, 1));
+  int64_t resident = kSimdsPerUnit * t.max_waves_per_simd / waves;
+  if (kernel.lds_bytes > 0)
+    resident = std::min<int64_t>(resident, t.lds_bytes_per_cu / kernel.lds_bytes);
+  return std::max<int64_t>(resident, 1);
+}
+
 } // namespace flashjit::lowering

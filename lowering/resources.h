@@ -52,4 +52,9 @@ Expected<ResourceEstimate> estimate_resources(const AttentionSpec &spec, const i
                                               const Target &target,
                                               RulesChoice choice = RulesChoice::automatic);
 
+/// Workgroups of a lowered kernel that one compute unit of `t` holds at once,
+/// by its LDS and waves alone (a GPU's driver also counts registers: the
+/// runtime asks it where there is one). At least 1.
+int64_t resident_per_unit(const Lowered &kernel, const Target &t);
+
 } // namespace flashjit::lowering

@@ -10,6 +10,7 @@
 #include "ir/interpreter.h"
 #include "ir/reference.h"
 #include "lowering/lower.h"
+#include "lowering/resources.h"
 #include "runtime/attention_detail.h"
 #include "runtime/emulator.h"
 #include "runtime/gpu_driver.h"
@@ -254,6 +255,10 @@ struct Attention::Impl {
     Generated partial, combine;
     std::optional<Compiled> partial_code, combine_code;
     std::unique_ptr<runtime::GpuKernel> partial_kernel, combine_kernel;
+    /// Partial-kernel workgroups one compute unit holds at once: the driver's
+    /// occupancy calculator on a GPU, lowering::resident_per_unit's estimate
+    /// elsewhere. choose_splits sizes decode's splits by it.
+    int64_t resident = 1;
   };
   mutable std::mutex split_mutex;
   std::unique_ptr<SplitKv> split;
@@ -285,13 +290,16 @@ struct Attention::Impl {
   Status build(Failure *failure);
   /// The number of KV splits of a call, 0 for the attention kernel alone.
   /// num_splits n > 1 asks for n, 1 for none. Chosen (0): decode (at most
-  /// kDecodeRows queries, or GQA-packed) takes enough splits that batch x heads x
-  /// splits fills the device's compute units about four times over, down to one
-  /// KV block per split, at most kMaxChosenSplits; a prefill whose batch x heads x
-  /// query blocks cannot fill the compute units, likewise with at least 4 KV
-  /// blocks per split, at most kMaxSplits. The comments in the body say when one
-  /// split runs. Measured on the H100 and the H200: bench/results/README.md.
-  int64_t choose_splits(const AttentionSpec &shape, bool packed = false) const;
+  /// kDecodeRows queries, or GQA-packed) takes as many splits as the device holds
+  /// at once (compute units x SplitKv::resident workgroups over batch x heads),
+  /// down to one KV block per split, at most kMaxChosenSplits; a prefill whose
+  /// batch x heads x query blocks cannot fill the compute units takes about four
+  /// workgroups per compute unit, with at least 4 KV blocks per split, at most
+  /// kMaxSplits. The comments in the body say when one split runs, and why.
+  /// Measured on the H100 and the H200: bench/results/README.md. Decode builds
+  /// the split kernels (split_kv) to learn their occupancy; where they cannot be
+  /// built the call runs unsplit (explain() says why).
+  int64_t choose_splits(const AttentionSpec &shape, bool packed = false);
   static constexpr int64_t kDecodeRows = 16;
   /// The split-KV kernels (those of GQA-packed decode when `packed`), built
   /// (thread-safely) on first use.
@@ -354,7 +362,7 @@ Status Attention::Impl::build(Failure *failure) {
   return Status::ok();
 }
 
-int64_t Attention::Impl::choose_splits(const AttentionSpec &shape, bool packed) const {
+int64_t Attention::Impl::choose_splits(const AttentionSpec &shape, bool packed) {
   // Packed queries have no split kernels (ir::build_split_kv says why).
   if (executor == Executor::interpreter || shape.num_splits == 1 || shape.seqs.packed_q ||
       shape.sinks)
@@ -367,24 +375,32 @@ int64_t Attention::Impl::choose_splits(const AttentionSpec &shape, bool packed) 
   const int64_t work = shape.batch * shape.heads * ((shape.seqlen_q + rows - 1) / rows);
   const int64_t units = std::max(device.compute_units, 1);
   const int64_t kv_blocks = (shape.seqlen_k + c.block_n - 1) / c.block_n;
-  const int64_t wanted = (4 * units + work - 1) / work;
   if (decode) {
+    auto sk = split_kv(nullptr, packed);
+    if (!sk)
+      return 0; // explain() says why (split_failure)
     // Decode's split kernel is one wave, and one wave's KV loop is latency
-    // bound: enough splits for about four workgroups per compute unit, down to
-    // one KV block each, past kMaxSplits. On the H200 (bench/results/README.md)
-    // B=1 Hq:Hkv 8:1 took 11.3 us at 4096 keys with one block per split against
-    // 19.0 with four, and 21.4 against 22.1 at 32k; on the H100 B=32 32:8 took
-    // 1501 us with 2 splits against 1666 with one. A call that fills the device four
-    // times over runs one split when the attention kernel's block is 128 or
-    // more rows (2.6x faster at D = 64), else the attention kernel (up to 1.2x
-    // faster at D = 128: 4 waves against 1); GQA-packed rows are only the split
-    // kernels'.
-    const int64_t splits = std::clamp<int64_t>(wanted, 1, std::min(kv_blocks, kMaxChosenSplits));
+    // bound: as many splits as the device holds at once, down to one KV block
+    // each, past kMaxSplits. One round, because a second one that is only
+    // partly full is a tail at a fraction of the bandwidth: on the H200
+    // (bench/results/README.md) B=32 Hq:Hkv 32:8 D=128 with 32768 keys took
+    // 1402 us over 3 splits (768 workgroups where 660 are resident), 1055 over
+    // 2 (one round) and 1073 over 5 (two full rounds); B=8 took 279-284 us
+    // over 8 or 10 splits and 303 over 9. B=1 8:1 took 11.3 us at 4096 keys
+    // with one block per split against 19.0 with four. A call whose rows alone
+    // fill the device runs one split when the attention kernel's block is 128
+    // or more rows (2.6x faster at D = 64), else the attention kernel (up to
+    // 1.2x faster at D = 128: 4 waves against 1); GQA-packed rows are only the
+    // split kernels'.
+    const int64_t slots = units * (*sk)->resident;
+    const int64_t splits =
+        std::clamp<int64_t>(slots / work, 1, std::min(kv_blocks, kMaxChosenSplits));
     return splits > 1 || packed || c.block_m >= 128 ? splits : 0;
   }
   // A prefill that fills the device splits nothing.
   if (work >= units)
     return 0;
+  const int64_t wanted = (4 * units + work - 1) / work;
   const int64_t splits = std::max<int64_t>(1, std::min({wanted, kv_blocks / 4, kMaxSplits}));
   return splits > 1 ? splits : 0;
 }
@@ -432,6 +448,17 @@ Expected<const Attention::Impl::SplitKv *> Attention::Impl::split_kv(Failure *fa
           return failed(failure, Failure::runtime, loaded.status());
         *k = loaded.take();
       }
+    made->resident = lowering::resident_per_unit(made->partial.lowered, made->partial.target);
+    if (executor == Executor::gpu) {
+      runtime::LaunchGeometry geometry;
+      geometry.block[0] = made->partial.lowered.block_threads;
+      geometry.dynamic_lds_bytes =
+          made->partial.lowered.lds_dynamic ? made->partial.lowered.lds_bytes : 0;
+      auto resident = made->partial_kernel->resident_per_unit(geometry);
+      if (!resident)
+        return failed(failure, Failure::runtime, resident.status());
+      made->resident = std::max(*resident, 1);
+    }
     return made;
   }();
   if (!built) {
@@ -1017,10 +1044,11 @@ std::string Attention::explain() const {
     if (shown)
       line("split-kv",
            fmt::format("{} of those calls ran the split-KV kernels (the latest over {} "
-                       "splits): {} then {} (built on the first such call{}); {} of them "
+                       "splits; {} workgroups of the first resident per compute unit): {} then "
+                       "{} (built on the first such call{}); {} of them "
                        "GQA-packed (one-token decode: a KV head's query heads as the rows of "
                        "its tiles){}",
-                       m.split_launches.load(), m.last_splits.load(),
+                       m.split_launches.load(), m.last_splits.load(), shown->resident,
                        shown->partial.lowered.kernel_name, shown->combine.lowered.kernel_name,
                        shown->partial_code ? ", cache " + shown->partial_code->cache_outcome : "",
                        m.packed_launches.load(),

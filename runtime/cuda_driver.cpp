@@ -51,8 +51,13 @@ public:
       : driver_(driver), device_(device), module_(module), function_(function) {}
   ~CudaKernel() override;
   Status launch(const LaunchGeometry &g, std::span<void *const> args, void *stream) override;
+  Expected<int> resident_per_unit(const LaunchGeometry &g) override;
 
 private:
+  /// Opts the kernel into `bytes` of dynamic shared memory past the default
+  /// (cuFuncSetAttribute); call in the device's context.
+  Status allow_dynamic_shared(int bytes);
+
   CudaDriver &driver_;
   int device_;
   CUmodule module_;
@@ -321,6 +326,26 @@ CudaKernel::~CudaKernel() {
                            [&] { return FJ_CUDA_CHECK(driver_.api(), cuModuleUnload, module_); });
 }
 
+Status CudaKernel::allow_dynamic_shared(int bytes) {
+  if (bytes <= dynamic_shared_limit_)
+    return Status::ok();
+  FJ_RETURN_IF_ERROR(FJ_CUDA_CHECK(driver_.api(), cuFuncSetAttribute, function_,
+                                   CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes));
+  dynamic_shared_limit_ = bytes;
+  return Status::ok();
+}
+
+Expected<int> CudaKernel::resident_per_unit(const LaunchGeometry &g) {
+  int blocks = 0;
+  FJ_RETURN_IF_ERROR(driver_.in_context(device_, [&] {
+    FJ_RETURN_IF_ERROR(allow_dynamic_shared(g.dynamic_lds_bytes));
+    return FJ_CUDA_CHECK(driver_.api(), cuOccupancyMaxActiveBlocksPerMultiprocessor, &blocks,
+                         function_, g.block[0] * g.block[1] * g.block[2],
+                         size_t(g.dynamic_lds_bytes));
+  }));
+  return blocks;
+}
+
 Status CudaKernel::launch(const LaunchGeometry &g, std::span<void *const> args, void *stream) {
   const Api &api = driver_.api();
   for (int i = 0; i < 3; ++i)
@@ -328,12 +353,7 @@ Status CudaKernel::launch(const LaunchGeometry &g, std::span<void *const> args, 
       return Status::error("cuLaunchKernel: grid {}x{}x{} / block {}x{}x{} out of range", g.grid[0],
                            g.grid[1], g.grid[2], g.block[0], g.block[1], g.block[2]);
   return driver_.in_context(device_, [&] {
-    if (g.dynamic_lds_bytes > dynamic_shared_limit_) {
-      FJ_RETURN_IF_ERROR(FJ_CUDA_CHECK(api, cuFuncSetAttribute, function_,
-                                       CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                       g.dynamic_lds_bytes));
-      dynamic_shared_limit_ = g.dynamic_lds_bytes;
-    }
+    FJ_RETURN_IF_ERROR(allow_dynamic_shared(g.dynamic_lds_bytes));
     return FJ_CUDA_CHECK(api, cuLaunchKernel, function_, unsigned(g.grid[0]), unsigned(g.grid[1]),
                          unsigned(g.grid[2]), unsigned(g.block[0]), unsigned(g.block[1]),
                          unsigned(g.block[2]), unsigned(g.dynamic_lds_bytes),

@@ -100,6 +100,8 @@ constexpr int kDefaultDynamicSharedBytes = 48 * 1024;
   X(cuModuleUnload, "cuModuleUnload", (CUmodule module))                                           \
   X(cuFuncSetAttribute, "cuFuncSetAttribute",                                                      \
     (CUfunction function, CUfunction_attribute attribute, int value))                              \
+  X(cuOccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor",    \
+    (int *blocks, CUfunction function, int block_size, size_t dynamic_shared_bytes))               \
   X(cuLaunchKernel, "cuLaunchKernel",                                                              \
     (CUfunction function, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,     \
      unsigned block_y, unsigned block_z, unsigned dynamic_shared_bytes, CUstream stream,           \

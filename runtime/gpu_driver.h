@@ -33,6 +33,10 @@ public:
   /// queued; errors of the execution itself surface at the next synchronize().
   virtual Status launch(const LaunchGeometry &geometry, std::span<void *const> args,
                         void *stream) = 0;
+  /// Workgroups of `geometry`'s block and LDS that one compute unit (SM, CU)
+  /// holds at once, by the driver's occupancy calculator (the kernel's
+  /// registers, LDS and block size).
+  virtual Expected<int> resident_per_unit(const LaunchGeometry &geometry) = 0;
 };
 
 class GpuDriver {

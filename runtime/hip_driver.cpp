@@ -78,6 +78,16 @@ public:
     });
   }
 
+  Expected<int> resident_per_unit(const LaunchGeometry &g) override {
+    int blocks = 0;
+    FJ_RETURN_IF_ERROR(on_device(api_, device_, [&] {
+      return FJ_HIP_CHECK(api_, hipModuleOccupancyMaxActiveBlocksPerMultiprocessor, &blocks,
+                          function_, g.block[0] * g.block[1] * g.block[2],
+                          size_t(g.dynamic_lds_bytes));
+    }));
+    return blocks;
+  }
+
 private:
   const Api &api_;
   int device_;

@@ -57,6 +57,8 @@ constexpr int kHipAttributeMultiprocessorCount = 63;
      unsigned block_y, unsigned block_z, unsigned dynamic_lds_bytes, hipStream_t stream,           \
      void **params, void **extra))                                                                 \
   X(hipModuleUnload, (hipModule_t module))                                                         \
+  X(hipModuleOccupancyMaxActiveBlocksPerMultiprocessor,                                            \
+    (int *blocks, hipFunction_t function, int block_size, size_t dynamic_lds_bytes))               \
   X(hipMalloc, (void **pointer, size_t bytes))                                                     \
   X(hipFree, (void *pointer))                                                                      \
   X(hipMallocAsync, (void **pointer, size_t bytes, hipStream_t stream))                            \

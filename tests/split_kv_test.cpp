@@ -14,8 +14,11 @@
 #include "ir/build.h"
 #include "ir/interpreter.h"
 #include "lowering/lower.h"
+#include "lowering/resources.h"
 #include "runtime/attention.h"
+#include "runtime/device.h"
 #include "runtime/emulator.h"
+#include "runtime/pipeline.h"
 #include "tests/support/describe.h"
 #include "tests/support/spec_case.h"
 
@@ -272,6 +275,36 @@ void forward_matches(Attention &attn, const AttentionSpec &shape, uint64_t seed)
   for (size_t i = 0; i < o.size(); ++i)
     t.o[i] = from_bits(shape.dtype, o[i]);
   expect_matches_reference(shape, t);
+}
+
+// Decode's chosen split count: as many splits as the device holds at once
+// (compute units x the split kernel's resident workgroups, over batch x heads),
+// capped by the KV blocks. The emulator has kEmulatorComputeUnits and the
+// lowering's occupancy estimate; explain() names both numbers.
+TEST(SplitKvAttention, DecodeTakesTheSplitsTheDeviceHoldsAtOnce) {
+  Options options;
+  options.compiler = "none";
+  options.cpu_threads = 2;
+  for (int64_t sk : {int64_t{300}, int64_t{20000}}) {
+    SCOPED_TRACE(fmt::format("sk {}", sk));
+    AttentionSpec spec = make_spec(1, 3, 3, 1, sk, 64, 64, bf16);
+    auto attn = Attention::create(spec, "emulator:gfx1201", options);
+    ASSERT_TRUE(attn) << attn.status().message();
+    forward_matches(*attn, spec, 77 + uint64_t(sk));
+    auto partial =
+        pipeline::generate(spec, "gfx1201", options, nullptr, pipeline::KernelKind::split_partial);
+    ASSERT_TRUE(partial) << partial.status().message();
+    const int64_t resident = lowering::resident_per_unit(partial->lowered, partial->target);
+    const int64_t kv_blocks = (sk + partial->config.block_n - 1) / partial->config.block_n;
+    const int64_t splits = std::clamp<int64_t>(kEmulatorComputeUnits * resident / spec.heads, 1,
+                                               std::min(kv_blocks, kMaxChosenSplits));
+    const std::string explain = attn->explain();
+    EXPECT_NE(explain.find(fmt::format("the latest over {} splits; {} workgroups of the first "
+                                       "resident per compute unit",
+                                       splits, resident)),
+              std::string::npos)
+        << explain;
+  }
 }
 
 // One-token decode with GQA runs GQA-packed (ir/spec.h's gqa_packed_decode):

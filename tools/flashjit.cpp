@@ -18,6 +18,7 @@
 #include "tools/safe_write.h"
 #include "tools/spec_flags.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -52,11 +53,39 @@ struct Job {
   std::optional<lowering::Target> target;
   lowering::RulesChoice rules = lowering::RulesChoice::automatic;
   Options options; // what runtime/pipeline.h takes: rules, config, compiler
+  pipeline::KernelKind kind = pipeline::KernelKind::attention; // --kernel
 
   Expected<pipeline::Generated> generate() const {
-    return pipeline::generate(spec, target->target_id(), options);
+    return pipeline::generate(spec, target->target_id(), options, nullptr, kind);
   }
 };
+
+/// --kernel's names, in a plan's launch order (runtime/pipeline.h's KernelKind).
+constexpr std::pair<std::string_view, pipeline::KernelKind> kKernelNames[] = {
+    {"attention", pipeline::KernelKind::attention},
+    {"split-partial", pipeline::KernelKind::split_partial},
+    {"split-combine", pipeline::KernelKind::split_combine},
+    {"backward-preprocess", pipeline::KernelKind::backward_preprocess},
+    {"backward-dq", pipeline::KernelKind::backward_dq},
+    {"backward-dkdv", pipeline::KernelKind::backward_dkdv},
+    {"backward-reduce", pipeline::KernelKind::backward_reduce},
+    {"backward-sinks", pipeline::KernelKind::backward_sinks},
+};
+
+std::string kernel_names() {
+  std::string all;
+  for (auto [name, kind] : kKernelNames)
+    all += (all.empty() ? "" : "|") + std::string(name);
+  return all;
+}
+
+cli::FlagSpec kernel_flag() {
+  return {"--kernel", "KIND",
+          "which kernel of the plan: " + kernel_names() +
+              " (split-KV decode runs split-partial then split-combine; the backward its five in "
+              "that order, backward-sinks only with sinks)",
+          "attention"};
+}
 
 Expected<Job> job_from(const cli::Args &a) {
   Job job;
@@ -86,7 +115,19 @@ Expected<Job> job_from(const cli::Args &a) {
     return c.status();
   job.config = *c;
   job.options.rules = std::string(lowering::rules_choice_name(job.rules));
-  job.options.config = job.config;
+  const std::string kernel = a.get("--kernel", "attention");
+  auto named = std::ranges::find(kKernelNames, kernel, [](auto &p) { return p.first; });
+  if (named == std::end(kKernelNames))
+    return Status::error("--kernel {}: not a kernel of a plan; the kernels are {}", kernel,
+                         kernel_names());
+  job.kind = named->second;
+  // The attention kernel's config is the flags' (over the rules' default); the
+  // other kernels choose their own unless a config flag is given, as the
+  // library does (the split kernel is one wave, the backward has its configs).
+  const bool config_given = std::ranges::any_of(
+      cli::config_flags(), [&](const cli::FlagSpec &f) { return a.has(f.name); });
+  if (job.kind == pipeline::KernelKind::attention || config_given)
+    job.options.config = job.config;
   job.options.compiler = a.get("--compiler", "auto");
   return job;
 }
@@ -99,6 +140,10 @@ int cmd_emit(const cli::Args &a) {
     return fail(Status::error("nothing to emit: pass --arch ARCH for HIP source and/or --print-ir "
                               "for the tile IR"));
   if (!job->target) { // the IR alone: no target, no kernel name suffix
+    if (job->kind != pipeline::KernelKind::attention)
+      return fail(Status::error("--kernel {} needs --arch: its config (and, for some kernels, "
+                                "its text) is the target's",
+                                a.get("--kernel")));
     auto p = ir::build_attention(job->spec, job->config);
     if (!p)
       return fail(p.status());
@@ -118,7 +163,7 @@ int cmd_emit(const cli::Args &a) {
   if (Status s = cli::write_output(a.get("-o"), k->source, a.has("--force")); !s)
     return fail(s);
   fmt::print(stderr, "wrote {} ({} for {}, {}; {} threads, {} bytes LDS; any shape of {})\n",
-             a.get("-o"), k->kernel_name, job->target->target_id(), job->config.summary(),
+             a.get("-o"), k->kernel_name, job->target->target_id(), g->config.summary(),
              k->block_threads, k->lds_bytes, job->spec.signature().summary());
   return 0;
 }
@@ -183,7 +228,7 @@ int cmd_compile(const cli::Args &a) {
       if (a.has("--json"))
         fmt::print("{}\n", report.to_json());
       else
-        fmt::print("config: {} ({} rules, {}; cache {})\n{}\n", job->config.summary(), k->rules,
+        fmt::print("config: {} ({} rules, {}; cache {})\n{}\n", g->config.summary(), k->rules,
                    code->compiler, compiled->cache_outcome, report.to_text());
     }
   }
@@ -488,21 +533,23 @@ std::vector<cli::Command> commands() {
        "Build the tile-IR program for an attention spec; print it and/or the HIP source for an "
        "arch. The kernel takes lengths, batch, heads, strides, window sizes and scale as "
        "arguments: every shape of one signature prints the same text.",
-       "[--arch ARCH] [spec flags] [-o k.hip] [--print-ir]",
+       "[--arch ARCH] [spec flags] [--kernel KIND] [-o k.hip] [--print-ir]",
        with_spec({{"--arch", "ARCH",
                    "target, e.g. gfx1201 or gfx1200:xnack- (see the supported list in errors)", ""},
                   {"-o", "FILE", "write the HIP source to FILE instead of stdout", ""},
                   cli::force_flag(),
+                  kernel_flag(),
                   {"--print-ir", "", "print the tile IR", ""}}),
        cmd_emit},
       {"compile",
        "Generate the HIP for an arch and compile it (in-process LLVM 22, hiprtc or nvrtc); for "
        "AMD, "
        "print the ISA and the resource report.",
-       "--arch ARCH [spec flags] [-o k.co] [--isa] [--resources] [--json]",
+       "--arch ARCH [spec flags] [--kernel KIND] [-o k.co] [--isa] [--resources] [--json]",
        with_spec({{"--arch", "ARCH", "target, e.g. gfx1201", ""},
                   {"-o", "FILE", "write the code object (ELF) to FILE", ""},
                   cli::force_flag(),
+                  kernel_flag(),
                   {"--compiler", "NAME", "auto, llvm, hiprtc or nvrtc", "auto"},
                   {"--isa", "", "print the disassembly", ""},
                   {"--resources", "",
