@@ -106,3 +106,49 @@ def test_num_splits_out_of_range_is_refused():
     q = torch.rand(1, 1, 2, 64, device="cuda", dtype=torch.float16)
     with pytest.raises(ValueError, match="num_splits"):
         flashjit.flash_attn_func(q, q, q, num_splits=129)
+
+
+def test_repeated_calls_take_the_fast_path_and_see_new_data(monkeypatch):
+    """A repeat of a plain call (same shapes, strides, dtypes and arguments) skips the
+    Python argument work (_fast_forward), yet reads the new tensors and writes new outputs;
+    other strides, a window, LSE, grad and a streamed call each get their own result."""
+    from flashjit import api
+    full = []
+    real = api._attention_forward
+    monkeypatch.setattr(api, "_attention_forward",
+                        lambda *a, **kw: full.append(1) or real(*a, **kw))
+    torch.manual_seed(5)
+    shape_q, shape_kv = (2, 1, 8, 128), (2, 700, 2, 128)
+    for call in range(3):
+        q = torch.randn(shape_q, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(shape_kv, device="cuda", dtype=torch.bfloat16) for _ in "kv")
+        out = flashjit.flash_attn_func(q, k, v, causal=True)
+        out2, lse, _ = flashjit.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+        torch.cuda.synchronize()
+        ref = reference(q, k, v, True, (-1, -1))
+        for o in (out, out2):
+            assert (o.double() - ref).abs().max().item() <= TOL[torch.bfloat16]
+        assert out.data_ptr() != out2.data_ptr()
+        assert lse.shape == (2, 8, 1) and torch.isfinite(lse).all()
+    assert len(full) == 2, "the two kinds of call each took the full path once, then repeated"
+    # Other strides (a transposed view of the same shape) and a window: new keys, right.
+    k_t = torch.randn(2, 2, 700, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    for args in ({"causal": True}, {"window_size": (100, 0)}):
+        for _ in range(2):
+            out = flashjit.flash_attn_func(q, k_t, v, **args)
+            ref = reference(q, k_t, v, args.get("causal", False),
+                            args.get("window_size", (-1, -1)))
+            assert (out.double() - ref).abs().max().item() <= TOL[torch.bfloat16]
+    # A side stream: the call runs on torch's current stream, as the full path does.
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        out = flashjit.flash_attn_func(q, k, v, causal=True)
+    side.synchronize()
+    assert (out.double() - reference(q, k, v, True, (-1, -1))).abs().max().item() <= \
+        TOL[torch.bfloat16]
+    # Inputs that require grad leave the fast path: the result carries autograd.
+    qg = q.clone().requires_grad_()
+    out = flashjit.flash_attn_func(qg, k, v, causal=True)
+    assert out.requires_grad
+    out.float().sum().backward()
+    assert qg.grad is not None and torch.isfinite(qg.grad).all()
