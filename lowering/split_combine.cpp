@@ -8,9 +8,9 @@
 //
 // It has no matrix products and no tiles, so it is written here directly
 // rather than built as tile IR (docs/decisions.md). One workgroup merges one
-// row: its work-items read the splits' LSEs at once, and kGroups groups of a
-// wave's width each sum every kGroups-th split's partial row, so a decode call
-// of a few rows and 128 splits is not 128 dependent loads long. The sums run in
+// row: its work-items read the splits' LSEs at once, and groups of work-items
+// each sum every groups-th split's partial row, so a decode call of a few rows
+// and 512 splits is not 512 dependent loads long. The sums run in
 // a fixed order (a tree over the LSEs, then the groups in order): results are
 // the same run to run.
 #include "lowering/lower.h"
@@ -26,11 +26,15 @@ namespace flashjit::lowering {
 
 namespace {
 
-// A workgroup merges kColThreads entries of one row (the grid's y axis covers
+// A workgroup merges col_threads entries of one row (the grid's y axis covers
 // the head dim): kThreads work-items read the LSEs (every kThreads-th split
-// each, kMaxChosenSplits at most), then kGroups groups of kColThreads, one
-// entry per work-item, sum every kGroups-th split.
-constexpr int kThreads = 256, kColThreads = 32, kGroups = kThreads / kColThreads;
+// each, kMaxChosenSplits at most), then kThreads / col_threads groups of
+// col_threads, one entry per work-item, sum every groups-th split. col_threads
+// is a call's: 32 (8 groups) where splits are few, kNarrowColThreads (32
+// groups, and 4x the workgroups) from kNarrowFromSplits splits on, where few
+// rows have many splits and the loads in flight, not the work, bound the time.
+constexpr int kThreads = 256, kColThreads = 32, kNarrowColThreads = 8;
+constexpr int64_t kNarrowFromSplits = 256;
 
 std::string combine_name(const KernelSignature &sig) {
   return fmt::format("fa_combine_{}_d{}{}{}", dtype_name(sig.dtype), sig.head_dim_v,
@@ -43,6 +47,12 @@ ir::Bindings bind_split_combine(const AttentionSpec &spec, int64_t splits) {
   ir::Bindings b = ir::bind_attention(spec);
   b.set_int("num_splits", splits);
   b.set_int("rows", spec.batch * spec.heads * spec.seqlen_q);
+  // On the H200 (bench/results/README.md), B=1 8:1 D=128 with 512 splits: 7.9
+  // us at 32 entries per workgroup, 4.6 at 8; but 32 rows of 82 splits took
+  // 3.4 at 32 and 4.7 at 8: each workgroup repeats the LSE reads and trees.
+  const int col_threads = splits >= kNarrowFromSplits ? kNarrowColThreads : kColThreads;
+  b.set_int("col_threads", col_threads);
+  b.set_int("col_chunks", (spec.head_dim_v + col_threads - 1) / col_threads);
   return b;
 }
 
@@ -50,7 +60,6 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
                                       std::string_view name) {
   FJ_RETURN_IF_ERROR(spec.validate());
   const KernelSignature sig = spec.signature();
-  const int chunks = int((sig.head_dim_v + kColThreads - 1) / kColThreads);
   Lowered out;
   out.kernel_name = name.empty() ? combine_name(sig) : std::string(name);
   out.params = {
@@ -61,15 +70,11 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
   if (sig.lse)
     out.params.push_back({"LSE", KernelParam::Kind::tensor, ir::ScalarType::i64, "float *"});
   const std::pair<const char *, ir::ScalarType> scalars[] = {
-      {"rows", ir::ScalarType::i64},
-      {"heads", ir::ScalarType::i32},
-      {"seqlen_q", ir::ScalarType::i32},
-      {"num_splits", ir::ScalarType::i32},
-      {"o_batch_stride", ir::ScalarType::i64},
-      {"o_head_stride", ir::ScalarType::i64},
-      {"o_seq_stride", ir::ScalarType::i32},
-      {"o_dim_stride", ir::ScalarType::i32},
-      {"lse_batch_stride", ir::ScalarType::i64},
+      {"rows", ir::ScalarType::i64},           {"heads", ir::ScalarType::i32},
+      {"seqlen_q", ir::ScalarType::i32},       {"num_splits", ir::ScalarType::i32},
+      {"col_threads", ir::ScalarType::i32},    {"o_batch_stride", ir::ScalarType::i64},
+      {"o_head_stride", ir::ScalarType::i64},  {"o_seq_stride", ir::ScalarType::i32},
+      {"o_dim_stride", ir::ScalarType::i32},   {"lse_batch_stride", ir::ScalarType::i64},
       {"lse_head_stride", ir::ScalarType::i64}};
   for (const auto &[name, type] : scalars) {
     if (std::string_view(name) == "o_dim_stride" && sig.unit_dim[3])
@@ -79,7 +84,7 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
     out.params.push_back({name, KernelParam::Kind::scalar, type, emit::c_scalar_type(type)});
   }
   out.grid = {ir::GridAxis{-1, ir::Extent::of("rows"), 1},
-              ir::GridAxis{-1, ir::Extent::constant(chunks), 1}};
+              ir::GridAxis{-1, ir::Extent::of("col_chunks"), 1}};
   out.block_threads = kThreads;
 
   HipWriter w;
@@ -90,13 +95,10 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
   w.line("constexpr int kDimV = {}; // head_dim_v", sig.head_dim_v);
   w.line("constexpr int kThreads = {}; // work-items", kThreads);
   w.line("constexpr int kMaxSplits = {}; // the most splits a call has", kMaxChosenSplits);
-  w.line("constexpr int kColThreads = {}; // work-items of a group: entries of a workgroup",
-         kColThreads);
-  w.line("constexpr int kGroups = {}; // groups, each summing every kGroups-th split", kGroups);
   w.blank();
   w.line("// Merges split-KV's partial results: workspace row r = (batch * heads + head) *");
   w.line("// seqlen_q + query holds O_partial[split][r][0..kDimV) and LSE_partial[split][r].");
-  w.line("// One workgroup per row and kColThreads entries of it.");
+  w.line("// One workgroup per row and col_threads (8 or 32) entries of it.");
   w.line("FJ_GLOBAL FJ_WORKGROUP_SIZE({})", kThreads);
   w.line("void {}(", out.kernel_name);
   w.indent(2);
@@ -133,31 +135,43 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
   w.line("  sum += w;");
   w.line("}}");
   tree_reduce(w, "lds_tree", "sum", false, "sum");
-  w.line("const int group = tid / kColThreads, lane = tid % kColThreads;");
-  w.line("const int col = int(fj_group_id_y()) * kColThreads + lane;");
-  w.line("float acc = 0.0f;");
-  w.open("if (col < kDimV) {{");
-  w.line("#pragma unroll 8");
-  w.open("for (int s = group; s < num_splits; s += kGroups) {{");
-  w.line("const float w = lds_weight[s];");
-  w.line("if (w != 0.0f)");
-  w.line("  acc += w * fj_global_load_f32(O_partial + (s * split_rows + row) * kDimV + col);");
-  w.close();
-  w.close();
-  w.line("lds_acc[tid] = acc;");
-  w.line("fj_barrier();");
   w.line("const int query = int(row % seqlen_q);");
   w.line("const int head = int(row / seqlen_q % heads);");
   w.line("const long batch = row / seqlen_q / heads;");
-  w.open("if (tid < kColThreads && col < kDimV) {{");
-  w.line("float total = 0.0f; // the groups' sums in order");
-  w.line("#pragma unroll");
-  w.line("for (int g = 0; g < kGroups; ++g)");
-  w.line("  total += lds_acc[g * kColThreads + tid];");
-  w.line("fj_bits *dst = O + batch * o_batch_stride + head * o_head_stride + long(query) * "
-         "o_seq_stride;");
-  w.line("fj_global_store1(dst + long(col){}, fj_from_f32(sum > 0.0f ? total / sum : 0.0f));",
-         sig.unit_dim[3] ? "" : " * o_dim_stride");
+  // The merge, once per width: each a block with its width a constant.
+  for (int cols : {kNarrowColThreads, kColThreads}) {
+    if (cols == kNarrowColThreads) {
+      w.open("if (col_threads == {}) {{", cols);
+    } else {
+      w.close("} else {");
+      w.indent(1);
+    }
+    w.line("// kGroups groups of kCols work-items, each summing every kGroups-th split.");
+    w.line("constexpr int kCols = {}, kGroups = kThreads / kCols;", cols);
+    w.line("const int group = tid / kCols, lane = tid % kCols;");
+    w.line("const int col = int(fj_group_id_y()) * kCols + lane;");
+    w.line("float acc = 0.0f;");
+    w.open("if (col < kDimV) {{");
+    w.line("#pragma unroll 8");
+    w.open("for (int s = group; s < num_splits; s += kGroups) {{");
+    w.line("const float w = lds_weight[s];");
+    w.line("if (w != 0.0f)");
+    w.line("  acc += w * fj_global_load_f32(O_partial + (s * split_rows + row) * kDimV + col);");
+    w.close();
+    w.close();
+    w.line("lds_acc[tid] = acc;");
+    w.line("fj_barrier();");
+    w.open("if (tid < kCols && col < kDimV) {{");
+    w.line("float total = 0.0f; // the groups' sums in order");
+    w.line("#pragma unroll");
+    w.line("for (int g = 0; g < kGroups; ++g)");
+    w.line("  total += lds_acc[g * kCols + tid];");
+    w.line("fj_bits *dst = O + batch * o_batch_stride + head * o_head_stride + long(query) * "
+           "o_seq_stride;");
+    w.line("fj_global_store1(dst + long(col){}, fj_from_f32(sum > 0.0f ? total / sum : 0.0f));",
+           sig.unit_dim[3] ? "" : " * o_dim_stride");
+    w.close();
+  }
   w.close();
   if (sig.lse) {
     w.line("if (tid == 0 && fj_group_id_y() == 0)");

@@ -194,25 +194,29 @@ INSTANTIATE_TEST_SUITE_P(Decode, SplitKvEmulator,
 // More splits than the combine's work-items (flashjit chooses up to
 // kMaxChosenSplits for decode of few heads), most of them past the last KV
 // block (empty): each work-item reads several LSEs.
+// From 256 splits on, the combine's workgroups take 8 entries each (else 32):
+// head dims 64 and 100 (a last workgroup of 4 entries), both widths.
 TEST(SplitKvCombine, TakesMoreSplitsThanWorkItems) {
   auto t = lowering::parse_target("gfx1201");
   ASSERT_TRUE(t) << t.status().message();
-  AttentionSpec spec = spec_of({1, 4, 1, 1, 5000, 64, 64, bf16, bshd, false, kNoWindow, true});
-  ir::Config config = lowering::default_config(spec, *t, automatic);
-  config.block_n = 16;
-  auto program = ir::build_split_kv(spec, config);
-  ASSERT_TRUE(program) << program.status().message();
-  auto partial = lowering::lower(*program, *t, automatic);
-  ASSERT_TRUE(partial) << partial.status().message();
-  auto combine = lowering::lower_split_combine(spec, *t);
-  ASSERT_TRUE(combine) << combine.status().message();
-  for (int64_t splits : {int64_t{313}, kMaxChosenSplits}) {
-    SCOPED_TRACE(fmt::format("{} splits", splits));
-    HostTensors tensors = make_random_inputs(spec, 800 + uint64_t(splits));
-    Status s =
-        runtime::emulate_split_kv(*partial, *combine, *t, spec, splits, tensors, {.threads = 2});
-    ASSERT_TRUE(s) << s.message();
-    expect_matches_reference(spec, tensors);
+  for (int64_t d : {64, 100}) {
+    AttentionSpec spec = spec_of({1, 4, 1, 1, 5000, d, d, bf16, bshd, false, kNoWindow, true});
+    ir::Config config = lowering::default_config(spec, *t, automatic);
+    config.block_n = 16;
+    auto program = ir::build_split_kv(spec, config);
+    ASSERT_TRUE(program) << program.status().message();
+    auto partial = lowering::lower(*program, *t, automatic);
+    ASSERT_TRUE(partial) << partial.status().message();
+    auto combine = lowering::lower_split_combine(spec, *t);
+    ASSERT_TRUE(combine) << combine.status().message();
+    for (int64_t splits : {int64_t{63}, int64_t{313}, kMaxChosenSplits}) {
+      SCOPED_TRACE(fmt::format("d {}, {} splits", d, splits));
+      HostTensors tensors = make_random_inputs(spec, 800 + uint64_t(splits));
+      Status s =
+          runtime::emulate_split_kv(*partial, *combine, *t, spec, splits, tensors, {.threads = 2});
+      ASSERT_TRUE(s) << s.message();
+      expect_matches_reference(spec, tensors);
+    }
   }
 }
 
