@@ -8,7 +8,9 @@ Tensors follow FlashAttention's conventions: [batch, seqlen, heads, head_dim] (B
 causal masks aligned bottom-right when seqlen_q != seqlen_k, GQA/MQA from the head
 counts. flashjit.emit() returns the generated HIP source, flashjit.compile() the
 resource report of its code object. flash_attn_varlen_func and flash_attn_with_kvcache
-are FlashAttention's varlen and KV-cache calls (packed batches, paged caches);
+are FlashAttention's varlen and KV-cache calls (packed batches, paged caches), and
+flash_attn_qkvpacked_func / flash_attn_kvpacked_func (and their varlen forms) its calls
+with Q, K and V stacked in one tensor;
 flash_attn_backward and flash_attn_varlen_backward are the backward pass, which
 flash_attn_func and flash_attn_varlen_func also run through torch's autograd when an
 input requires grad. scaled_dot_product_attention is
@@ -19,6 +21,8 @@ flashjit.integrations registers flashjit with transformers.
 
 from .api import FlashJitError, compile, emit, flash_attn_func, version
 from .backward import flash_attn_backward
+from .packed import (flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
+                     flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func)
 from .sdpa import scaled_dot_product_attention
 from .sequences import flash_attn_varlen_backward, flash_attn_varlen_func, flash_attn_with_kvcache
 
@@ -34,6 +38,8 @@ else:
     _torch_ops.register_after_torch_import()
 
 __all__ = ["flash_attn_func", "flash_attn_backward", "flash_attn_varlen_func",
+           "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
+           "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func",
            "flash_attn_varlen_backward",
            "flash_attn_with_kvcache", "scaled_dot_product_attention", "emit", "compile",
            "version", "FlashJitError"]
