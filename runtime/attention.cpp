@@ -424,13 +424,13 @@ Expected<const Attention::Impl::SplitKv *> Attention::Impl::split_kv(Failure *fa
       *g = gen.take();
     }
     if (options.compiler != "none") {
-      for (auto [g, c] : {std::pair{&made->partial, &made->partial_code},
-                          std::pair{&made->combine, &made->combine_code}}) {
-        auto compiled = pipeline::compile(*g, options, compiler::KernelCache::global(), failure);
-        if (!compiled)
-          return compiled.status();
-        *c = compiled.take();
-      }
+      const Generated *const both[] = {&made->partial, &made->combine};
+      auto compiled =
+          pipeline::compile_all(both, options, compiler::KernelCache::global(), failure);
+      if (!compiled)
+        return compiled.status();
+      made->partial_code = std::move((*compiled)[0]);
+      made->combine_code = std::move((*compiled)[1]);
     }
     if (executor == Executor::emulator) // FLASHJIT_OVERRIDE_DIR, as for the attention kernel
       for (Generated *g : {&made->partial, &made->combine}) {
@@ -586,20 +586,24 @@ Expected<const Attention::Impl::Backward *> Attention::Impl::backward_kernels(Fa
   const KernelKind kinds[Backward::kKernels] = {
       KernelKind::backward_preprocess, KernelKind::backward_dq, KernelKind::backward_dkdv,
       KernelKind::backward_reduce, KernelKind::backward_sinks};
-  for (int i = 0; i < Backward::kKernels; ++i) {
-    if (kinds[i] == KernelKind::backward_sinks && !spec.sinks)
-      continue;
+  const int kernels = spec.sinks ? Backward::kKernels : Backward::kKernels - 1;
+  std::vector<const Generated *> generated;
+  for (int i = 0; i < kernels; ++i) {
     auto g = pipeline::generate(spec, device.arch, options, failure, kinds[i]);
     if (!g)
       return g.status().with_context("backward");
     made->generated[i] = g.take();
-    if (options.compiler != "none") {
-      auto c =
-          pipeline::compile(made->generated[i], options, compiler::KernelCache::global(), failure);
-      if (!c)
-        return c.status().with_context("backward");
-      made->code[i] = c.take();
-    }
+    generated.push_back(&made->generated[i]);
+  }
+  if (options.compiler != "none") {
+    auto codes =
+        pipeline::compile_all(generated, options, compiler::KernelCache::global(), failure);
+    if (!codes)
+      return codes.status().with_context("backward");
+    for (int i = 0; i < kernels; ++i)
+      made->code[i] = std::move((*codes)[size_t(i)]);
+  }
+  for (int i = 0; i < kernels; ++i) {
     if (executor == Executor::emulator) { // FLASHJIT_OVERRIDE_DIR, as for the attention kernel
       auto emulated = pipeline::emulated_kernel(made->generated[i]);
       if (!emulated)

@@ -8,6 +8,8 @@
 #include <fmt/ranges.h>
 
 #include <chrono>
+#include <future>
+#include <system_error>
 
 namespace flashjit::pipeline {
 
@@ -117,6 +119,37 @@ Expected<Generated> generate(const AttentionSpec &spec, std::string_view arch,
     return failed(failure, Failure::unsupported, lowered.status());
   g.lowered = lowered.take();
   return g;
+}
+
+Expected<std::vector<Compiled>> compile_all(std::span<const Generated *const> gs,
+                                            const Options &options, compiler::KernelCache &cache,
+                                            Failure *failure) {
+  std::vector<Failure> failures(gs.size(), Failure::none);
+  auto one = [&](size_t i) { return compile(*gs[i], options, cache, &failures[i]); };
+  // Each but the first on a thread; where no thread can be started, here.
+  std::vector<std::future<Expected<Compiled>>> rest;
+  for (size_t i = 1; i < gs.size(); ++i) {
+    try {
+      rest.push_back(std::async(std::launch::async, one, i));
+    } catch (const std::system_error &) {
+      rest.push_back(std::async(std::launch::deferred, one, i));
+    }
+  }
+  std::vector<Expected<Compiled>> done;
+  if (!gs.empty())
+    done.push_back(one(0));
+  for (auto &f : rest)
+    done.push_back(f.get());
+  std::vector<Compiled> codes;
+  for (size_t i = 0; i < done.size(); ++i) {
+    if (!done[i]) {
+      if (failure)
+        *failure = failures[i];
+      return done[i].status();
+    }
+    codes.push_back(done[i].take());
+  }
+  return codes;
 }
 
 Expected<Compiled> compile(const Generated &g, const Options &options, compiler::KernelCache &cache,

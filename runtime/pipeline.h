@@ -20,8 +20,10 @@
 #include "runtime/attention.h"
 #include "runtime/attention_detail.h"
 
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace flashjit::pipeline {
 
@@ -78,6 +80,13 @@ struct Compiled {
 Expected<Compiled> compile(const Generated &g, const Options &options,
                            compiler::KernelCache &cache = compiler::KernelCache::global(),
                            Failure *failure = nullptr);
+/// Compiles each of a plan's kernels (compile() each), at once: all but the
+/// first on threads of their own, so a plan's first call waits for its slowest
+/// kernel, not for their sum. The codes in `gs`' order, or the first failure in
+/// that order (with its stage in `failure`).
+Expected<std::vector<Compiled>> compile_all(std::span<const Generated *const> gs,
+                                            const Options &options, compiler::KernelCache &cache,
+                                            Failure *failure = nullptr);
 
 /// The compile options of a target under `options` (the key's compile_options),
 /// for `kernel` when given: its Lowered::compile_arch (e.g. sm_90a) where set.

@@ -5,6 +5,7 @@
 #include "compiler/kernel_cache.h"
 #include "compiler/knobs.h"
 #include "compiler/sha256.h"
+#include "ir/reference.h"
 #include "runtime/attention.h"
 #include "runtime/emulator.h"
 
@@ -951,6 +952,43 @@ TEST(AttentionThreads, EightThreadsSharingOneCacheDirCompileEachKernelOnce) {
   for (const auto &e : fs::directory_iterator(cache.directory()))
     entries += e.path().extension() == ".fjk";
   EXPECT_EQ(entries, 2);
+}
+
+/// A plan's kernels compile together (pipeline::compile_all): split-KV's two
+/// on the first decode call that splits, one of them on a thread of its own
+/// (ThreadSanitizer runs this too). The cache counts both compiles; the output
+/// is checked against the float64 reference.
+TEST(AttentionThreads, SplitKvKernelsCompileTogether) {
+  if (!runtime::emulator_available())
+    GTEST_SKIP() << "this build has no emulator (FLASHJIT_WITH_LLVM=OFF)";
+  AttentionSpec spec = make_spec(1, 2, 2, 1, 300, 32, 32, DType::f16);
+  spec.num_splits = 3;
+  Options options;
+  options.compiler = "llvm";
+  options.cpu_threads = 2;
+  auto attn = Attention::create(spec, "emulator:gfx1201", options);
+  ASSERT_TRUE(attn) << attn.status().message();
+  KernelCache &cache = KernelCache::global();
+  const CacheStats before = cache.stats();
+  HostTensors t = make_random_inputs(spec, 17);
+  std::vector<uint16_t> q(t.q.size()), k(t.k.size()), v(t.v.size()), o(t.o.size(), 0x7fff);
+  for (auto [from, to] : {std::pair{&t.q, &q}, std::pair{&t.k, &k}, std::pair{&t.v, &v}})
+    for (size_t i = 0; i < from->size(); ++i)
+      (*to)[i] = uint16_t(to_bits(spec.dtype, (*from)[i]));
+  Status s = attn->forward(spec, q.data(), k.data(), v.data(), o.data(), nullptr);
+  ASSERT_TRUE(s) << s.message();
+  for (size_t i = 0; i < o.size(); ++i)
+    t.o[i] = from_bits(spec.dtype, o[i]);
+  const Tolerance tol = tolerance_for(spec.dtype);
+  const ErrorStats err = compare(spec, t, reference_attention(spec, t));
+  EXPECT_TRUE(err.within(tol.abs, tol.rel)) << err.max_abs << " " << err.rel_l2;
+  const CacheStats after = cache.stats();
+  EXPECT_EQ(after.compiles - before.compiles + after.memory_hits - before.memory_hits +
+                after.disk_hits - before.disk_hits,
+            2)
+      << attn->explain();
+  EXPECT_NE(attn->explain().find("1 of those calls ran the split-KV kernels"), std::string::npos)
+      << attn->explain();
 }
 
 // ---- knobs -----------------------------------------------------------------
