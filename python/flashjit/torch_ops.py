@@ -67,10 +67,10 @@ def ops():
                 window_left: int, window_right: int, softcap: float,
                 alibi_slopes: Optional[Tensor], num_splits: int, score_mod: Optional[str],
                 mask_mod: Optional[str], attn_mask: Optional[Tensor], dropout_p: float,
-                dropout_seed: int) -> tuple[Tensor, Tensor]:
+                dropout_seed: int, sinks: Optional[Tensor]) -> tuple[Tensor, Tensor]:
         return _attention_forward(q, k, v, True, softmax_scale, causal,
                                   (window_left, window_right), softcap, alibi_slopes, None, None,
-                                  num_splits, score_mod, mask_mod, None, attn_mask, dropout_p,
+                                  num_splits, score_mod, mask_mod, sinks, attn_mask, dropout_p,
                                   dropout_seed)
 
     @forward.register_fake
@@ -84,31 +84,40 @@ def ops():
                  softmax_scale: Optional[float], causal: bool, window_left: int,
                  window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
                  score_mod: Optional[str], mask_mod: Optional[str],
-                 attn_mask: Optional[Tensor], dropout_p: float,
-                 dropout_seed: int) -> tuple[Tensor, Tensor, Tensor]:
-        return flash_attn_backward(dout, q, k, v, out, lse, dropout_p, softmax_scale, causal,
-                                   (window_left, window_right), softcap, alibi_slopes,
-                                   score_mod=score_mod, mask_mod=mask_mod, attn_mask=attn_mask,
-                                   dropout_seed=dropout_seed if dropout_p else None)
+                 attn_mask: Optional[Tensor], dropout_p: float, dropout_seed: int,
+                 sinks: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(dq, dk, dv, dsinks): dsinks float32 [heads] with sinks, else empty (an op
+        returns tensors)."""
+        grads = flash_attn_backward(dout, q, k, v, out, lse, dropout_p, softmax_scale, causal,
+                                    (window_left, window_right), softcap, alibi_slopes,
+                                    score_mod=score_mod, mask_mod=mask_mod, attn_mask=attn_mask,
+                                    dropout_seed=dropout_seed if dropout_p else None,
+                                    sinks=sinks)
+        return grads if sinks is not None else grads + (q.new_empty(0, dtype=torch.float32),)
 
     @backward.register_fake
     def _(dout, q, k, v, *args):
+        sinks = args[-1]
         return tuple(torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
-                     for x in (q, k, v))
+                     for x in (q, k, v)) + (
+            q.new_empty(sinks.shape[0] if sinks is not None else 0, dtype=torch.float32),)
 
     def setup_context(ctx, inputs, output):
         q, k, v = inputs[:3]
-        ctx.save_for_backward(q, k, v, *output)
-        ctx.args = inputs[3:]
+        ctx.save_for_backward(q, k, v, *output, inputs[-1])  # the last input: sinks
+        ctx.args = inputs[3:-1]
 
     def run_backward(ctx, dout, _dlse):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, sinks = ctx.saved_tensors
         (softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, _splits,
          score_mod, mask_mod, attn_mask, dropout_p, dropout_seed) = ctx.args
-        dq, dk, dv = backward(dout, q, k, v, out, lse, softmax_scale, causal, window_left,
-                              window_right, softcap, alibi_slopes, score_mod, mask_mod,
-                              attn_mask, dropout_p, dropout_seed)
-        return (dq, dk, dv) + (None,) * len(ctx.args)
+        dq, dk, dv, dsinks = backward(dout, q, k, v, out, lse, softmax_scale, causal,
+                                      window_left, window_right, softcap, alibi_slopes,
+                                      score_mod, mask_mod, attn_mask, dropout_p, dropout_seed,
+                                      sinks)
+        # The sinks' gradient in their own dtype (a model's bf16 parameter), as eagerly.
+        dsinks = dsinks.to(sinks.dtype) if sinks is not None else None
+        return (dq, dk, dv) + (None,) * len(ctx.args) + (dsinks,)
 
     forward.register_autograd(run_backward, setup_context=setup_context)
     _OPS = (forward, backward)
@@ -119,8 +128,7 @@ def attention(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes
               num_splits, score_mod, mask_mod, sinks, attn_mask, dropout_p, dropout_seed,
               seed_given=True):
     """flash_attn_func's (out, lse) through the custom op, for torch.compile."""
-    refused = [name for name, value in (("arch", arch), ("config", config), ("sinks", sinks))
-               if value is not None]
+    refused = [name for name, value in (("arch", arch), ("config", config)) if value is not None]
     if refused:
         raise NotImplementedError(f"flashjit: under torch.compile, flash_attn_func does not take "
                                   f"{', '.join(refused)} yet: call it eagerly (e.g. "
@@ -128,4 +136,4 @@ def attention(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes
     window_left, window_right = window_size
     return ops()[0](q, k, v, softmax_scale, bool(causal), int(window_left), int(window_right),
                     float(softcap), alibi_slopes, int(num_splits), score_mod, mask_mod,
-                    attn_mask, float(dropout_p), int(dropout_seed))
+                    attn_mask, float(dropout_p), int(dropout_seed), sinks)

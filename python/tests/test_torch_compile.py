@@ -100,3 +100,32 @@ def test_cuda_graph_capture_and_replay():
         torch.cuda.synchronize()
         want = flashjit.flash_attn_func(q, k, v, causal=True, num_splits=1)
         assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_compile_fullgraph_with_sinks_that_require_grad(dtype):
+    """gpt-oss's attention sinks under torch.compile: q, k, v and the sinks (a bf16 or f32
+    parameter) get the eager call's gradients, dsinks in the sinks' dtype."""
+    torch = cuda_torch()
+    import flashjit
+
+    def loss(q, k, v, sinks):
+        out = flashjit.flash_attn_func(q, k, v, causal=True, sinks=sinks)
+        return (out.float() ** 2).sum()
+
+    torch.manual_seed(4)
+    b, s, hq, hkv, d = 2, 96, 4, 2, 64
+    base = [torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+            for h in (hq, hkv, hkv)]
+    sinks0 = torch.randn(hq, device="cuda").to(getattr(torch, dtype))
+    compiled = torch.compile(loss, fullgraph=True)
+    results = []
+    for fn in (compiled, loss):
+        q, k, v = (x.clone().requires_grad_() for x in base)
+        sinks = sinks0.clone().requires_grad_()
+        value = fn(q, k, v, sinks)
+        value.backward()
+        assert sinks.grad is not None and sinks.grad.dtype == sinks.dtype
+        results.append((value.detach(), q.grad, k.grad, v.grad, sinks.grad))
+    for got, want in zip(*results):
+        assert torch.allclose(got.float(), want.float(), atol=1e-6, rtol=1e-6)
