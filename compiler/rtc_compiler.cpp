@@ -255,6 +255,26 @@ Expected<RtcOutput> run_compile(const RtcLibrary &lib, const VendorLibrary &v,
   return out;
 }
 
+/// The compiles on threads of their own that have not ended: at exit the
+/// process waits for them (wait_for_compiles, registered with atexit after the
+/// vendor library was loaded, so it runs before that library's own teardown),
+/// since one abandoned after its time limit cannot be interrupted and would
+/// otherwise run on while the library's static objects are destroyed.
+struct RunningCompiles {
+  std::mutex mutex;
+  std::condition_variable ended;
+  int count = 0;
+};
+RunningCompiles &running_compiles() {
+  static auto &r = *new RunningCompiles; // never destroyed: threads may outlive main
+  return r;
+}
+void wait_for_compiles() {
+  RunningCompiles &r = running_compiles();
+  std::unique_lock<std::mutex> lock(r.mutex);
+  r.ended.wait(lock, [&] { return r.count == 0; });
+}
+
 /// run_compile on its own thread, abandoned after the time limit.
 Expected<RtcOutput> run_with_limit(const RtcLibrary &lib, const VendorLibrary &v,
                                    std::string source, std::vector<std::string> args,
@@ -265,11 +285,24 @@ Expected<RtcOutput> run_with_limit(const RtcLibrary &lib, const VendorLibrary &v
     std::optional<Expected<RtcOutput>> result;
   };
   auto shared = std::make_shared<Shared>();
-  std::thread([shared, &lib, v, source = std::move(source), args = std::move(args), arch, ptx]() {
+  static std::once_flag registered;
+  std::call_once(registered, [] { std::atexit(wait_for_compiles); });
+  RunningCompiles &running = running_compiles();
+  {
+    std::lock_guard<std::mutex> lock(running.mutex);
+    ++running.count;
+  }
+  std::thread([shared, &lib, v, source = std::move(source), args = std::move(args), arch, ptx,
+               &running]() {
     Expected<RtcOutput> r = run_compile(lib, v, source, args, arch, ptx);
-    std::lock_guard<std::mutex> lock(shared->mutex);
-    shared->result.emplace(std::move(r));
-    shared->done.notify_all();
+    {
+      std::lock_guard<std::mutex> lock(shared->mutex);
+      shared->result.emplace(std::move(r));
+      shared->done.notify_all();
+    }
+    std::lock_guard<std::mutex> lock(running.mutex);
+    --running.count;
+    running.ended.notify_all();
   }).detach(); // `lib` is never destroyed; `v` is a copy
   std::unique_lock<std::mutex> lock(shared->mutex);
   if (!shared->done.wait_for(lock, std::chrono::duration<double>(seconds),
