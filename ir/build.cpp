@@ -278,7 +278,9 @@ Expected<std::string> score_function(const AttentionSpec &spec, const Program &p
     return Status::ok();
   };
   if (spec.softcap > 0)
-    FJ_RETURN_IF_ERROR(wrap("softcap * tanh(score / softcap)", "softcap"));
+    // A product by 1 / softcap, which the device compiler computes once per kernel
+    // (a division per score cost 2x at D = 64 on the H200: bench/results/README.md).
+    FJ_RETURN_IF_ERROR(wrap("softcap * tanh(score * (1.0 / softcap))", "softcap"));
   if (spec.alibi != Alibi::none)
     FJ_RETURN_IF_ERROR(
         wrap(spec.alibi == Alibi::heads

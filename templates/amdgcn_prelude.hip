@@ -49,6 +49,7 @@ FJ_DEVICE float fj_exp2(float x) { return __builtin_amdgcn_exp2f(x); }
 FJ_DEVICE float fj_log2(float x) { return __builtin_amdgcn_logf(x); }
 FJ_DEVICE float fj_max(float a, float b) { return __builtin_fmaxf(a, b); }
 FJ_DEVICE float fj_rcp(float x) { return __builtin_amdgcn_rcpf(x); }
+FJ_DEVICE float fj_rcp_approx(float x) { return __builtin_amdgcn_rcpf(x); }
 
 // ---- element conversions (round to nearest even, as the hardware types) ----
 FJ_DEVICE float fj_bf16_to_f32(fj_bits b) { return __builtin_bit_cast(float, (unsigned)b << 16); }

@@ -172,9 +172,10 @@ FJ_DEVICE int fj_int_div(int a, int b) { return b == 0 ? 0 : a / b; }
 FJ_DEVICE int fj_int_mod(int a, int b) { return b == 0 ? 0 : a % b; }
 FJ_DEVICE float fj_exp(float x) { return fj_exp2(x * 1.44269504f); }
 FJ_DEVICE float fj_log(float x) { return fj_log2(x) * 0.693147181f; }
-// tanh from exp2: (1 - e) / (1 + e) with e = exp(-2|x|), odd; within a few ulp.
+// tanh from exp2: (1 - e) / (1 + e) with e = exp(-2|x|), odd; within a few ulp
+// (1 + e is in [1, 2], where the approximate reciprocal is within 1 ulp).
 FJ_DEVICE float fj_tanh(float x) {
   const float e = fj_exp2(-2.88539008f * fj_abs_float(x));
-  const float t = (1.0f - e) / (1.0f + e);
+  const float t = (1.0f - e) * fj_rcp_approx(1.0f + e);
   return x < 0 ? -t : t;
 }

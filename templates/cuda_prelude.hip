@@ -52,6 +52,12 @@ FJ_DEVICE float fj_exp2(float x) {
 FJ_DEVICE float fj_log2(float x) { return log2f(x); }
 FJ_DEVICE float fj_max(float a, float b) { return fmaxf(a, b); }
 FJ_DEVICE float fj_rcp(float x) { return __frcp_rn(x); }
+// rcp.approx: 1 ulp for normal inputs, one instruction (fj_rcp is IEEE, several).
+FJ_DEVICE float fj_rcp_approx(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 
 // ---- element conversions (round to nearest even) ----
 FJ_DEVICE float fj_bf16_to_f32(fj_bits b) { return __uint_as_float((unsigned)b << 16); }

@@ -67,6 +67,7 @@ FJ_DEVICE float fj_exp2(float x) { return fj_emu_exp2(x); }
 FJ_DEVICE float fj_log2(float x) { return fj_emu_log2(x); }
 FJ_DEVICE float fj_max(float a, float b) { return __builtin_fmaxf(a, b); }
 FJ_DEVICE float fj_rcp(float x) { return 1.0f / x; }
+FJ_DEVICE float fj_rcp_approx(float x) { return 1.0f / x; }
 
 // ---- element conversions (round to nearest even, bit-exact with the AMD prelude) ----
 FJ_DEVICE float fj_bf16_to_f32(fj_bits b) { return __builtin_bit_cast(float, (unsigned)b << 16); }
