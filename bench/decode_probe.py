@@ -9,6 +9,8 @@ call of 200 calls back to back (no flush), which is the host's time where that i
 --splits runs flashjit once per num_splits value (0: chosen per call, 1: off); default 0.
 --config KEY=N,KEY=N (repeatable) runs flashjit with that config too (flash_attn_func's
 config=, e.g. block_m=16,block_n=32,waves=1,stages=2: the split kernel takes it whole).
+--bhsd keeps K and V head-major in memory ([b, hkv, sk, d]: each head's keys contiguous;
+flashjit reads that through strides, SDPA gets it as is) instead of FlashAttention's BSHD.
 """
 import sys
 import time
@@ -45,8 +47,11 @@ def kernels(fn):
 
 def main():
     args = sys.argv[1:]
-    splits, configs = [0], []
-    while args[:1] in (["--splits"], ["--config"]):
+    splits, configs, bhsd = [0], [], False
+    while args[:1] in (["--splits"], ["--config"], ["--bhsd"]):
+        if args[0] == "--bhsd":
+            bhsd, args = True, args[1:]
+            continue
         if args[0] == "--splits":
             splits = [int(x) for x in args[1].split(",")]
         else:
@@ -55,9 +60,15 @@ def main():
     for case in args:
         b, sk, hq, hkv, d = (int(x) for x in case.split(":"))
         q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
-        k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in "kv")
+        if bhsd:
+            k, v = (torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16)
+                    .transpose(1, 2) for _ in "kv")
+        else:
+            k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16)
+                    for _ in "kv")
         gbytes = (k.numel() + v.numel()) * 2 / 1e3  # KB -> GB/s when divided by us
-        print(f"== B={b} Sk={sk} Hq:Hkv={hq}:{hkv} D={d}: K+V {gbytes / 1e3:.1f} MB")
+        print(f"== B={b} Sk={sk} Hq:Hkv={hq}:{hkv} D={d}{' (K, V head-major)' if bhsd else ''}: "
+              f"K+V {gbytes / 1e3:.1f} MB")
         before = set(api._ATTENTIONS)
         flashjit.flash_attn_func(q, k, v)
         new = set(api._ATTENTIONS) - before
