@@ -203,6 +203,15 @@ Status check_sinks_pointer(const AttentionSpec &s, const void *pointer, std::str
   return Status::ok();
 }
 
+/// A kernel's workgroup: its work-items and the LDS its launch passes (dynamic
+/// LDS, else none: static in the kernel). The grid is the launch's.
+runtime::LaunchGeometry workgroup_geometry(const lowering::Lowered &l) {
+  runtime::LaunchGeometry geometry;
+  geometry.block[0] = l.block_threads;
+  geometry.dynamic_lds_bytes = l.lds_dynamic ? l.lds_bytes : 0;
+  return geometry;
+}
+
 /// Runs `run` over host copies of host buffers.
 Status run_on_host(const AttentionSpec &spec, const AttentionTensors &in,
                    const std::function<Status(HostTensors &)> &run) {
@@ -448,16 +457,14 @@ Expected<const Attention::Impl::SplitKv *> Attention::Impl::split_kv(Failure *fa
           return failed(failure, Failure::runtime, loaded.status());
         *k = loaded.take();
       }
-    made->resident = lowering::resident_per_unit(made->partial.lowered, made->partial.target);
+    const lowering::Lowered &partial = made->partial.lowered;
     if (executor == Executor::gpu) {
-      runtime::LaunchGeometry geometry;
-      geometry.block[0] = made->partial.lowered.block_threads;
-      geometry.dynamic_lds_bytes =
-          made->partial.lowered.lds_dynamic ? made->partial.lowered.lds_bytes : 0;
-      auto resident = made->partial_kernel->resident_per_unit(geometry);
+      auto resident = made->partial_kernel->resident_per_unit(workgroup_geometry(partial));
       if (!resident)
         return failed(failure, Failure::runtime, resident.status());
       made->resident = std::max(*resident, 1);
+    } else {
+      made->resident = lowering::resident_per_unit(partial, made->partial.target);
     }
     return made;
   }();
@@ -838,10 +845,8 @@ Status Attention::Impl::launch(const lowering::Lowered &l, runtime::GpuKernel &k
     return Status::error("forward: heads and batch must each be at most {} on CUDA (the grid's y "
                          "and z limits; {} has {} x {}): split the call",
                          kCudaGridYZ, l.kernel_name, (*grid)[1], (*grid)[2]);
-  runtime::LaunchGeometry geometry;
+  runtime::LaunchGeometry geometry = workgroup_geometry(l);
   std::copy(grid->begin(), grid->end(), geometry.grid);
-  geometry.block[0] = l.block_threads;
-  geometry.dynamic_lds_bytes = l.lds_dynamic ? l.lds_bytes : 0; // else static in the kernel
   auto args = runtime::KernelArgs::make(l.params, shapes, pointers);
   if (!args)
     return args.status();

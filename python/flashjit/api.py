@@ -155,7 +155,8 @@ def _device(x, kind, arch):
             raise ValueError("flashjit: torch tensors must live on a GPU (device 'cuda'); for the "
                              "CPU, pass NumPy arrays with arch='gfx1201'")
         backend = "hip" if getattr(torch.version, "hip", None) else "cuda"
-        return f"{backend}:{x.device.index or 0}", torch.cuda.current_stream(x.device).cuda_stream
+        index = x.device.index or 0
+        return f"{backend}:{index}", _raw_stream(torch, index)
     import cupy
     return f"cuda:{x.device.id}", cupy.cuda.get_current_stream().ptr
 
