@@ -264,7 +264,8 @@ void bind_modifiers(const AttentionSpec &spec, Bindings &b) {
   b.set_int("mask_k_stride", spec.mask_strides.k);
 }
 
-Expected<std::string> score_function(const AttentionSpec &spec, const Program &p) {
+Expected<std::string> score_function(const AttentionSpec &spec, const Program &p,
+                                     bool with_mask_mod) {
   const ExprScope scope = p.expr_scope();
   auto parse = [&](std::string_view text, std::string_view what) {
     return parse_expr(text, scope, what);
@@ -304,7 +305,7 @@ Expected<std::string> score_function(const AttentionSpec &spec, const Program &p
                                 : "score + ((" + inside + ") ? " + element + " : 0)",
                             "mask"));
   }
-  if (!spec.mask_mod.empty())
+  if (with_mask_mod && !spec.mask_mod.empty())
     FJ_RETURN_IF_ERROR(wrap("(" + spec.mask_mod + ") ? score : -inf", "mask_mod"));
   return print_expr(*e);
 }
@@ -333,6 +334,32 @@ void add_block_range(const AttentionSpec &spec, Program &p, Op &loop) {
   if (!p.function("mask_range"))
     p.functions.push_back({"mask_range", print_expr(*e)});
   loop.attrs["range"] = Symbol{"mask_range"};
+}
+
+Status add_unmasked(const AttentionSpec &spec, Program &p, const Op &loop, Attrs &mod_attrs,
+                    bool derivative) {
+  if (!loop.attrs.count("range"))
+    return Status::ok();
+  const char *name = derivative ? "score_grad_unmasked" : "score_unmasked";
+  if (!p.function(name)) {
+    auto f = score_function(spec, p, /*with_mask_mod=*/false);
+    if (!f)
+      return f.status();
+    std::string text = f.take();
+    if (derivative) {
+      auto e = parse_expr(text, p.expr_scope(), "the score function");
+      if (!e)
+        return e.status();
+      auto d = score_derivative(*e, p.expr_scope());
+      if (!d)
+        return d.status();
+      text = print_expr(*d);
+    }
+    p.functions.push_back({name, std::move(text)});
+  }
+  mod_attrs["unmasked"] = Symbol{name};
+  mod_attrs["range"] = loop.attrs.at("range");
+  return Status::ok();
 }
 
 namespace {
@@ -526,8 +553,9 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, bool sp
     ValueId s;
     if (modified) { // modifiers see q.k * scale; the softmax runs in the log2 domain
       const ValueId scaled = b.emit(OpKind::Scale, {qk}, s_type, {{"factor", ParamRef{"scale"}}});
-      const ValueId mod = b.emit(OpKind::ScoreMod, {scaled, q_block, kb}, s_type,
-                                 {{"function", Symbol{"score_mod"}}});
+      Attrs mod_attrs = {{"function", Symbol{"score_mod"}}};
+      FJ_RETURN_IF_ERROR(add_unmasked(spec, p, loop, mod_attrs, /*derivative=*/false));
+      const ValueId mod = b.emit(OpKind::ScoreMod, {scaled, q_block, kb}, s_type, mod_attrs);
       s = b.emit(OpKind::Scale, {mod}, s_type, {{"factor", std::numbers::log2e}});
     } else {
       s = b.emit(OpKind::Scale, {qk}, s_type, {{"factor", ParamRef{"scale_log2"}}});

@@ -84,6 +84,14 @@ bool visible(int64_t i, int64_t j, int64_t seqlen_q, int64_t seqlen_k, bool caus
 /// range to the blocks the mask's interval over the block may keep
 /// (templates/block_range.hip). A float mask_mod adds nothing.
 void add_block_range(const AttentionSpec &spec, Program &p, Op &loop);
+/// The full-block fast path of a `score_mod` op in a loop the block-range pass
+/// narrows: `mod_attrs` get `unmasked = @score_unmasked` (the score function
+/// without the mask_mod; with `derivative`, @score_grad_unmasked, its
+/// derivative) and `range = @mask_range`. Where the mask's interval over a
+/// block excludes 0, every pair of the block is kept, and the op applies the
+/// unmasked function: the same values without evaluating the mask per element.
+Status add_unmasked(const AttentionSpec &spec, Program &p, const Op &loop, Attrs &mod_attrs,
+                    bool derivative);
 
 /// The backward pass (ir/build_backward.cpp): what it cannot take, by name.
 Status validate_backward(const AttentionSpec &spec);
@@ -105,8 +113,10 @@ void declare_dropout(const AttentionSpec &spec, Program &p);
 void bind_modifiers(const AttentionSpec &spec, Bindings &b);
 /// The spec's score modifiers as one score function of `p`'s scope (its scalars
 /// and arrays), in FlashAttention's order: softcap, ALiBi, the user's score_mod,
-/// then mask_mod (a select against -inf). Its text, as the `function` line holds it.
-Expected<std::string> score_function(const AttentionSpec &spec, const Program &p);
+/// then mask_mod (a select against -inf; left out without `with_mask_mod`). Its
+/// text, as the `function` line holds it.
+Expected<std::string> score_function(const AttentionSpec &spec, const Program &p,
+                                     bool with_mask_mod = true);
 
 /// The scalar parameters of both backward programs for `spec`'s shapes.
 Bindings bind_backward(const AttentionSpec &spec);

@@ -251,6 +251,12 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, Kernel 
     Attrs mod_attrs = {{"function", Symbol{"score_mod"}}};
     if (!dq)
       mod_attrs["transposed"] = int64_t{1};
+    Attrs grad_attrs = mod_attrs;
+    grad_attrs["function"] = Symbol{"score_grad"};
+    if (modified) {
+      FJ_RETURN_IF_ERROR(add_unmasked(spec, p, loop, mod_attrs, /*derivative=*/false));
+      FJ_RETURN_IF_ERROR(add_unmasked(spec, p, loop, grad_attrs, /*derivative=*/true));
+    }
     ValueId raw = -1, sc = -1;
     if (modified) { // the modifiers see q.k * scale, the softmax runs in the log2 domain
       raw = b.emit(OpKind::Scale, {qk}, s_type, {{"factor", ParamRef{"scale"}}});
@@ -277,9 +283,8 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, Kernel 
     const ValueId d = dq ? d_rows : load(b, "D", col_block, vec);
     ValueId ds = b.emit(OpKind::Mul, {pr, b.emit(sub, {dp, d}, s_type)}, s_type);
     if (modified) {
-      mod_attrs["function"] = Symbol{"score_grad"};
       ds = b.emit(OpKind::Mul,
-                  {ds, b.emit(OpKind::ScoreMod, {raw, row_block, col_block}, s_type, mod_attrs)},
+                  {ds, b.emit(OpKind::ScoreMod, {raw, row_block, col_block}, s_type, grad_attrs)},
                   s_type);
     }
     auto operand = [&](ValueId x) { // an f32 accumulator as a 16-bit A operand

@@ -181,38 +181,45 @@ private:
     };
     return c;
   }
-  /// The block-range pass (`range = @f` on a `for`): `range` without the blocks
-  /// at either end whose every (query, key) pair f's interval says is 0 — the
-  /// kernels' loop narrowing (templates/block_range.hip), so an unsound interval
-  /// shows here as a wrong result.
-  BlockRange narrowed(const Op &op, BlockRange range, bool transposed) const {
-    const Expr &f = buffers_.functions.at(op.symbol_attr("range"));
+  /// The interval of mask function f (ir/interval.h) while the tile's rows range
+  /// over [row0, row0 + rows) and its columns over [col0, col0 + cols), clipped
+  /// to the lengths: the kernels' templates/block_range.hip, so an unsound
+  /// interval shows here as a wrong result. Rows are queries, or keys in the
+  /// backward's transposed tiles.
+  Interval block_interval(const Expr &f, int64_t row0, int64_t rows, int64_t col0, int64_t cols,
+                          bool transposed) const {
     const int64_t sq = seq("Q"), sk = seq("K");
-    const int64_t rows = op.int_attr("block_m"), cols = op.int_attr("block_n");
-    const int64_t row0 = in(op, 0).index * rows;
-    auto may_see = [&](int64_t block) {
-      int64_t q0 = row0, q1 = row0 + rows, k0 = block * cols, k1 = block * cols + cols;
-      if (transposed) // rows are keys, the loop's blocks queries
-        std::swap(q0, k0), std::swap(q1, k1);
-      const Interval q = interval::fj_iv_range(double(q0), double(std::min(q1, sq) - 1));
-      const Interval k = interval::fj_iv_range(double(k0), double(std::min(k1, sk) - 1));
-      const Interval v = interval_of(
-          f,
-          [&](const std::string &name) {
-            return name == "q_idx"      ? q
-                   : name == "kv_idx"   ? k
-                   : name == "b"        ? interval::fj_iv_exact(double(batch_))
-                   : name == "h"        ? interval::fj_iv_exact(double(head_))
-                   : name == "seqlen_q" ? interval::fj_iv_exact(double(sq))
-                   : name == "seqlen_k" ? interval::fj_iv_exact(double(sk))
-                                        : interval::fj_iv_unknown();
-          },
-          [&](const std::string &name) { return buffers_.args->real(name).value(); });
-      return interval::fj_iv_can_be_nonzero(v);
-    };
-    while (range.begin < range.end && !may_see(range.begin))
+    int64_t q0 = row0, q1 = row0 + rows, k0 = col0, k1 = col0 + cols;
+    if (transposed)
+      std::swap(q0, k0), std::swap(q1, k1);
+    const Interval q = interval::fj_iv_range(double(q0), double(std::min(q1, sq) - 1));
+    const Interval k = interval::fj_iv_range(double(k0), double(std::min(k1, sk) - 1));
+    return interval_of(
+        f,
+        [&](const std::string &name) {
+          return name == "q_idx"      ? q
+                 : name == "kv_idx"   ? k
+                 : name == "b"        ? interval::fj_iv_exact(double(batch_))
+                 : name == "h"        ? interval::fj_iv_exact(double(head_))
+                 : name == "seqlen_q" ? interval::fj_iv_exact(double(sq))
+                 : name == "seqlen_k" ? interval::fj_iv_exact(double(sk))
+                                      : interval::fj_iv_unknown();
+        },
+        [&](const std::string &name) { return buffers_.args->real(name).value(); });
+  }
+  /// The block-range pass (`range = @f` on a `for`): whether block `block` of
+  /// the loop may hold a (query, key) pair f keeps. The loop skips the blocks
+  /// that may not, at its ends and in between, as the kernels do.
+  bool may_see(const Op &loop, int64_t block, bool transposed) const {
+    const int64_t rows = loop.int_attr("block_m"), cols = loop.int_attr("block_n");
+    return interval::fj_iv_can_be_nonzero(
+        block_interval(buffers_.functions.at(loop.symbol_attr("range")), in(loop, 0).index * rows,
+                       rows, block * cols, cols, transposed));
+  }
+  BlockRange narrowed(const Op &op, BlockRange range, bool transposed) const {
+    while (range.begin < range.end && !may_see(op, range.begin, transposed))
       ++range.begin;
-    while (range.end > range.begin && !may_see(range.end - 1))
+    while (range.end > range.begin && !may_see(op, range.end - 1, transposed))
       --range.end;
     return range;
   }
@@ -292,11 +299,16 @@ private:
       break;
     }
     case OpKind::ScoreMod: {
-      const Expr &f = buffers_.functions.at(op.symbol_attr("function"));
       TileValue r = in(op, 0);
       ExprContext c = expr_context();
       const int64_t row0 = in(op, 1).index * r.rows, col0 = in(op, 2).index * r.cols;
       const bool transposed = op.int_attr("transposed") != 0; // rows are keys
+      // A block whose every pair the mask keeps takes the function without it.
+      const bool full = op.attrs.count("unmasked") &&
+                        !interval::fj_iv_can_be_zero(
+                            block_interval(buffers_.functions.at(op.symbol_attr("range")), row0,
+                                           r.rows, col0, r.cols, transposed));
+      const Expr &f = buffers_.functions.at(op.symbol_attr(full ? "unmasked" : "function"));
       for (int64_t i = 0; i < r.rows; ++i)
         for (int64_t j = 0; j < r.cols; ++j) {
           c.score = r.at(i, j);
@@ -397,6 +409,8 @@ private:
       for (size_t i = 1; i < op.operands.size(); ++i)
         values_[op.region_args[i]] = in(op, int(i));
       for (int64_t kb = range.begin; kb < range.end; ++kb) {
+        if (op.attrs.count("range") && !may_see(op, kb, transposed))
+          continue; // an interior block the mask empties
         values_[op.region_args[0]].index = kb;
         for (const Op &inner : op.body) {
           if (inner.kind == OpKind::Yield) {

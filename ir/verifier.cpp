@@ -362,6 +362,15 @@ Status check_types(const OpChecker &c, const Op &op) {
     const Symbol *f = it == op.attrs.end() ? nullptr : std::get_if<Symbol>(&it->second);
     if (!f || !c.program().function(f->name))
       return c.fail("attr `function` must name a function of the kernel (@name)");
+    // The full-block fast path: `unmasked` where `range` is nonzero over the block.
+    for (const char *attr : {"unmasked", "range"}) {
+      const auto a = op.attrs.find(attr);
+      const Symbol *g = a == op.attrs.end() ? nullptr : std::get_if<Symbol>(&a->second);
+      if (op.attrs.count("unmasked") != op.attrs.count("range") ||
+          (a != op.attrs.end() && (!g || !c.program().function(g->name))))
+        return c.fail("attrs `unmasked` and `range` go together, each naming a function of the "
+                      "kernel (@name)");
+    }
     FJ_RETURN_IF_ERROR(flag_attr(c, op, "transposed"));
     return c.type_is(result(0), c.type(operand(0)), "the type of operand 0");
   }

@@ -191,8 +191,16 @@ private:
   void finish_stage(const Op &op, const std::string &buf);
   Status emit_store(const Op &op);
   Status emit_for(const Op &op);
-  // The block-range pass: narrows kv_begin / kv_end by the `for`'s `range` function.
+  // The block-range pass: narrows kv_begin / kv_end by the `for`'s `range`
+  // function and defines fj_may_see(block), which the loop skips interior blocks by.
   Status emit_block_range(const Op &op, bool transposed);
+  // The interval (an fj_iv expression) of mask function `f` over the block whose
+  // rows are [fj_row_lo, fj_row_hi] and columns [fj_col_lo, fj_col_hi]; rows are
+  // queries, or keys where `transposed`.
+  Expected<std::string> block_interval(const ir::ScoreFunction &f, bool transposed);
+  // A score_mod with `unmasked`: the unmasked function where the mask keeps every
+  // pair of the block, else the function.
+  Status emit_score_mod(const Op &op);
   bool plan_pipeline(const Op &loop);
   void emit_copy(ValueId dst_name_of, const std::string &dst, ValueId src);
   // Loads `len` elements at src + d0 into frag[first...]: one vector load where the
@@ -238,6 +246,11 @@ private:
   // The interleaved KV loop (emit_interleaved): >= 0 while the ops are written
   // for that query tile only; the values declared once before those passes.
   int fixed_qt_ = -1;
+  // The loop's next block, for the tile issued one block ahead: `kb + 1`, or the
+  // next block the block-range pass may see.
+  std::string next_block_;
+  // The loop being written when it scans a `range` (fj_block_full is its block's flag).
+  const Op *range_loop_ = nullptr;
   std::set<ValueId> predeclared_;
   // Opens a block over the query tiles (a loop, or the one fixed tile); close with w_.close().
   void open_query_tiles() {

@@ -609,40 +609,66 @@ Status KernelEmitter::emit_op(const Op &op) {
   case OpKind::ScoreMod: {
     // The score function per element (ir/expr.h's emit_c), with this element's
     // query and key positions; the batch, head and lengths of this workgroup.
-    const ir::ScoreFunction *f = p_.function(op.symbol_attr("function"));
-    auto e = ir::parse_expr(f->text, p_.expr_scope(), "function @" + f->name);
-    if (!e)
-      return e.status();
     const Type &t = type(op.results[0]);
     const std::string src = name(op.operands[0]), qb = name(op.operands[1]),
                       kb = name(op.operands[2]);
     const bool transposed = op.int_attr("transposed") != 0;
-    const std::string code = ir::emit_c(*e, [&](const std::string &var) -> std::string {
-      if (var == "score")
-        return src + "[qt][c][e]";
-      if (var == "b")
-        return name(p_.grid_arg(2));
-      if (var == "h")
-        return name(p_.grid_arg(1));
-      // Rows are queries of %op1's block and columns keys of %op2's, or the
-      // reverse in the backward's transposed tiles.
-      const std::string row =
-          fmt::format("{} * kBlockM + local_row(qt, {})", qb, rules_.acc_row("e"));
-      const std::string col =
-          fmt::format("{} * kBlockN + c * kNTile + {}", kb, rules_.acc_col("e"));
-      if (var == "q_idx")
-        return transposed ? col : row;
-      if (var == "kv_idx")
-        return transposed ? row : col;
-      if (var == "seqlen_q")
-        return seq_const(*p_.tensor("Q"));
-      return seq_const(*p_.tensor("K"));
-    });
-    w_.line("// {}", f->text);
+    auto code_of = [&](const char *attr) -> Expected<std::string> {
+      const ir::ScoreFunction *f = p_.function(op.symbol_attr(attr));
+      auto e = ir::parse_expr(f->text, p_.expr_scope(), "function @" + f->name);
+      if (!e)
+        return e.status();
+      w_.line("// {}", f->text);
+      return ir::emit_c(*e, [&](const std::string &var) -> std::string {
+        if (var == "score")
+          return src + "[qt][c][e]";
+        if (var == "b")
+          return name(p_.grid_arg(2));
+        if (var == "h")
+          return name(p_.grid_arg(1));
+        // Rows are queries of %op1's block and columns keys of %op2's, or the
+        // reverse in the backward's transposed tiles.
+        const std::string row =
+            fmt::format("{} * kBlockM + local_row(qt, {})", qb, rules_.acc_row("e"));
+        const std::string col =
+            fmt::format("{} * kBlockN + c * kNTile + {}", kb, rules_.acc_col("e"));
+        if (var == "q_idx")
+          return transposed ? col : row;
+        if (var == "kv_idx")
+          return transposed ? row : col;
+        if (var == "seqlen_q")
+          return seq_const(*p_.tensor("Q"));
+        return seq_const(*p_.tensor("K"));
+      });
+    };
+    auto elements = [&](const std::string &code) {
+      const std::string dst = open_elements(t, name(op.results[0]));
+      w_.line("{} = {};", dst, code);
+      close_elements(t);
+    };
     w_.line("{};", declare(op.results[0]));
-    const std::string dst = open_elements(t, name(op.results[0]));
-    w_.line("{} = {};", dst, code);
-    close_elements(t);
+    if (!op.attrs.count("unmasked")) {
+      auto code = code_of("function");
+      if (!code)
+        return code.status();
+      elements(*code);
+      return Status::ok();
+    }
+    // A branch on the block, not a select per element: the full blocks skip
+    // the mask's arithmetic.
+    FJ_RETURN_IF_ERROR(emit_score_mod(op));
+    w_.open("if ({}_full) {{", name(op.results[0]));
+    auto unmasked = code_of("unmasked");
+    if (!unmasked)
+      return unmasked.status();
+    elements(*unmasked);
+    w_.close("} else {");
+    w_.indent(1);
+    auto masked = code_of("function");
+    if (!masked)
+      return masked.status();
+    elements(*masked);
+    w_.close();
     return Status::ok();
   }
   case OpKind::Mask: {

@@ -147,19 +147,15 @@ Status KernelEmitter::emit_interleaved(const Op &loop, size_t s_at, size_t o_at)
   return Status::ok();
 }
 
-Status KernelEmitter::emit_block_range(const Op &op, bool transposed) {
-  if (!op.attrs.count("range"))
-    return Status::ok();
-  const ir::ScoreFunction *f = p_.function(op.symbol_attr("range"));
-  auto e = ir::parse_expr(f->text, p_.expr_scope(), "function @" + f->name);
+Expected<std::string> KernelEmitter::block_interval(const ir::ScoreFunction &f, bool transposed) {
+  auto e = ir::parse_expr(f.text, p_.expr_scope(), "function @" + f.name);
   if (!e)
     return e.status();
   const std::string sq = seq_const(*p_.tensor("Q")), sk = seq_const(*p_.tensor("K"));
-  // Rows are this workgroup's block (keys when transposed), columns one block of the loop.
   const std::string rows = "fj_iv_range(double(fj_row_lo), double(fj_row_hi))",
                     cols = "fj_iv_range(double(fj_col_lo), double(fj_col_hi))";
   auto exact = [](const std::string &c) { return fmt::format("fj_iv_exact(double({}))", c); };
-  const std::string may_see = ir::emit_c_interval(*e, [&](const std::string &var) {
+  return ir::emit_c_interval(*e, [&](const std::string &var) {
     if (var == "q_idx")
       return transposed ? cols : rows;
     if (var == "kv_idx")
@@ -174,24 +170,112 @@ Status KernelEmitter::emit_block_range(const Op &op, bool transposed) {
       return exact(sk);
     return std::string("fj_iv_unknown()");
   });
-  w_.line("// IR: range = @{}: the blocks at either end where `{}` is 0 for every", f->name,
-          f->text);
+}
+
+Status KernelEmitter::emit_block_range(const Op &op, bool transposed) {
+  if (!op.attrs.count("range"))
+    return Status::ok();
+  const ir::ScoreFunction *f = p_.function(op.symbol_attr("range"));
+  auto interval = block_interval(*f, transposed);
+  if (!interval)
+    return interval.status();
+  const std::string sq = seq_const(*p_.tensor("Q")), sk = seq_const(*p_.tensor("K"));
+  w_.line("// IR: range = @{}: the blocks where `{}` is 0 for every", f->name, f->text);
   w_.line("// (query, key) pair, by its interval over the block (templates/block_range.hip),");
-  w_.line("// are not visited.");
-  w_.open("{{");
+  w_.line("// are not visited: those at either end narrow the range, the loop skips the rest.");
+  // Rows are this workgroup's block (keys when transposed), columns one block of the loop.
   w_.line("const int fj_row_lo = {} * kBlockM;", name(op.operands[0]));
   w_.line("const int fj_row_hi = (fj_row_lo + kBlockM < {0} ? fj_row_lo + kBlockM : {0}) - 1;",
           transposed ? sk : sq);
-  w_.open("auto fj_may_see = [&](int block) -> bool {{");
+  w_.open("auto fj_mask_iv = [&](int block) -> fj_iv {{");
   w_.line("const int fj_col_lo = block * kBlockN;");
   w_.line("const int fj_col_hi = (fj_col_lo + kBlockN < {0} ? fj_col_lo + kBlockN : {0}) - 1;",
           transposed ? sq : sk);
-  w_.line("return fj_iv_can_be_nonzero({});", may_see);
+  w_.line("return {};", *interval);
   w_.close("};");
-  w_.line("while (kv_begin < kv_end && !fj_may_see(kv_begin))");
-  w_.line("  ++kv_begin;");
-  w_.line("while (kv_end > kv_begin && !fj_may_see(kv_end - 1))");
-  w_.line("  --kv_end;");
+  lines(R"(// Which of blocks [base, base + 32) the mask may keep (bit i: block base + i)
+// and which it keeps whole: lane l judges block base + l % 32 and an OR across
+// the lanes gives each lane every bit, so 32 blocks cost one interval's time.
+// The workgroup calls it with one base (uniform control flow).
+int fj_scan_base = -64;
+unsigned fj_scan_seen = 0, fj_scan_full = 0;
+auto fj_scan = [&](int base) {
+  const int block = base + lane % 32;
+  const fj_iv v = block < kv_end ? fj_mask_iv(block) : fj_iv_exact(0.0);
+  unsigned seen = fj_iv_can_be_nonzero(v) ? 1u << (lane % 32) : 0u;
+  unsigned full = fj_iv_can_be_zero(v) ? 0u : 1u << (lane % 32);
+  for (int m = 1; m < 32; m *= 2) {
+    seen |= fj_shfl_xor_u32(seen, lane, m);
+    full |= fj_shfl_xor_u32(full, lane, m);
+  }
+  fj_scan_base = base;
+  fj_scan_seen = seen;
+  fj_scan_full = full;
+};
+// The first block in [from, kv_end) the mask may keep, else kv_end; *full: it
+// keeps every pair of that block.
+auto fj_next_seen = [&](int from, bool *full) -> int {
+  while (from < kv_end) {
+    if (from < fj_scan_base || from >= fj_scan_base + 32)
+      fj_scan(from);
+    const unsigned rest = fj_scan_seen >> (from - fj_scan_base);
+    if (rest != 0) {
+      from += fj_ctz(rest);
+      *full = ((fj_scan_full >> (from - fj_scan_base)) & 1u) != 0;
+      return from < kv_end ? from : kv_end;
+    }
+    from = fj_scan_base + 32;
+  }
+  return kv_end;
+};
+// One past the last block in [kv_begin, to) the mask may keep, else kv_begin.
+auto fj_seen_end = [&](int to) -> int {
+  while (to > kv_begin) {
+    const int base = to - 32 > kv_begin ? to - 32 : kv_begin;
+    fj_scan(base);
+    const unsigned bits = fj_scan_seen & (to - base >= 32 ? ~0u : (1u << (to - base)) - 1u);
+    if (bits != 0)
+      return base + 32 - fj_clz(bits);
+    to = base;
+  }
+  return kv_begin;
+};
+bool fj_kb_full = false;
+kv_begin = fj_next_seen(kv_begin, &fj_kb_full);
+kv_end = fj_seen_end(kv_end);)");
+  return Status::ok();
+}
+
+Status KernelEmitter::emit_score_mod(const Op &op) {
+  const ir::ScoreFunction *range = p_.function(op.symbol_attr("range"));
+  auto interval = block_interval(*range, op.int_attr("transposed") != 0);
+  if (!interval)
+    return interval.status();
+  const bool transposed = op.int_attr("transposed") != 0;
+  const std::string sq = seq_const(*p_.tensor("Q")), sk = seq_const(*p_.tensor("K"));
+  const std::string full = name(op.results[0]) + "_full";
+  const Op *loop = range_loop_;
+  if (loop && loop->symbol_attr("range") == op.symbol_attr("range") &&
+      op.operands[1] == loop->operands[0] && op.operands[2] == loop->region_args[0] &&
+      transposed == (loop->int_attr("transposed") != 0)) {
+    w_.line("// The loop's scan says whether @{} keeps every pair of the block; there",
+            range->name);
+    w_.line("// @{} gives the same values without the mask.", op.symbol_attr("unmasked"));
+    w_.line("const bool {} = fj_block_full;", full);
+    return Status::ok();
+  }
+  w_.line("// Where @{}'s interval over the block excludes 0, the mask keeps every pair",
+          range->name);
+  w_.line("// of the block, and @{} gives the same values without it.", op.symbol_attr("unmasked"));
+  w_.line("bool {};", full);
+  w_.open("{{");
+  w_.line("const int fj_row_lo = {} * kBlockM;", name(op.operands[1]));
+  w_.line("const int fj_row_hi = (fj_row_lo + kBlockM < {0} ? fj_row_lo + kBlockM : {0}) - 1;",
+          transposed ? sk : sq);
+  w_.line("const int fj_col_lo = {} * kBlockN;", name(op.operands[2]));
+  w_.line("const int fj_col_hi = (fj_col_lo + kBlockN < {0} ? fj_col_lo + kBlockN : {0}) - 1;",
+          transposed ? sq : sk);
+  w_.line("{} = !fj_iv_can_be_zero({});", full, *interval);
   w_.close();
   return Status::ok();
 }
@@ -225,6 +309,10 @@ Status KernelEmitter::emit_for(const Op &op) {
     w_.line("fj_split_range({}, {}, &kv_begin, &kv_end);", name(p_.grid_arg(3)),
             std::holds_alternative<ir::ParamRef>(splits) ? std::get<ir::ParamRef>(splits).name
                                                          : std::to_string(op.int_attr("splits")));
+    if (op.attrs.count("range")) {
+      w_.line("// A split's run may start in a hole of the mask.");
+      w_.line("kv_begin = fj_next_seen(kv_begin, &fj_kb_full);");
+    }
   }
   if (plan_pipeline(op)) {
     w_.line("// Software pipeline: the first tile is in flight before the loop starts.");
@@ -232,7 +320,19 @@ Status KernelEmitter::emit_for(const Op &op) {
     emit_stage_issue(*pipeline_order_.front(), "kv_begin");
     w_.close();
   }
-  w_.open("for (int {0} = kv_begin; {0} < kv_end; ++{0}) {{", name(op.region_args[0]));
+  const std::string kb = name(op.region_args[0]);
+  range_loop_ = nullptr;
+  if (op.attrs.count("range")) {
+    w_.open("for (int {0} = kv_begin, fj_kb_next; {0} < kv_end; {0} = fj_kb_next) {{", kb);
+    w_.line("// The next block the mask may keep: the blocks it empties are skipped.");
+    w_.line("const bool fj_block_full = fj_kb_full;");
+    w_.line("fj_kb_next = fj_next_seen({} + 1, &fj_kb_full);", kb);
+    next_block_ = "fj_kb_next";
+    range_loop_ = &op;
+  } else {
+    w_.open("for (int {0} = kv_begin; {0} < kv_end; ++{0}) {{", kb);
+    next_block_ = kb + " + 1";
+  }
   // Two passes over the body decide the barriers across the back edge: what the
   // end of one iteration read must be fenced before the next overwrites it.
   const HipWriter saved = w_;
@@ -253,6 +353,7 @@ Status KernelEmitter::emit_for(const Op &op) {
   FJ_RETURN_IF_ERROR(body());
   predeclared_.clear();
   staged_.clear();
+  range_loop_ = nullptr;
   const Op &y = op.body.back();
   w_.line("// IR: yield");
   for (size_t i = 0; i < y.operands.size(); ++i)

@@ -65,8 +65,8 @@ Status KernelEmitter::emit_load(const Op &op) {
     if (i + 1 < order.size()) {
       emit_stage_issue(next, name(op.operands[0]));
     } else {
-      w_.open("if ({} + 1 < kv_end) {{", name(op.operands[0]));
-      emit_stage_issue(next, name(op.operands[0]) + " + 1");
+      w_.open("if ({} < kv_end) {{", next_block_);
+      emit_stage_issue(next, next_block_);
       w_.close();
     }
     return Status::ok();

@@ -43,6 +43,9 @@ FJ_DEVICE unsigned fj_shfl_xor_u32(unsigned x, int lane, int mask) {
 FJ_DEVICE float fj_shfl_xor(float x, int lane, int mask) {
   return __builtin_bit_cast(float, fj_shfl_xor_u32(__builtin_bit_cast(unsigned, x), lane, mask));
 }
+// Trailing and leading zero bits of x != 0.
+FJ_DEVICE int fj_ctz(unsigned x) { return __builtin_ctz(x); }
+FJ_DEVICE int fj_clz(unsigned x) { return __builtin_clz(x); }
 
 // ---- math ----
 FJ_DEVICE float fj_exp2(float x) { return __builtin_amdgcn_exp2f(x); }

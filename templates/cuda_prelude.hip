@@ -40,6 +40,12 @@ FJ_DEVICE void fj_barrier() { __syncthreads(); }
 FJ_DEVICE float fj_shfl_xor(float x, int lane, int mask) {
   return __shfl_xor_sync(0xffffffffu, x, mask);
 }
+FJ_DEVICE unsigned fj_shfl_xor_u32(unsigned x, int lane, int mask) {
+  return __shfl_xor_sync(0xffffffffu, x, mask);
+}
+// Trailing and leading zero bits of x != 0.
+FJ_DEVICE int fj_ctz(unsigned x) { return __ffs(int(x)) - 1; }
+FJ_DEVICE int fj_clz(unsigned x) { return __clz(int(x)); }
 
 // ---- math ----
 // ex2.approx: 2 ulp, the instruction FlashAttention's exp2f becomes under --use_fast_math;

@@ -61,6 +61,9 @@ FJ_DEVICE float fj_shfl_xor(float x, int lane, int mask) { return fj_emu_shfl_xo
 FJ_DEVICE unsigned fj_shfl_xor_u32(unsigned x, int lane, int mask) {
   return __builtin_bit_cast(unsigned, fj_emu_shfl_xor(__builtin_bit_cast(float, x), lane, mask));
 }
+// Trailing and leading zero bits of x != 0.
+FJ_DEVICE int fj_ctz(unsigned x) { return __builtin_ctz(x); }
+FJ_DEVICE int fj_clz(unsigned x) { return __builtin_clz(x); }
 
 // ---- math (the hardware's v_exp_f32 / v_log_f32 / v_rcp_f32 are emulated in f32) ----
 FJ_DEVICE float fj_exp2(float x) { return fj_emu_exp2(x); }

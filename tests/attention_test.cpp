@@ -945,6 +945,10 @@ TEST(AttentionCuda, ScoreModifiersMatchTheReference) {
       {1, 4, 2, 256, 256, 64, false, 0, Alibi::none, "score + 0.5 * (q_idx % 2)",
        "q_idx / 64 == kv_idx / 64"},
       {1, 2, 2, 100, 100, 96, true, 0, Alibi::none, "", "q_idx % 3 != 0"},
+      // Block-sparse: holes between visible blocks, blocks wholly inside the mask.
+      {1, 4, 2, 512, 640, 128, false, 0, Alibi::none, "score * 0.75",
+       "(q_idx / 128 + kv_idx / 128) % 3 != 1 || q_idx / 128 == kv_idx / 128"},
+      {2, 8, 2, 1, 3000, 64, false, 0, Alibi::none, "", "kv_idx / 256 % 3 != 1"},
       {2, 8, 1, 1, 2000, 64, true, 0, Alibi::none, "", "", true},
       {1, 8, 2, 300, 300, 128, true, 20.0, Alibi::none, "", "", true},
       {2, 8, 2, 257, 300, 128, false, 0, Alibi::none, "", "", false, MaskType::boolean, "bhqk"},

@@ -214,6 +214,11 @@ const ModCase kCases[] = {
      Alibi::none, "", "q_idx / 50 == kv_idx / 50"},
     {"block_range_prefix_lm", 1, 2, 2, 210, 210, 64, DType::bf16, false, kNoWindow, 0, Alibi::none,
      "", "kv_idx < 24 || kv_idx <= q_idx"},
+    // Holes between visible blocks (skipped) and blocks wholly inside the mask
+    // (the full-block path), with a score_mod under the mask.
+    {"block_sparse_holes", 1, 2, 1, 300, 300, 64, DType::bf16, false, kNoWindow, 0, Alibi::none,
+     "score * 0.5 + 0.01 * (kv_idx % 7)",
+     "(q_idx / 64 + kv_idx / 64) % 3 != 1 || q_idx / 64 == kv_idx / 64"},
     {"mask_hides_some_rows", 1, 2, 2, 20, 40, 64, DType::bf16, true, kNoWindow, 0, Alibi::none,
      "score * 2", "q_idx % 2 == 0"},
     {"sinks_causal_gqa", 2, 8, 2, 37, 80, 64, DType::bf16, true, kNoWindow, 0, Alibi::none, "", "",
