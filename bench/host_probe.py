@@ -1,8 +1,8 @@
 """Where the host's time of one decode call goes (CUDA): per call, back to back, no L2
 flush, the device idle between calls is not what is timed. Prints the time per call of
-SDPA's cuDNN backend, of flashjit.flash_attn_func, of its C call alone
-(fj_attention_forward_tensors with the spec and tensors flash_attn_func built), and a
-cProfile of flash_attn_func's Python.
+SDPA's cuDNN backend, of flashjit.flash_attn_func, of flash_attn_with_kvcache (without
+and with a one-token append), of the C call alone (fj_attention_forward_tensors with the
+spec and tensors flash_attn_func built), and a cProfile of flash_attn_func's Python.
 
     python3 bench/host_probe.py [B:SK:HQ:HKV:D ...]      default 1:4096:32:8:128
 """
@@ -68,6 +68,20 @@ def main():
         fj = lambda: flashjit.flash_attn_func(q, k, v)  # noqa: E731
         print(f"  flashjit.flash_attn_func:          {per_call(fj):6.1f} us per call, "
               f"{submitted(fj):6.1f} submitting")
+        # A decode step through the KV-cache entry point: attend to sk cached keys, and
+        # the same with one new key and value appended in place first.
+        cache_k, cache_v = (torch.randn(b, sk + 64, hkv, d, device="cuda", dtype=torch.bfloat16)
+                            for _ in "kv")
+        seqlens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
+        k1, v1 = (torch.randn(b, 1, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in "kv")
+        kv = lambda: flashjit.flash_attn_with_kvcache(  # noqa: E731
+            q, cache_k, cache_v, cache_seqlens=seqlens)
+        kv_new = lambda: flashjit.flash_attn_with_kvcache(  # noqa: E731
+            q, cache_k, cache_v, k=k1, v=v1, cache_seqlens=seqlens)
+        print(f"  flash_attn_with_kvcache:           {per_call(kv):6.1f} us per call, "
+              f"{submitted(kv):6.1f} submitting")
+        print(f"  flash_attn_with_kvcache, append 1: {per_call(kv_new):6.1f} us per call, "
+              f"{submitted(kv_new):6.1f} submitting")
         captured = {}
         real = api._forward
 

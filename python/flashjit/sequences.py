@@ -2,8 +2,73 @@
 calls over flashjit's sequences (docs/sequences.md). One kernel per signature serves every
 batch of lengths; the lengths, block tables and cache counts are per-call arrays."""
 
-from .api import (_attention, _bf16_bits, _device, _dtype_name, _forward, _int, _kind,
-                  _modifiers, _refuse_grad, _scale, _signature, _spec, _strides, _window)
+import ctypes
+import sys
+
+from . import _lib, torch_ops
+from .api import (_ATTENTIONS, MAX_REPEATS, _attention, _bf16_bits, _device, _dtype_name,
+                  _forward, _handle_key, _int, _kind, _modifiers, _raw_stream, _refuse_grad,
+                  _scale, _signature, _spec, _strides, _window)
+
+# A plain torch decode step's repeat -> what its first call built (_kv_fast_forward):
+# flash_attn_with_kvcache without new keys, rotary, cache_leftpad, slopes or sinks,
+# its int32 arrays contiguous on q's device, with the same shapes, strides, dtypes,
+# devices and arguments.
+_KV_REPEATS = {}
+
+
+def _kv_repeat_key(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, block_table, *args):
+    """The _KV_REPEATS key of a plain torch decode step, None for any other call."""
+    torch = sys.modules.get("torch")
+    if torch is None or any(type(x) is not torch.Tensor for x in (q, k_cache, v_cache)):
+        return None
+    if _needs_grad(q, k_cache, v_cache) or torch_ops.compiling():
+        return None
+    arrays = []
+    for x in (cache_seqlens, cache_batch_idx, block_table):
+        if x is None or (x is cache_seqlens and type(x) is int):
+            arrays.append(x)  # the count itself: the first call's array holds it
+        elif type(x) is torch.Tensor and x.dtype == torch.int32 and x.device == q.device \
+                and x.is_contiguous():
+            arrays.append(tuple(x.shape))
+        else:
+            return None
+    key = (q.shape, k_cache.shape, v_cache.shape, q.stride(), k_cache.stride(), v_cache.stride(),
+           q.dtype, k_cache.dtype, v_cache.dtype, q.device, k_cache.device, v_cache.device,
+           tuple(arrays), *args)
+    try:
+        hash(key)
+    except TypeError:  # e.g. a config dict: the full path takes it
+        return None
+    return key
+
+
+def _kv_fast_forward(key, q, k_cache, v_cache, cache_seqlens, cache_batch_idx, block_table):
+    """A repeat of a plain decode step that ran before: its spec, the new pointers (q,
+    the caches, cache_seqlens, the table), new outputs. (out, lse), or None when the call
+    has not run before or its handle was evicted."""
+    seen = _KV_REPEATS.get(key)
+    if seen is None:
+        return None
+    handle_key, spec, out_shape, lse_shape, index, counts, _ = seen
+    handle = _ATTENTIONS.get(handle_key)
+    if handle is None:
+        return None
+    _ATTENTIONS.move_to_end(handle_key)
+    import torch
+    out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device) if lse_shape else None
+    t = _lib.Tensors(q=q.data_ptr(), k=k_cache.data_ptr(), v=v_cache.data_ptr(),
+                     out=out.data_ptr(), lse=lse.data_ptr() if lse is not None else None)
+    t.seqused_k = (counts if counts is not None else cache_seqlens).data_ptr()
+    table = block_table if block_table is not None else cache_batch_idx
+    if table is not None:
+        t.block_table = table.data_ptr()
+    stream = _raw_stream(torch, index)
+    _lib.check(_lib.lib.fj_attention_forward_tensors(
+        handle, ctypes.byref(spec), ctypes.byref(t), ctypes.c_void_p(stream) if stream else None),
+        "fj_attention_forward_tensors")
+    return out, lse
 
 
 def _needs_grad(*tensors):
@@ -370,7 +435,21 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     (int32 [batch]) is where each sequence's keys start in its cache row: batch b attends
     to rows cache_leftpad[b] .. cache_seqlens[b] + seqlen_new - 1 (causal and windows
     aligned to the last of them; rotary positions stay the cache rows); not with a
-    block_table (FlashAttention refuses the pair too)."""
+    block_table (FlashAttention refuses the pair too). A torch decode step that appends
+    and rotates nothing, repeated with the same shapes, strides and arguments, reuses
+    what its first call built (the host's time per call: bench/host_probe.py)."""
+    repeat = None
+    if k is None and v is None and rotary_cos is None and rotary_sin is None and \
+            cache_leftpad is None and alibi_slopes is None and sinks is None:
+        repeat = _kv_repeat_key(q, k_cache, v_cache, cache_seqlens, cache_batch_idx,
+                                block_table, softmax_scale, causal, window_size, softcap,
+                                num_splits, bool(return_softmax_lse), arch, config, score_mod,
+                                mask_mod)
+        if repeat is not None:
+            done = _kv_fast_forward(repeat, q, k_cache, v_cache, cache_seqlens,
+                                    cache_batch_idx, block_table)
+            if done is not None:
+                return done if return_softmax_lse else done[0]
     if cache_leftpad is not None and block_table is not None:
         raise NotImplementedError("flashjit: cache_leftpad with a block_table is not supported "
                                   "(FlashAttention refuses the pair too): pass one of them")
@@ -421,8 +500,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         if np.any(seqlens < 0) or np.any(seqlens + new > capacity):
             raise ValueError(f"flashjit: cache_seqlens + the {new} new keys must stay within "
                              f"the cache's {capacity} rows per sequence, got {seqlens}")
-    positions = seqlens.reshape(batch, 1) + (xp.arange(max(new, sq), device=q.device)
-                                            if kind == "torch" else xp.arange(max(new, sq)))
+    def arange(n):
+        return xp.arange(n, device=q.device) if kind == "torch" else xp.arange(n)
+    # Positions of the new keys (and rotated queries): a decode step that appends
+    # nothing and rotates nothing computes none (each torch op costs host time).
+    positions = seqlens.reshape(batch, 1) + arange(max(new, sq)) \
+        if (k is not None or rotary_cos is not None) else None
     if rotary_cos is not None:
         q_pos = positions[:, :sq] if (causal or window != (-1, -1)) else \
             seqlens.reshape(batch, 1) + 0 * positions[:, :sq]
@@ -433,20 +516,23 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         pos = positions[:, :new]
         if table is not None:
             idx = pos // rows
-            rows_of = xp.arange(batch, device=q.device) if kind == "torch" else xp.arange(batch)
-            page = table[rows_of.reshape(batch, 1), idx.long() if kind == "torch" else idx]
+            page = table[arange(batch).reshape(batch, 1), idx.long() if kind == "torch" else idx]
             r = pos % rows
             if kind == "torch":
                 page, r = page.long(), r.long()
             k_cache[page, r] = k
             v_cache[page, r] = v
         else:
-            b_idx = xp.arange(batch).reshape(batch, 1)
+            b_idx = arange(batch).reshape(batch, 1)
             if kind == "torch":
-                b_idx, pos = b_idx.to(q.device), pos.long()
+                pos = pos.long()
             k_cache[b_idx, pos] = k
             v_cache[b_idx, pos] = v
-    used = (seqlens + new).astype(xp.int32) if kind == "numpy" else (seqlens + new).to(xp.int32)
+    if new == 0:  # the counts as given (int32, checked above)
+        used = seqlens
+    else:
+        used = (seqlens + new).astype(xp.int32) if kind == "numpy" else \
+            (seqlens + new).to(xp.int32)
     page_rows = rows  # rows per page of the table below (a cache row per page when dense)
     if cache_leftpad is not None:
         # Keys from cache_leftpad[b] on: a table of one-row pages (row leftpad[b] + j of
@@ -463,9 +549,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             raise ValueError("flashjit: cache_leftpad needs caches whose batch stride is rows x "
                              "the row stride (e.g. contiguous [batch, rows, kv_heads, d]); pass "
                              "k_cache.contiguous() / v_cache.contiguous()")
-        base = table.reshape(batch) if table is not None else \
-            (xp.arange(batch, device=q.device) if kind == "torch" else xp.arange(batch))
-        span = xp.arange(rows, device=q.device) if kind == "torch" else xp.arange(rows)
+        base = table.reshape(batch) if table is not None else arange(batch)
+        span = arange(rows)
         lead = cache_leftpad.reshape(batch, 1)
         table = base.reshape(batch, 1) * rows + lead + span.reshape(1, rows)
         table = table.to(xp.int32) if kind == "torch" else table.astype(xp.int32)
@@ -499,6 +584,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     handle = _attention(signature, spec, device, config, kind)
     _forward(handle, spec, kind, stream, *ins, out, lse, alibi_slopes=slopes, sinks=sink_ptr,
              **pointers)
+    if repeat is not None:
+        if len(_KV_REPEATS) >= MAX_REPEATS:
+            _KV_REPEATS.clear()
+        # The counts array this call made from an int or None (a tensor comes per call),
+        # and what the spec's score_mod / mask_mod strings point into.
+        _KV_REPEATS[repeat] = (_handle_key(signature, device, config), spec, tuple(out.shape),
+                               tuple(lse.shape) if lse is not None else None,
+                               q.device.index or 0,
+                               None if cache_seqlens is not None and type(cache_seqlens) is not int
+                               else used, held)
     del keep
     out, lse = _finish(out, lse, kind, dtype, False)
     return (out, lse) if return_softmax_lse else out

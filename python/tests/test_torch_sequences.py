@@ -86,3 +86,52 @@ def test_softcap_alibi_and_mask_mod():
     for b in range(2):
         ref = reference(q[b], k[b], v[b], True, extra)
         assert (out[b].double() - ref).abs().max().item() <= TOL[torch.bfloat16]
+
+
+def test_repeated_decode_steps_take_the_fast_path_and_see_new_data(monkeypatch):
+    """A decode step through flash_attn_with_kvcache that appends and rotates nothing,
+    repeated with the same shapes and arguments, skips the Python argument work
+    (_kv_fast_forward), yet reads each call's cache_seqlens, q and block table; an int
+    count, a paged cache and a call with LSE each get their own entry."""
+    from flashjit import sequences
+    full = []
+    real = sequences._modifiers
+    monkeypatch.setattr(sequences, "_modifiers", lambda *a, **kw: full.append(1) or real(*a, **kw))
+    torch.manual_seed(11)
+    batch, cap, hkv, hq, d = 3, 640, 2, 8, 128
+    kc = torch.randn(batch, cap, hkv, d, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    for step, counts in enumerate(([10, 300, 599], [11, 301, 600], [0, 1, 2])):
+        q = torch.randn(batch, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+        seqlens = torch.tensor(counts, dtype=torch.int32, device="cuda")
+        out = flashjit.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens)
+        out2, lse = flashjit.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens,
+                                                     return_softmax_lse=True)
+        fixed = flashjit.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=250)
+        for b in range(batch):
+            for o, n in ((out, counts[b]), (out2, counts[b]), (fixed, 250)):
+                if n:
+                    ref = reference(q[b], kc[b, :n], vc[b, :n], False)
+                    assert (o[b].double() - ref).abs().max().item() <= TOL[torch.bfloat16]
+                else:
+                    assert (o[b] == 0).all()
+        assert lse.shape == (batch, hq, 1)
+    assert len(full) == 3, "each kind of call took the full path once, then repeated"
+    # A paged cache: each step's block table is read.
+    page = 64
+    pages = batch * cap // page
+    kp, vp = kc.view(pages, page, hkv, d), vc.view(pages, page, hkv, d)
+    q = torch.randn(batch, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+    seqlens = torch.tensor([200, 5, 320], dtype=torch.int32, device="cuda")
+    for _ in range(2):
+        table = torch.randperm(pages, device="cuda").to(torch.int32).view(batch, -1)[:, :5]
+        table = table.contiguous()
+        out = flashjit.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=seqlens,
+                                               block_table=table)
+        dense_k, dense_v = (x[table.view(-1).long()].view(batch, 5 * page, hkv, d)
+                            for x in (kp, vp))
+        for b in range(batch):
+            n = int(seqlens[b])
+            ref = reference(q[b], dense_k[b, :n], dense_v[b, :n], False)
+            assert (out[b].double() - ref).abs().max().item() <= TOL[torch.bfloat16]
+    assert len(full) == 4
