@@ -11,19 +11,60 @@ from .api import (_ATTENTIONS, MAX_REPEATS, _attention, _bf16_bits, _device, _dt
                   _scale, _signature, _spec, _strides, _window)
 
 # A plain torch decode step's repeat -> what its first call built (_kv_fast_forward):
-# flash_attn_with_kvcache without new keys, rotary, cache_leftpad, slopes or sinks,
-# its int32 arrays contiguous on q's device, with the same shapes, strides, dtypes,
-# devices and arguments.
+# flash_attn_with_kvcache without rotary, cache_leftpad, slopes or sinks, its int32
+# arrays contiguous on q's device, with the same shapes, strides, dtypes, devices and
+# arguments (new k and v included).
 _KV_REPEATS = {}
 
 
-def _kv_repeat_key(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, block_table, *args):
+_ARANGES = {}
+
+
+def _torch_arange(n, device):
+    """torch.arange(n) (int64) on `device`, made once: a decode step needs the same few."""
+    key = (n, device)
+    got = _ARANGES.get(key)
+    if got is None:
+        import torch
+        if len(_ARANGES) >= 64:
+            _ARANGES.clear()
+        got = _ARANGES[key] = torch.arange(n, device=device)
+    return got
+
+
+def _append(kind, k_cache, v_cache, k, v, seqlens, table, rows):
+    """Writes the new keys and values k, v [batch, new, kv_heads, d] into the caches, at
+    rows seqlens[b] .. seqlens[b] + new - 1 of batch b's sequence: through `table`'s pages
+    of `rows` rows when given, else rows of cache row b."""
+    batch, new = k.shape[0], k.shape[1]
+    if kind == "torch":
+        pos = seqlens.reshape(batch, 1) + _torch_arange(new, k.device)  # int64
+        b_idx = _torch_arange(batch, k.device).reshape(batch, 1)
+        index = (table[b_idx, pos // rows].long(), pos % rows) if table is not None else \
+            (b_idx, pos)
+        k_cache.index_put_(index, k)
+        v_cache.index_put_(index, v)
+        return
+    import numpy as np
+    pos = seqlens.reshape(batch, 1) + np.arange(new)
+    b_idx = np.arange(batch).reshape(batch, 1)
+    index = (table[b_idx, pos // rows], pos % rows) if table is not None else (b_idx, pos)
+    k_cache[index] = k
+    v_cache[index] = v
+
+
+def _kv_repeat_key(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
+                   *args):
     """The _KV_REPEATS key of a plain torch decode step, None for any other call."""
     torch = sys.modules.get("torch")
     if torch is None or any(type(x) is not torch.Tensor for x in (q, k_cache, v_cache)):
         return None
-    if _needs_grad(q, k_cache, v_cache) or torch_ops.compiling():
+    if k is not None and (type(k) is not torch.Tensor or type(v) is not torch.Tensor):
         return None
+    if _needs_grad(q, k_cache, v_cache, k, v) or torch_ops.compiling():
+        return None
+    new = () if k is None else (k.shape, v.shape, k.stride(), v.stride(), k.dtype, v.dtype,
+                                k.device, v.device)
     arrays = []
     for x in (cache_seqlens, cache_batch_idx, block_table):
         if x is None or (x is cache_seqlens and type(x) is int):
@@ -35,7 +76,7 @@ def _kv_repeat_key(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, block_ta
             return None
     key = (q.shape, k_cache.shape, v_cache.shape, q.stride(), k_cache.stride(), v_cache.stride(),
            q.dtype, k_cache.dtype, v_cache.dtype, q.device, k_cache.device, v_cache.device,
-           tuple(arrays), *args)
+           new, tuple(arrays), *args)
     try:
         hash(key)
     except TypeError:  # e.g. a config dict: the full path takes it
@@ -43,10 +84,11 @@ def _kv_repeat_key(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, block_ta
     return key
 
 
-def _kv_fast_forward(key, q, k_cache, v_cache, cache_seqlens, cache_batch_idx, block_table):
-    """A repeat of a plain decode step that ran before: its spec, the new pointers (q,
-    the caches, cache_seqlens, the table), new outputs. (out, lse), or None when the call
-    has not run before or its handle was evicted."""
+def _kv_fast_forward(key, q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx,
+                     block_table):
+    """A repeat of a plain decode step that ran before: its spec, the append of k and v
+    (when given), the new pointers (q, the caches, the counts, the table), new outputs.
+    (out, lse), or None when the call has not run before or its handle was evicted."""
     seen = _KV_REPEATS.get(key)
     if seen is None:
         return None
@@ -60,8 +102,13 @@ def _kv_fast_forward(key, q, k_cache, v_cache, cache_seqlens, cache_batch_idx, b
     lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device) if lse_shape else None
     t = _lib.Tensors(q=q.data_ptr(), k=k_cache.data_ptr(), v=v_cache.data_ptr(),
                      out=out.data_ptr(), lse=lse.data_ptr() if lse is not None else None)
-    t.seqused_k = (counts if counts is not None else cache_seqlens).data_ptr()
-    table = block_table if block_table is not None else cache_batch_idx
+    seqlens = counts if counts is not None else cache_seqlens
+    table = block_table if block_table is not None else \
+        (cache_batch_idx.reshape(-1, 1) if cache_batch_idx is not None else None)
+    if k is not None:
+        _append("torch", k_cache, v_cache, k, v, seqlens, table, k_cache.shape[1])
+        seqlens = seqlens + k.shape[1]  # int32; alive until the launch is queued
+    t.seqused_k = seqlens.data_ptr()
     if table is not None:
         t.block_table = table.data_ptr()
     stream = _raw_stream(torch, index)
@@ -435,18 +482,19 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     (int32 [batch]) is where each sequence's keys start in its cache row: batch b attends
     to rows cache_leftpad[b] .. cache_seqlens[b] + seqlen_new - 1 (causal and windows
     aligned to the last of them; rotary positions stay the cache rows); not with a
-    block_table (FlashAttention refuses the pair too). A torch decode step that appends
-    and rotates nothing, repeated with the same shapes, strides and arguments, reuses
-    what its first call built (the host's time per call: bench/host_probe.py)."""
+    block_table (FlashAttention refuses the pair too). A torch decode step without rotary,
+    cache_leftpad, slopes or sinks, repeated with the same shapes, strides and arguments,
+    reuses what its first call built and runs only the append (when k and v are given)
+    and the kernel (the host's time per call: bench/host_probe.py)."""
     repeat = None
-    if k is None and v is None and rotary_cos is None and rotary_sin is None and \
+    if (k is None) == (v is None) and rotary_cos is None and rotary_sin is None and \
             cache_leftpad is None and alibi_slopes is None and sinks is None:
-        repeat = _kv_repeat_key(q, k_cache, v_cache, cache_seqlens, cache_batch_idx,
+        repeat = _kv_repeat_key(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx,
                                 block_table, softmax_scale, causal, window_size, softcap,
                                 num_splits, bool(return_softmax_lse), arch, config, score_mod,
                                 mask_mod)
         if repeat is not None:
-            done = _kv_fast_forward(repeat, q, k_cache, v_cache, cache_seqlens,
+            done = _kv_fast_forward(repeat, q, k_cache, v_cache, k, v, cache_seqlens,
                                     cache_batch_idx, block_table)
             if done is not None:
                 return done if return_softmax_lse else done[0]
@@ -502,10 +550,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                              f"the cache's {capacity} rows per sequence, got {seqlens}")
     def arange(n):
         return xp.arange(n, device=q.device) if kind == "torch" else xp.arange(n)
-    # Positions of the new keys (and rotated queries): a decode step that appends
-    # nothing and rotates nothing computes none (each torch op costs host time).
+    # Positions of the rotated queries and keys: none without rotary (each torch op
+    # costs host time).
     positions = seqlens.reshape(batch, 1) + arange(max(new, sq)) \
-        if (k is not None or rotary_cos is not None) else None
+        if rotary_cos is not None else None
     if rotary_cos is not None:
         q_pos = positions[:, :sq] if (causal or window != (-1, -1)) else \
             seqlens.reshape(batch, 1) + 0 * positions[:, :sq]
@@ -513,21 +561,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         if k is not None:
             k = _rotary(k, rotary_cos, rotary_sin, positions[:, :new], rotary_interleaved, kind)
     if k is not None:  # append in place
-        pos = positions[:, :new]
-        if table is not None:
-            idx = pos // rows
-            page = table[arange(batch).reshape(batch, 1), idx.long() if kind == "torch" else idx]
-            r = pos % rows
-            if kind == "torch":
-                page, r = page.long(), r.long()
-            k_cache[page, r] = k
-            v_cache[page, r] = v
-        else:
-            b_idx = arange(batch).reshape(batch, 1)
-            if kind == "torch":
-                pos = pos.long()
-            k_cache[b_idx, pos] = k
-            v_cache[b_idx, pos] = v
+        _append(kind, k_cache, v_cache, k, v, seqlens, table, rows)
     if new == 0:  # the counts as given (int32, checked above)
         used = seqlens
     else:

@@ -135,3 +135,27 @@ def test_repeated_decode_steps_take_the_fast_path_and_see_new_data(monkeypatch):
             ref = reference(q[b], dense_k[b, :n], dense_v[b, :n], False)
             assert (out[b].double() - ref).abs().max().item() <= TOL[torch.bfloat16]
     assert len(full) == 4
+    # Appending steps, dense and paged: each step's new k and v land at its counts.
+    for paged in (False, True):
+        seqlens = torch.tensor([3, 100, 0], dtype=torch.int32, device="cuda")
+        kd, vd = kc.clone(), vc.clone()
+        table = torch.arange(pages, device="cuda", dtype=torch.int32).flip(0).view(batch, -1)
+        caches = (kd.view(pages, page, hkv, d), vd.view(pages, page, hkv, d)) if paged \
+            else (kd, vd)
+        for step in range(3):
+            q = torch.randn(batch, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+            k1, v1 = (torch.randn(batch, 1, hkv, d, device="cuda", dtype=torch.bfloat16)
+                      for _ in "kv")
+            out = flashjit.flash_attn_with_kvcache(
+                q, *caches, k=k1, v=v1, cache_seqlens=seqlens,
+                block_table=table if paged else None)
+            dense_k, dense_v = ((x[table.view(-1).long()].view(batch, cap, hkv, d)
+                                 for x in caches) if paged else caches)
+            for b in range(batch):
+                n = int(seqlens[b]) + 1
+                assert torch.equal(dense_k[b, n - 1], k1[b, 0])
+                assert torch.equal(dense_v[b, n - 1], v1[b, 0])
+                ref = reference(q[b], dense_k[b, :n], dense_v[b, :n], False)
+                assert (out[b].double() - ref).abs().max().item() <= TOL[torch.bfloat16]
+            seqlens += 1
+    assert len(full) == 6, "each appending kind of call took the full path once"
