@@ -2,12 +2,11 @@
 calls over flashjit's sequences (docs/sequences.md). One kernel per signature serves every
 batch of lengths; the lengths, block tables and cache counts are per-call arrays."""
 
-import ctypes
 import sys
 
-from . import _lib, torch_ops
+from . import torch_ops
 from .api import (_ATTENTIONS, MAX_REPEATS, _attention, _bf16_bits, _device, _dtype_name,
-                  _forward, _handle_key, _int, _kind, _modifiers, _raw_stream, _refuse_grad,
+                  _fast_call, _forward, _handle_key, _int, _kind, _modifiers, _refuse_grad,
                   _scale, _signature, _spec, _strides, _window)
 
 # A plain torch decode step's repeat -> what its first call built (_kv_fast_forward):
@@ -93,29 +92,19 @@ def _kv_fast_forward(key, q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_
     if seen is None:
         return None
     handle_key, spec, out_shape, lse_shape, index, counts, _ = seen
-    handle = _ATTENTIONS.get(handle_key)
-    if handle is None:
-        return None
-    _ATTENTIONS.move_to_end(handle_key)
-    import torch
-    out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device) if lse_shape else None
-    t = _lib.Tensors(q=q.data_ptr(), k=k_cache.data_ptr(), v=v_cache.data_ptr(),
-                     out=out.data_ptr(), lse=lse.data_ptr() if lse is not None else None)
+    if handle_key not in _ATTENTIONS:
+        return None  # evicted: the full path runs the whole call, the append included
     seqlens = counts if counts is not None else cache_seqlens
     table = block_table if block_table is not None else \
         (cache_batch_idx.reshape(-1, 1) if cache_batch_idx is not None else None)
     if k is not None:
         _append("torch", k_cache, v_cache, k, v, seqlens, table, k_cache.shape[1])
         seqlens = seqlens + k.shape[1]  # int32; alive until the launch is queued
-    t.seqused_k = seqlens.data_ptr()
+    pointers = {"seqused_k": seqlens.data_ptr()}
     if table is not None:
-        t.block_table = table.data_ptr()
-    stream = _raw_stream(torch, index)
-    _lib.check(_lib.lib.fj_attention_forward_tensors(
-        handle, ctypes.byref(spec), ctypes.byref(t), ctypes.c_void_p(stream) if stream else None),
-        "fj_attention_forward_tensors")
-    return out, lse
+        pointers["block_table"] = table.data_ptr()
+    return _fast_call(handle_key, spec, out_shape, lse_shape, index, q, k_cache, v_cache,
+                      **pointers)
 
 
 def _needs_grad(*tensors):
