@@ -192,15 +192,17 @@ private:
   Status emit_store(const Op &op);
   Status emit_for(const Op &op);
   // The block-range pass: narrows kv_begin / kv_end by the `for`'s `range`
-  // function and defines fj_may_see(block), which the loop skips interior blocks by.
+  // function and defines fj_next_seen(from, &full), by which the loop skips the
+  // blocks the mask empties and learns which ones it keeps whole.
   Status emit_block_range(const Op &op, bool transposed);
   // The interval (an fj_iv expression) of mask function `f` over the block whose
   // rows are [fj_row_lo, fj_row_hi] and columns [fj_col_lo, fj_col_hi]; rows are
   // queries, or keys where `transposed`.
   Expected<std::string> block_interval(const ir::ScoreFunction &f, bool transposed);
-  // A score_mod with `unmasked`: the unmasked function where the mask keeps every
-  // pair of the block, else the function.
-  Status emit_score_mod(const Op &op);
+  // Whether a score_mod's `unmasked` function applies where the loop being written
+  // says fj_block_full (its `range`, on the loop's own blocks). Elsewhere the op's
+  // `function` alone is right: `unmasked` only saves work.
+  bool block_full_applies(const Op &op) const;
   bool plan_pipeline(const Op &loop);
   void emit_copy(ValueId dst_name_of, const std::string &dst, ValueId src);
   // Loads `len` elements at src + d0 into frag[first...]: one vector load where the

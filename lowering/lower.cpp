@@ -647,17 +647,16 @@ Status KernelEmitter::emit_op(const Op &op) {
       close_elements(t);
     };
     w_.line("{};", declare(op.results[0]));
-    if (!op.attrs.count("unmasked")) {
+    if (!block_full_applies(op)) {
       auto code = code_of("function");
       if (!code)
         return code.status();
       elements(*code);
       return Status::ok();
     }
-    // A branch on the block, not a select per element: the full blocks skip
-    // the mask's arithmetic.
-    FJ_RETURN_IF_ERROR(emit_score_mod(op));
-    w_.open("if ({}_full) {{", name(op.results[0]));
+    // A branch on the block, not a select per element: the blocks the loop's
+    // scan found wholly inside @range skip the mask's arithmetic.
+    w_.open("if (fj_block_full) {{ // @{} keeps every pair of the block", op.symbol_attr("range"));
     auto unmasked = code_of("unmasked");
     if (!unmasked)
       return unmasked.status();

@@ -246,38 +246,12 @@ kv_end = fj_seen_end(kv_end);)");
   return Status::ok();
 }
 
-Status KernelEmitter::emit_score_mod(const Op &op) {
-  const ir::ScoreFunction *range = p_.function(op.symbol_attr("range"));
-  auto interval = block_interval(*range, op.int_attr("transposed") != 0);
-  if (!interval)
-    return interval.status();
-  const bool transposed = op.int_attr("transposed") != 0;
-  const std::string sq = seq_const(*p_.tensor("Q")), sk = seq_const(*p_.tensor("K"));
-  const std::string full = name(op.results[0]) + "_full";
+bool KernelEmitter::block_full_applies(const Op &op) const {
   const Op *loop = range_loop_;
-  if (loop && loop->symbol_attr("range") == op.symbol_attr("range") &&
-      op.operands[1] == loop->operands[0] && op.operands[2] == loop->region_args[0] &&
-      transposed == (loop->int_attr("transposed") != 0)) {
-    w_.line("// The loop's scan says whether @{} keeps every pair of the block; there",
-            range->name);
-    w_.line("// @{} gives the same values without the mask.", op.symbol_attr("unmasked"));
-    w_.line("const bool {} = fj_block_full;", full);
-    return Status::ok();
-  }
-  w_.line("// Where @{}'s interval over the block excludes 0, the mask keeps every pair",
-          range->name);
-  w_.line("// of the block, and @{} gives the same values without it.", op.symbol_attr("unmasked"));
-  w_.line("bool {};", full);
-  w_.open("{{");
-  w_.line("const int fj_row_lo = {} * kBlockM;", name(op.operands[1]));
-  w_.line("const int fj_row_hi = (fj_row_lo + kBlockM < {0} ? fj_row_lo + kBlockM : {0}) - 1;",
-          transposed ? sk : sq);
-  w_.line("const int fj_col_lo = {} * kBlockN;", name(op.operands[2]));
-  w_.line("const int fj_col_hi = (fj_col_lo + kBlockN < {0} ? fj_col_lo + kBlockN : {0}) - 1;",
-          transposed ? sq : sk);
-  w_.line("{} = !fj_iv_can_be_zero({});", full, *interval);
-  w_.close();
-  return Status::ok();
+  return op.attrs.count("unmasked") && loop &&
+         loop->symbol_attr("range") == op.symbol_attr("range") &&
+         op.operands[1] == loop->operands[0] && op.operands[2] == loop->region_args[0] &&
+         (op.int_attr("transposed") != 0) == (loop->int_attr("transposed") != 0);
 }
 
 Status KernelEmitter::emit_for(const Op &op) {

@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""What dropout costs flashjit on one GPU: flash_attn_func's forward, and forward +
+backward, with dropout_p 0 and 0.1 (B=4, S=4096, H*D=2048, bf16; CUDA events, median of
+15 calls after 3, no L2 flush: a comparison of flashjit with itself, tree against tree,
+not against a rival). Also what `ncu` profiles for the forward alone:
+
+    python3 bench/dropout_probe.py [--head-dims 64,128] [--dropouts 0,0.1] [--forward-only]
+"""
+import argparse
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, "python")
+import flashjit  # noqa: E402
+
+
+def median_ms(fn, iters=15):
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--head-dims", default="64,128")
+    p.add_argument("--dropouts", default="0,0.1")
+    p.add_argument("--forward-only", action="store_true")
+    args = p.parse_args()
+    for d in (int(x) for x in args.head_dims.split(",")):
+        h = 2048 // d
+        q, k, v = (torch.randn(4, 4096, h, d, device="cuda", dtype=torch.bfloat16,
+                               requires_grad=True) for _ in range(3))
+        g = torch.randn(4, 4096, h, d, device="cuda", dtype=torch.bfloat16)
+        for drop in (float(x) for x in args.dropouts.split(",")):
+            with torch.no_grad():
+                fwd = median_ms(lambda: flashjit.flash_attn_func(q, k, v, dropout_p=drop,
+                                                                 dropout_seed=7))
+            line = f"D={d} dropout={drop}: forward {fwd * 1e3:8.1f} us"
+            if not args.forward_only:
+                def both():
+                    flashjit.flash_attn_func(q, k, v, dropout_p=drop, dropout_seed=7).backward(g)
+                line += f", forward+backward {median_ms(both) * 1e3:8.1f} us"
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
