@@ -80,10 +80,17 @@ std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> counter, std::arra
 
 /// The arguments of `uniform`.
 constexpr int kUniformArgs = 6;
-/// A uniform draw in [0, 1) with 24 random bits, a pure function of its
-/// arguments: Philox-4x32-10 (Salmon et al., SC'11) of the counter (kv_idx,
-/// q_idx, h, b) under a key that is itself Philox-4x32-10 of (seed, offset) under
-/// a fixed key. fj_uniform in templates/attention_common.hip computes the same bits.
+/// The key of a kernel's draws: Philox-4x32-10 of (seed, offset) under a fixed key.
+std::array<uint32_t, 2> philox_key(uint64_t seed, uint64_t offset);
+/// Keys per Philox draw: one draw's 128 bits give 8 aligned keys of a query
+/// 16 bits each, so a lane holding several of them draws once (lowering's
+/// ScoreMod groups its elements by draw).
+constexpr uint32_t kDrawKeys = 8;
+/// A uniform draw in [0, 1) with 16 random bits, a pure function of its
+/// arguments: Philox-4x32-10 (Salmon et al., SC'11) of the counter (kv_idx / 8,
+/// q_idx, h, b) under philox_key(seed, offset) gives 4 words; key kv_idx takes
+/// 16-bit half kv_idx % 2 of word kv_idx % 8 / 2, over 2^16. fj_uniform in
+/// templates/attention_common.hip computes the same bits.
 double philox_uniform(uint64_t seed, uint64_t offset, uint32_t b, uint32_t h, uint32_t q_idx,
                       uint32_t kv_idx);
 

@@ -9,6 +9,7 @@
 // What differs between families comes from lowering/rules.h.
 #pragma once
 
+#include "ir/expr.h"
 #include "ir/ir.h"
 #include "lowering/hip_writer.h"
 #include "lowering/lower.h"
@@ -17,8 +18,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cctype>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -203,6 +206,28 @@ private:
   // says fj_block_full (its `range`, on the loop's own blocks). Elsewhere the op's
   // `function` alone is right: `unmasked` only saves work.
   bool block_full_applies(const Op &op) const;
+  // How a lane's accumulator elements get their Philox draws (ir::philox_uniform:
+  // one draw per query and ir::kDrawKeys aligned keys), in rounds of `tiles`
+  // column tiles: the round's draws, each with its elements (c, e), and the
+  // lane bits in which the lanes holding the same draws differ. Each of those
+  // `sharing()` lanes draws draws.size() / sharing() of them and they pass the
+  // words round (fj_shfl_u32); with no such bits a lane draws each itself.
+  struct DrawPlan {
+    int tiles = 1, col_tiles = 1;
+    std::vector<std::vector<std::pair<int, int>>> draws;
+    int lane_bits = 0;
+    int sharing() const { return 1 << std::popcount(unsigned(lane_bits)); }
+  };
+  // Rows are keys where `transposed` (the backward's S^T); col_tiles: the tile's
+  // column fragments.
+  DrawPlan draw_plan(bool transposed, int col_tiles) const;
+  // The draws of `plan` for the uniform() calls `draws` (ScoreMod's score
+  // function), then `element(c, e)` for each element of each draw, where
+  // fj_draw<i> holds draw i's words. q_idx, kv_idx: an element's positions in C.
+  void emit_draws(const DrawPlan &plan, const std::vector<ir::Expr> &draws,
+                  const std::function<std::string(const std::string &)> &names,
+                  const std::string &q_idx, const std::string &kv_idx,
+                  const std::function<void(int c, int e)> &element);
   bool plan_pipeline(const Op &loop);
   void emit_copy(ValueId dst_name_of, const std::string &dst, ValueId src);
   // Loads `len` elements at src + d0 into frag[first...]: one vector load where the

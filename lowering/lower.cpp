@@ -14,7 +14,11 @@
 #include "lowering/resources.h"
 #include "templates/templates.h"
 
+#include <algorithm>
+#include <bit>
 #include <functional>
+#include <ranges>
+#include <span>
 
 namespace flashjit::lowering::emit {
 
@@ -28,7 +32,198 @@ bool uses_block_range(const std::vector<Op> &body) {
   return false;
 }
 
+/// The name a draw of the element's own position takes in a score function
+/// (not a name the expression language accepts, so it cannot collide).
+constexpr std::string_view kDrawVar = "@draw";
+
+/// Whether `e` reads the element's position or score.
+bool varies_per_element(const ir::Expr &e) {
+  return ir::uses_var(e, "score") || ir::uses_var(e, "q_idx") || ir::uses_var(e, "kv_idx");
+}
+
+/// `e` with each uniform(seed, offset, b, h, q_idx, kv_idx) whose seed and
+/// offset are the same for every element replaced by variable @draw<i>, the
+/// call appended to `draws`: the draws the emitter makes once per lane group.
+ir::Expr take_element_draws(ir::Expr e, std::vector<ir::Expr> &draws) {
+  static constexpr std::string_view kPosition[] = {"b", "h", "q_idx", "kv_idx"};
+  if (e.kind == ir::Expr::Kind::call && e.name == "uniform" && !varies_per_element(e.args[0]) &&
+      !varies_per_element(e.args[1]) &&
+      std::ranges::equal(std::span(e.args).subspan(2), kPosition, [](const ir::Expr &a, auto v) {
+        return a.kind == ir::Expr::Kind::var && a.name == v;
+      })) {
+    draws.push_back(std::move(e));
+    ir::Expr var;
+    var.kind = ir::Expr::Kind::var;
+    var.name = fmt::format("{}{}", kDrawVar, draws.size() - 1);
+    return var;
+  }
+  for (ir::Expr &a : e.args)
+    a = take_element_draws(std::move(a), draws);
+  return e;
+}
+
 } // namespace
+
+KernelEmitter::DrawPlan KernelEmitter::draw_plan(bool transposed, int col_tiles) const {
+  // Element (c, e) of lane l (column tile c of a round) is query q and key k of
+  // its fragments; its draw is (q, k / ir::kDrawKeys). The fragments' origins
+  // (query and key blocks, tiles) are multiples of the run and the same in
+  // every lane of a wave, so the lane maps alone decide.
+  const int elems = rules_.acc_elems(), lanes = target_.wave_size;
+  const bool aligned = rules_.n_tile() % ir::kDrawKeys == 0 && m_tile_ % ir::kDrawKeys == 0;
+  auto draw_of = [&](int lane, int c, int e) {
+    MatrixCoord x = rules_.acc_coord(lane, e);
+    x.col += c * rules_.n_tile();
+    const auto [q, k] = transposed ? std::pair(x.col, x.row) : std::pair(x.row, x.col);
+    return std::pair(q, k / int(ir::kDrawKeys));
+  };
+  auto plan_of = [&](int tiles) {
+    DrawPlan plan;
+    plan.tiles = tiles;
+    // The elements by draw, in the order of their first element; the same
+    // grouping in every lane, or one draw per element.
+    std::vector<std::pair<int, int>> all;
+    for (int c = 0; c < tiles; ++c)
+      for (int e = 0; e < elems; ++e)
+        all.emplace_back(c, e);
+    for (auto [c, e] : all) {
+      auto same = [&](const std::vector<std::pair<int, int>> &d) {
+        for (int lane = 0; lane < lanes; ++lane)
+          if (draw_of(lane, c, e) != draw_of(lane, d.front().first, d.front().second))
+            return false;
+        return aligned;
+      };
+      auto it = std::ranges::find_if(plan.draws, same);
+      if (it == plan.draws.end())
+        plan.draws.push_back({{c, e}});
+      else
+        it->push_back({c, e});
+    }
+    // Lane bits whose flip keeps a lane's draws: such lanes share them.
+    for (int bit = 1; bit < lanes; bit *= 2) {
+      bool partners = aligned;
+      for (int lane = 0; lane < lanes && partners; ++lane)
+        for (auto [c, e] : all)
+          partners = partners && draw_of(lane, c, e) == draw_of(lane ^ bit, c, e);
+      if (partners)
+        plan.lane_bits |= bit;
+    }
+    return plan;
+  };
+  // The fewest column tiles whose draws the sharing lanes can split evenly.
+  for (int tiles = 1; tiles <= 8 && col_tiles % tiles == 0; tiles *= 2) {
+    DrawPlan plan = plan_of(tiles);
+    plan.col_tiles = col_tiles;
+    if (plan.draws.size() % size_t(plan.sharing()) == 0)
+      return plan;
+  }
+  DrawPlan plan = plan_of(1);
+  plan.lane_bits = 0; // each lane draws for itself
+  plan.col_tiles = col_tiles;
+  return plan;
+}
+
+void KernelEmitter::emit_draws(const DrawPlan &plan, const std::vector<ir::Expr> &draws,
+                               const std::function<std::string(const std::string &)> &names,
+                               const std::string &q_idx, const std::string &kv_idx,
+                               const std::function<void(int c, int e)> &element) {
+  // One Philox draw serves 8 aligned keys of a query (ir::kDrawKeys). Each
+  // lane draws plan.draws.size() / sharing of a round's draws; the lanes that
+  // hold the same draws (they differ in lane_bits) pass them round.
+  const int sharing = plan.sharing(), own = int(plan.draws.size()) / sharing;
+  std::vector<int> bits; // the lane bits of lane_bits, low to high
+  for (int bit = 1; bit <= plan.lane_bits; bit *= 2)
+    if (plan.lane_bits & bit)
+      bits.push_back(bit);
+  auto lane_of = [&](int rank) { // pdep(rank, lane_bits)
+    int lane = 0;
+    for (size_t i = 0; i < bits.size(); ++i)
+      lane |= (rank >> i & 1) ? bits[i] : 0;
+    return lane;
+  };
+  if (sharing > 1)
+    w_.open("{{ // {} draw(s) per query and {} aligned keys; lanes differing in bits {:#x} hold "
+            "the same {} draws, each lane draws {} and they pass them round",
+            draws.size(), ir::kDrawKeys, plan.lane_bits, plan.draws.size(), own);
+  else
+    w_.open("{{ // {} draw(s) per query and {} aligned keys", draws.size(), ir::kDrawKeys);
+  for (size_t d = 0; d < draws.size(); ++d)
+    w_.line("const fj_draw_key fj_key{} = fj_philox_key((unsigned long long)({}), (unsigned "
+            "long long)({}));",
+            d, ir::emit_c(draws[d].args[0], names), ir::emit_c(draws[d].args[1], names));
+  if (sharing > 1) {
+    // pext(lane, lane_bits): one shift and mask for a run of bits.
+    const int low = std::countr_zero(unsigned(plan.lane_bits));
+    std::string rank = fmt::format("(lane >> {}) & {}", low, sharing - 1);
+    if (plan.lane_bits >> low != sharing - 1) {
+      std::vector<std::string> terms;
+      for (size_t i = 0; i < bits.size(); ++i)
+        terms.push_back(fmt::format("(lane & {}) >> {}", bits[i],
+                                    std::countr_zero(unsigned(bits[i])) - int(i)));
+      rank = fmt::format("{}", fmt::join(terms, " | "));
+    }
+    w_.line("const int fj_rank = {}; // this lane's index among those sharing its draws", rank);
+  }
+  const std::string b = name(p_.grid_arg(2)), h = name(p_.grid_arg(1));
+  open_query_tiles();
+  w_.line("#pragma unroll");
+  w_.open("for (int c0 = 0; c0 < {}; c0 += {}) {{", plan.col_tiles, plan.tiles);
+  for (size_t d = 0; d < draws.size(); ++d)
+    w_.line("fj_draw_words {};",
+            fmt::join(std::views::iota(0, own) | std::views::transform([&](int i) {
+                        return fmt::format("fj_own{}_{}", d, i);
+                      }),
+                      ", "));
+  for (int i = 0; i < own; ++i) {
+    // This lane's draw i is the round's draw fj_rank + i * sharing: the position
+    // of that draw's first element.
+    w_.open("{{");
+    if (sharing == 1) {
+      const auto [c, e] = plan.draws[size_t(i)].front();
+      w_.line("const int c = c0 + {}, e = {};", c, e);
+      for (size_t d = 0; d < draws.size(); ++d)
+        w_.line("fj_own{}_{} = fj_draw(fj_key{}, {}, {}, {}, {});", d, i, d, b, h, q_idx, kv_idx);
+    } else {
+      w_.line("int fj_q = 0, fj_k = 0;");
+      for (int r = 0; r < sharing; ++r) {
+        const auto [c, e] = plan.draws[size_t(r + i * sharing)].front();
+        w_.line(
+            "{{ const int c = c0 + {}, e = {}; if (fj_rank == {}) {{ fj_q = {}; fj_k = {}; }} }}",
+            c, e, r, q_idx, kv_idx);
+      }
+      for (size_t d = 0; d < draws.size(); ++d)
+        w_.line("fj_own{}_{} = fj_draw(fj_key{}, {}, {}, fj_q, fj_k);", d, i, d, b, h);
+    }
+    w_.close();
+  }
+  for (size_t j = 0; j < plan.draws.size(); ++j) {
+    const std::vector<std::pair<int, int>> &elems = plan.draws[j];
+    std::vector<std::string> listed;
+    for (auto [c, e] : elems)
+      listed.push_back(fmt::format("({}, {})", c, e));
+    w_.open("{{ // draw {} of the round: elements (c, e) {}", j, fmt::join(listed, " "));
+    for (size_t d = 0; d < draws.size(); ++d) {
+      const std::string from = fmt::format("fj_own{}_{}", d, j / size_t(sharing));
+      if (sharing == 1) {
+        w_.line("const fj_draw_words &fj_draw{} = {};", d, from);
+        continue;
+      }
+      // From the sharing lane of rank j % sharing.
+      w_.line("fj_draw_words fj_draw{};", d);
+      w_.line("const int fj_from = (lane & ~{:#x}) | {:#x};", plan.lane_bits,
+              lane_of(int(j) % sharing));
+      w_.line("#pragma unroll");
+      w_.line("for (int w = 0; w < 4; ++w) fj_draw{}.w[w] = fj_shfl_u32({}.w[w], lane, fj_from);",
+              d, from);
+    }
+    for (auto [c, e] : elems)
+      element(c, e);
+    w_.close();
+  }
+  w_.close();
+  w_.close();
+  w_.close();
+}
 
 std::string KernelEmitter::declare(ValueId v) {
   const Type &t = type(v);
@@ -613,60 +808,60 @@ Status KernelEmitter::emit_op(const Op &op) {
     const std::string src = name(op.operands[0]), qb = name(op.operands[1]),
                       kb = name(op.operands[2]);
     const bool transposed = op.int_attr("transposed") != 0;
-    auto code_of = [&](const char *attr) -> Expected<std::string> {
+    // Rows are queries of %op1's block and columns keys of %op2's, or the
+    // reverse in the backward's transposed tiles.
+    const std::string row =
+        fmt::format("{} * kBlockM + local_row(qt, {})", qb, rules_.acc_row("e"));
+    const std::string col = fmt::format("{} * kBlockN + c * kNTile + {}", kb, rules_.acc_col("e"));
+    const std::string q_idx = transposed ? col : row, kv_idx = transposed ? row : col;
+    auto names = [&](const std::string &var) -> std::string {
+      if (var == "score")
+        return src + "[qt][c][e]";
+      if (var == "b")
+        return name(p_.grid_arg(2));
+      if (var == "h")
+        return name(p_.grid_arg(1));
+      if (var == "q_idx")
+        return q_idx;
+      if (var == "kv_idx")
+        return kv_idx;
+      if (var.starts_with(kDrawVar)) // a draw of this element's own position
+        return fmt::format("fj_draw_slot(fj_draw{}, {})", var.substr(kDrawVar.size()), kv_idx);
+      if (var == "seqlen_q")
+        return seq_const(*p_.tensor("Q"));
+      return seq_const(*p_.tensor("K"));
+    };
+    auto elements = [&](const char *attr) -> Status {
       const ir::ScoreFunction *f = p_.function(op.symbol_attr(attr));
       auto e = ir::parse_expr(f->text, p_.expr_scope(), "function @" + f->name);
       if (!e)
         return e.status();
       w_.line("// {}", f->text);
-      return ir::emit_c(*e, [&](const std::string &var) -> std::string {
-        if (var == "score")
-          return src + "[qt][c][e]";
-        if (var == "b")
-          return name(p_.grid_arg(2));
-        if (var == "h")
-          return name(p_.grid_arg(1));
-        // Rows are queries of %op1's block and columns keys of %op2's, or the
-        // reverse in the backward's transposed tiles.
-        const std::string row =
-            fmt::format("{} * kBlockM + local_row(qt, {})", qb, rules_.acc_row("e"));
-        const std::string col =
-            fmt::format("{} * kBlockN + c * kNTile + {}", kb, rules_.acc_col("e"));
-        if (var == "q_idx")
-          return transposed ? col : row;
-        if (var == "kv_idx")
-          return transposed ? row : col;
-        if (var == "seqlen_q")
-          return seq_const(*p_.tensor("Q"));
-        return seq_const(*p_.tensor("K"));
-      });
-    };
-    auto elements = [&](const std::string &code) {
-      const std::string dst = open_elements(t, name(op.results[0]));
-      w_.line("{} = {};", dst, code);
-      close_elements(t);
+      std::vector<ir::Expr> draws; // uniform(seed, offset, b, h, q_idx, kv_idx) calls
+      const std::string code = ir::emit_c(take_element_draws(*e, draws), names);
+      if (draws.empty()) {
+        const std::string dst = open_elements(t, name(op.results[0]));
+        w_.line("{} = {};", dst, code);
+        close_elements(t);
+        return Status::ok();
+      }
+      emit_draws(draw_plan(transposed, col_tiles(t.cols)), draws, names, q_idx, kv_idx,
+                 [&](int c, int e) {
+                   w_.line("{{ const int c = c0 + {}, e = {}; {}[qt][c][e] = {}; }}", c, e,
+                           name(op.results[0]), code);
+                 });
+      return Status::ok();
     };
     w_.line("{};", declare(op.results[0]));
-    if (!block_full_applies(op)) {
-      auto code = code_of("function");
-      if (!code)
-        return code.status();
-      elements(*code);
-      return Status::ok();
-    }
+    if (!block_full_applies(op))
+      return elements("function");
     // A branch on the block, not a select per element: the blocks the loop's
     // scan found wholly inside @range skip the mask's arithmetic.
     w_.open("if (fj_block_full) {{ // @{} keeps every pair of the block", op.symbol_attr("range"));
-    auto unmasked = code_of("unmasked");
-    if (!unmasked)
-      return unmasked.status();
-    elements(*unmasked);
+    FJ_RETURN_IF_ERROR(elements("unmasked"));
     w_.close("} else {");
     w_.indent(1);
-    auto masked = code_of("function");
-    if (!masked)
-      return masked.status();
-    elements(*masked);
+    FJ_RETURN_IF_ERROR(elements("function"));
     w_.close();
     return Status::ok();
   }

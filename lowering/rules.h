@@ -99,6 +99,9 @@ public:
   virtual std::string acc_row(std::string_view e) const = 0;
   virtual std::string acc_slot(std::string_view e) const = 0;
   virtual std::string acc_col(std::string_view e) const = 0;
+  /// acc_row and acc_col as numbers: where element `e` of lane `lane` lies in
+  /// its fragment. Lowering groups a lane's elements by it (a ScoreMod's draws).
+  virtual MatrixCoord acc_coord(int lane, int e) const = 0;
   /// The row of row slot `s`.
   virtual std::string slot_row(std::string_view s) const = 0;
   /// xor masks reaching the lanes that hold the other columns of the same rows.

@@ -72,6 +72,9 @@ public:
   std::string acc_col(std::string_view e) const override {
     return fmt::format("2 * t + {} % 2", e);
   }
+  MatrixCoord acc_coord(int lane, int e) const override {
+    return {lane / 4 + 8 * (e / 2), 2 * (lane % 4) + e % 2};
+  }
   std::string slot_row(std::string_view s) const override { return fmt::format("g + 8 * {}", s); }
   std::vector<int> row_share_masks() const override { return {1, 2}; }
   std::string row_writer() const override { return "t == 0"; }

@@ -84,6 +84,9 @@ public:
   std::string acc_row(std::string_view) const override { return "col"; }
   std::string acc_slot(std::string_view) const override { return "0"; }
   std::string acc_col(std::string_view e) const override;
+  MatrixCoord acc_coord(int lane, int e) const override {
+    return {lane % geo_.tile, acc_key(lane / geo_.tile, e)};
+  }
   std::string slot_row(std::string_view) const override { return "col"; }
   std::vector<int> row_share_masks() const override;
   std::string row_writer() const override;

@@ -40,6 +40,10 @@ FJ_DEVICE void fj_barrier() {
 FJ_DEVICE unsigned fj_shfl_xor_u32(unsigned x, int lane, int mask) {
   return (unsigned)__builtin_amdgcn_ds_bpermute((lane ^ mask) << 2, (int)x);
 }
+// x from lane `from` of the same wave; `from` may differ between lanes.
+FJ_DEVICE unsigned fj_shfl_u32(unsigned x, int lane, int from) {
+  return (unsigned)__builtin_amdgcn_ds_bpermute(from << 2, (int)x);
+}
 FJ_DEVICE float fj_shfl_xor(float x, int lane, int mask) {
   return __builtin_bit_cast(float, fj_shfl_xor_u32(__builtin_bit_cast(unsigned, x), lane, mask));
 }

@@ -13,8 +13,10 @@ struct fj_bf16_elem {
 // ---- uniform draws (dropout) ----
 // Philox-4x32-10 as ir::philox_uniform computes it on the host, bit for bit: the
 // key is Philox of (seed, offset) under a fixed key (the same for every element
-// of a kernel, so the compiler hoists it), the element's counter (kv_idx, q_idx,
-// h, b) is drawn under it, and 24 bits of the first word give [0, 1).
+// of a kernel: fj_philox_key, hoisted), and one draw of the counter
+// (kv_idx / 8, q_idx, h, b) under it gives 8 aligned keys of the query 16 bits
+// each (fj_draw). Where a lane holds several keys of one draw, lowering
+// draws once and takes each key's bits from the words (fj_draw_slot).
 FJ_DEVICE void fj_philox10(unsigned c[4], unsigned k0, unsigned k1) {
 #pragma unroll
   for (int r = 0; r < 10; ++r) {
@@ -31,14 +33,35 @@ FJ_DEVICE void fj_philox10(unsigned c[4], unsigned k0, unsigned k1) {
     c[3] = n3;
   }
 }
-FJ_DEVICE float fj_uniform(unsigned long long seed, unsigned long long offset, unsigned b,
-                           unsigned h, unsigned q_idx, unsigned kv_idx) {
+struct fj_draw_key {
+  unsigned k0, k1;
+};
+FJ_DEVICE fj_draw_key fj_philox_key(unsigned long long seed, unsigned long long offset) {
   unsigned key[4] = {(unsigned)seed, (unsigned)(seed >> 32), (unsigned)offset,
                      (unsigned)(offset >> 32)};
   fj_philox10(key, 0x2545F491u, 0x9E3779B9u);
-  unsigned c[4] = {kv_idx, q_idx, h, b};
-  fj_philox10(c, key[0], key[1]);
-  return (float)(c[0] >> 8) * 5.9604644775390625e-08f; // 2^-24
+  return {key[0], key[1]};
+}
+// The 4 words of the draw that holds key kv_idx of query q_idx.
+struct fj_draw_words {
+  unsigned w[4];
+};
+FJ_DEVICE fj_draw_words fj_draw(fj_draw_key key, unsigned b, unsigned h, unsigned q_idx,
+                                unsigned kv_idx) {
+  fj_draw_words d = {{kv_idx >> 3, q_idx, h, b}};
+  fj_philox10(d.w, key.k0, key.k1);
+  return d;
+}
+// Key kv_idx's draw in [0, 1) from its draw's words: 16-bit half kv_idx % 2 of
+// word kv_idx % 8 / 2. Selects, not an index, so the words stay in registers.
+FJ_DEVICE float fj_draw_slot(const fj_draw_words &d, unsigned kv_idx) {
+  const unsigned lo = (kv_idx & 2u) ? d.w[1] : d.w[0], hi = (kv_idx & 2u) ? d.w[3] : d.w[2];
+  const unsigned word = (kv_idx & 4u) ? hi : lo;
+  return (float)((word >> ((kv_idx & 1u) * 16u)) & 0xFFFFu) * 1.52587890625e-05f; // 2^-16
+}
+FJ_DEVICE float fj_uniform(unsigned long long seed, unsigned long long offset, unsigned b,
+                           unsigned h, unsigned q_idx, unsigned kv_idx) {
+  return fj_draw_slot(fj_draw(fj_philox_key(seed, offset), b, h, q_idx, kv_idx), kv_idx);
 }
 
 // ---- attention index math ----

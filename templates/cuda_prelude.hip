@@ -43,6 +43,10 @@ FJ_DEVICE float fj_shfl_xor(float x, int lane, int mask) {
 FJ_DEVICE unsigned fj_shfl_xor_u32(unsigned x, int lane, int mask) {
   return __shfl_xor_sync(0xffffffffu, x, mask);
 }
+// x from lane `from` of the same warp; `from` may differ between lanes.
+FJ_DEVICE unsigned fj_shfl_u32(unsigned x, int lane, int from) {
+  return __shfl_sync(0xffffffffu, x, from);
+}
 // Trailing and leading zero bits of x != 0.
 FJ_DEVICE int fj_ctz(unsigned x) { return __ffs(int(x)) - 1; }
 FJ_DEVICE int fj_clz(unsigned x) { return __clz(int(x)); }

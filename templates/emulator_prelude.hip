@@ -61,6 +61,10 @@ FJ_DEVICE float fj_shfl_xor(float x, int lane, int mask) { return fj_emu_shfl_xo
 FJ_DEVICE unsigned fj_shfl_xor_u32(unsigned x, int lane, int mask) {
   return __builtin_bit_cast(unsigned, fj_emu_shfl_xor(__builtin_bit_cast(float, x), lane, mask));
 }
+// x from lane `from` of the same wave; `from` may differ between lanes.
+FJ_DEVICE unsigned fj_shfl_u32(unsigned x, int lane, int from) {
+  return fj_shfl_xor_u32(x, lane, lane ^ from);
+}
 // Trailing and leading zero bits of x != 0.
 FJ_DEVICE int fj_ctz(unsigned x) { return __builtin_ctz(x); }
 FJ_DEVICE int fj_clz(unsigned x) { return __builtin_clz(x); }

@@ -127,6 +127,23 @@ TEST(ScoreExpr, UniformIsPhiloxAndUniform) {
     }
   EXPECT_NEAR(below / 65536.0, 0.2, 0.01);
   EXPECT_NEAR(same / 65536.0, 0.8 * 0.8 + 0.2 * 0.2, 0.01); // independent patterns
+  // One draw serves 8 aligned keys, 16 bits each: key 8 * 5 + 3 of query 6 is
+  // the high half of word 1 of the counter (5, 6, h, b).
+  const std::array<uint32_t, 4> words = ir::philox4x32_10({5, 6, 3, 1}, ir::philox_key(42, 0));
+  EXPECT_EQ(ir::philox_uniform(42, 0, 1, 3, 6, 43), double(words[1] >> 16) / 65536.0);
+  EXPECT_EQ(ir::philox_uniform(42, 0, 1, 3, 6, 40), double(words[0] & 0xFFFF) / 65536.0);
+  // The keys of one draw are independent of each other: neighbours in one
+  // draw, and across the draws' boundary, are both below 0.2 1 time in 25.
+  int both_inside = 0, both_across = 0;
+  for (uint32_t i = 0; i < 4096; ++i)
+    for (uint32_t j = 0; j < 64; j += 8) {
+      both_inside += ir::philox_uniform(7, 0, 0, 0, i, j + 2) < 0.2 &&
+                     ir::philox_uniform(7, 0, 0, 0, i, j + 3) < 0.2;
+      both_across += ir::philox_uniform(7, 0, 0, 0, i, j + 7) < 0.2 &&
+                     ir::philox_uniform(7, 0, 0, 0, i, j + 8) < 0.2;
+    }
+  EXPECT_NEAR(both_inside / 32768.0, 0.04, 0.005);
+  EXPECT_NEAR(both_across / 32768.0, 0.04, 0.005);
   const ir::ExprScope scope{{{"seed", true}}, {}};
   auto e = ir::parse_expr("uniform(seed, 7, b, h, q_idx, kv_idx) < 0.5 ? score : 0.0", scope, "s");
   ASSERT_TRUE(e) << e.status().message();
@@ -141,6 +158,51 @@ TEST(ScoreExpr, UniformIsPhiloxAndUniform) {
   auto bad = ir::parse_expr("uniform(1, 2, b, h, q_idx, score)", {}, "s");
   ASSERT_FALSE(bad);
   EXPECT_NE(bad.status().message().find("uniform takes integers"), std::string::npos);
+}
+
+TEST(ScoreModLowering, DropoutDrawsOncePerEightKeysOnEveryFamily) {
+  // How many Philox draws a lane makes per 8 accumulator elements is the
+  // dropout's cost: the emitter shares each draw between the elements and the
+  // lanes that hold its 8 keys (KernelEmitter::draw_plan). Correctness of the
+  // exchange is the emulator cases' (dropout_* above, backward_test's).
+  AttentionSpec spec = make_spec(1, 2, 2, 128, 128, 128, 128, DType::bf16);
+  spec.dropout_p = 0.1;
+  struct Want {
+    const char *arch;
+    const char *forward, *dkdv; // the plan's comment, or "" for lane-local draws
+  };
+  const Want wants[] = {
+      {"sm_90", "lanes differing in bits 0x3 hold the same 4 draws, each lane draws 1",
+       "lanes differing in bits 0x1c hold the same 8 draws, each lane draws 1"},
+      {"gfx1201", "", "lanes differing in bits 0x7 hold the same 8 draws, each lane draws 1"},
+      {"gfx1100", "lanes differing in bits 0x10 hold the same 2 draws, each lane draws 1",
+       "lanes differing in bits 0x7 hold the same 8 draws, each lane draws 1"},
+      {"gfx942", "lanes differing in bits 0x20 hold the same 4 draws, each lane draws 2",
+       "lanes differing in bits 0x7 hold the same 8 draws, each lane draws 1"},
+  };
+  for (const Want &want : wants) {
+    SCOPED_TRACE(want.arch);
+    auto target = lowering::parse_target(want.arch);
+    ASSERT_TRUE(target);
+    const ir::Config config = lowering::default_config(spec, *target);
+    auto forward = lowering::generate(spec, config, *target);
+    ASSERT_TRUE(forward) << forward.status().message();
+    auto dkdv_program =
+        ir::build_backward_dkdv(spec, lowering::backward_config(spec, *target, config, true));
+    ASSERT_TRUE(dkdv_program) << dkdv_program.status().message();
+    auto dkdv = lowering::lower(*dkdv_program, *target);
+    ASSERT_TRUE(dkdv) << dkdv.status().message();
+    for (auto [source, plan] :
+         {std::pair(&forward->source, want.forward), std::pair(&dkdv->source, want.dkdv)}) {
+      EXPECT_NE(source->find("fj_philox_key("), std::string::npos);
+      if (*plan)
+        EXPECT_NE(source->find(plan), std::string::npos) << plan;
+      else // every element's draw from the lane's own: one draw of 8 elements
+        EXPECT_NE(source->find("// draw 0 of the round: elements (c, e) (0, 0) (0, 1) (0, 2) "
+                               "(0, 3) (0, 4) (0, 5) (0, 6) (0, 7)"),
+                  std::string::npos);
+    }
+  }
 }
 
 TEST(ScoreModSpec, ValidationNamesTheField) {

@@ -21,14 +21,18 @@ def _philox10(c, k0, k1):
 
 def dropout_weights(p, seed, offset, b, h, sq, sk):
     """[b, h, sq, sk] float64: 0 where flashjit drops P[b, h, i, j], 1 / (1 - p) where it
-    keeps it: Philox of (seed, offset) gives the key, of (j, i, h, b) the draw (as
-    ir::philox_uniform), compared in float32 with p."""
+    keeps it, as ir::philox_uniform draws: Philox of (seed, offset) gives the key, of
+    (j // 8, i, h, b) 4 words, and key j takes 16-bit half j % 2 of word j % 8 // 2 over
+    2^16, compared in float32 with p."""
     key = _philox10([seed & 0xFFFFFFFF, seed >> 32, offset & 0xFFFFFFFF, offset >> 32],
                     0x2545F491, 0x9E3779B9)
     B, H, I, J = np.meshgrid(np.arange(b), np.arange(h), np.arange(sq), np.arange(sk),
                              indexing="ij")
-    r = _philox10([J, I, H, B], int(key[0]), int(key[1]))
-    u = (r[0] >> np.uint64(8)).astype(np.float64) * 2.0 ** -24
+    words = _philox10([J // 8, I, H, B], int(key[0]), int(key[1]))
+    slot = (J % 8).astype(np.uint64)
+    word = np.choose((slot // np.uint64(2)).astype(np.intp), words)
+    bits = (word >> (np.uint64(16) * (slot % np.uint64(2)))) & np.uint64(0xFFFF)
+    u = bits.astype(np.float64) * 2.0 ** -16
     return np.where(u >= float(np.float32(p)), 1.0 / (1.0 - p), 0.0)
 
 
