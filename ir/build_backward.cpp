@@ -278,10 +278,23 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, Kernel 
     Attrs drop_attrs = {{"function", Symbol{"dropout"}}};
     if (!dq)
       drop_attrs["transposed"] = int64_t{1};
-    if (dropout)
-      dp = b.emit(OpKind::ScoreMod, {dp, row_block, col_block}, s_type, drop_attrs);
     const ValueId d = dq ? d_rows : load(b, "D", col_block, vec);
-    ValueId ds = b.emit(OpKind::Mul, {pr, b.emit(sub, {dp, d}, s_type)}, s_type);
+    ValueId ds, kept = pr;
+    if (dropout && !dq) {
+      // One draw for both of dK/dV's uses: kept = P o Z weighs dO for dV, and
+      // dS = P o (dP o Z - D) = kept o dP + P o (0 - D).
+      kept = b.emit(OpKind::ScoreMod, {pr, row_block, col_block}, s_type, drop_attrs);
+      const ValueId minus_d =
+          b.emit(OpKind::SubCol, {b.emit(OpKind::Fill, {}, s_type, {{"value", 0.0}}), d}, s_type);
+      ds = b.emit(
+          OpKind::Add,
+          {b.emit(OpKind::Mul, {kept, dp}, s_type), b.emit(OpKind::Mul, {pr, minus_d}, s_type)},
+          s_type);
+    } else {
+      if (dropout)
+        dp = b.emit(OpKind::ScoreMod, {dp, row_block, col_block}, s_type, drop_attrs);
+      ds = b.emit(OpKind::Mul, {pr, b.emit(sub, {dp, d}, s_type)}, s_type);
+    }
     if (modified) {
       ds = b.emit(OpKind::Mul,
                   {ds, b.emit(OpKind::ScoreMod, {raw, row_block, col_block}, s_type, grad_attrs)},
@@ -297,8 +310,6 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, Kernel 
       b.emit_void(OpKind::Yield, {g});
     } else {
       const ValueId dot = load(b, "dO", col_block, b_tile(bn, dv));
-      const ValueId kept =
-          dropout ? b.emit(OpKind::ScoreMod, {pr, row_block, col_block}, s_type, drop_attrs) : pr;
       const ValueId gv = b.emit(OpKind::MmaAB, {operand(kept), dot, loop.region_args[2]}, acc(dv));
       const ValueId qt = load(b, "Q", col_block, b_tile(bn, dqk));
       const ValueId gk = b.emit(OpKind::MmaAB, {operand(ds), qt, loop.region_args[1]}, acc(dqk));
