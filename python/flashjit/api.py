@@ -3,6 +3,7 @@
 import collections
 import ctypes
 import json
+import math
 import operator
 import sys
 
@@ -437,8 +438,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 
     Returns out; with return_attn_probs, FlashAttention's (out, softmax_lse, S_dmask):
     softmax_lse [batch, heads, seqlen_q] float32 (natural log), +inf where a query
-    sees no key, as FlashAttention writes it; S_dmask None (flashjit does not return
-    the dropout pattern).
+    sees no key, as FlashAttention writes it; S_dmask None without dropout, and with it
+    FlashAttention-2's [batch, heads, seqlen_q and seqlen_k rounded up to 128] tensor
+    in q's dtype: the softmax numerators as its kernel scales them, negative where the
+    element is dropped (flashjit's pattern; torch tensors, FlashAttention's arguments),
+    which FlashAttention's own test helpers read (flashjit/attn_probs.py).
 
     flashjit's keyword-only extras: return_lse returns (out, lse), lse as above but
     -inf where a query sees no key (log of an empty sum); arch, the AMD arch that
@@ -492,18 +496,40 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
             out, lse = _attention_forward(q, k, v, want_lse, *args, repeat=repeat)
     else:
         out, lse = _attention_forward(q, k, v, want_lse, *args)
-    return _returned(out, lse, return_attn_probs, return_lse)
+    probs = None
+    if return_attn_probs and args[-2] > 0:  # dropout: the pattern, as FlashAttention-2 gives it
+        probs = _s_dmask(q, k, *args)
+    return _returned(out, lse, return_attn_probs, return_lse, probs)
 
 
-def _returned(out, lse, return_attn_probs, return_lse):
-    """flash_attn_func's result from (out, lse with -inf for a query that sees no key)."""
+def _s_dmask(q, k, softmax_scale, causal, window_size, softcap, alibi_slopes, arch, config,
+             num_splits, score_mod, mask_mod, sinks, attn_mask, p, seed):
+    """FlashAttention-2's S_dmask of a torch call with dropout (attn_probs.py)."""
+    given = [name for name, x in (("score_mod", score_mod), ("mask_mod", mask_mod),
+                                  ("sinks", sinks), ("attn_mask", attn_mask)) if x is not None]
+    if _kind(q) != "torch" or given:
+        raise NotImplementedError(
+            "flashjit: return_attn_probs with dropout returns FlashAttention-2's S_dmask for "
+            "torch tensors and FlashAttention's arguments (causal, window_size, softcap, "
+            f"alibi_slopes); not for {'NumPy/CuPy arrays' if not given else ', '.join(given)}: "
+            "pass return_lse=True for (out, lse), or draw the pattern from its definition "
+            "(docs/masks.md, uniform)")
+    from .attn_probs import s_dmask
+    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    return s_dmask(q.detach(), k.detach(), scale, causal, _window(window_size), float(softcap),
+                   alibi_slopes, p, seed)
+
+
+def _returned(out, lse, return_attn_probs, return_lse, probs=None):
+    """flash_attn_func's result from (out, lse with -inf for a query that sees no key);
+    probs: S_dmask, None without dropout."""
     if return_attn_probs:
         # FlashAttention writes +inf as the LSE of a query that sees no key.
         if _kind(lse) == "torch":
             lse = lse.masked_fill(lse == float("-inf"), float("inf"))
         else:
             lse[lse == float("-inf")] = float("inf")
-        return out, lse, None
+        return out, lse, probs
     return (out, lse) if return_lse else out
 
 

@@ -36,18 +36,14 @@ def dropout_weights(p, seed, offset, b, h, sq, sk):
     return np.where(u >= float(np.float32(p)), 1.0 / (1.0 - p), 0.0)
 
 
-def attention(q, k, v, causal=False, window_size=(-1, -1), softmax_scale=None, softcap=0.0,
-              alibi_slopes=None, mask=None, sinks=None, bias=None, dropout=None):
-    """mask: bool, broadcast to [b, h, sq, sk] (False hides); bias: added to the scaled
-    scores after ALiBi, broadcast likewise (SDPA's float attn_mask); alibi_slopes [h] or
-    [b, h]; sinks [h] (a logit per head in the denominator, without a value); dropout:
-    dropout_weights() applied to P after the row sums (the LSE is without it)."""
-    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+def scores(q, k, causal=False, window_size=(-1, -1), softmax_scale=None, softcap=0.0,
+           alibi_slopes=None, mask=None, bias=None):
+    """[b, h, sq, sk] float64: the scaled scores after softcap, ALiBi and bias, -inf where
+    hidden (attention()'s arguments)."""
+    q, k = (np.asarray(x, dtype=np.float64) for x in (q, k))
     b, sq, hq, d = q.shape
-    _, sk, hkv, dv = v.shape
-    g = hq // hkv
-    k = np.repeat(k, g, axis=2)
-    v = np.repeat(v, g, axis=2)
+    _, sk, hkv, _ = k.shape
+    k = np.repeat(k, hq // hkv, axis=2)
     scale = 1 / math.sqrt(d) if softmax_scale is None else softmax_scale
     s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
     i = np.arange(sq)[:, None]
@@ -70,7 +66,19 @@ def attention(q, k, v, causal=False, window_size=(-1, -1), softmax_scale=None, s
         visible &= j <= diag + window_size[1]
     if mask is not None:
         visible = visible & mask
-    s = np.where(visible, s, -np.inf)
+    return np.where(visible, s, -np.inf)
+
+
+def attention(q, k, v, causal=False, window_size=(-1, -1), softmax_scale=None, softcap=0.0,
+              alibi_slopes=None, mask=None, sinks=None, bias=None, dropout=None):
+    """mask: bool, broadcast to [b, h, sq, sk] (False hides); bias: added to the scaled
+    scores after ALiBi, broadcast likewise (SDPA's float attn_mask); alibi_slopes [h] or
+    [b, h]; sinks [h] (a logit per head in the denominator, without a value); dropout:
+    dropout_weights() applied to P after the row sums (the LSE is without it)."""
+    v = np.asarray(v, dtype=np.float64)
+    hq, hkv = np.shape(q)[2], v.shape[2]
+    v = np.repeat(v, hq // hkv, axis=2)
+    s = scores(q, k, causal, window_size, softmax_scale, softcap, alibi_slopes, mask, bias)
     m = s.max(axis=-1, keepdims=True)
     if sinks is not None:
         sink = np.asarray(sinks, dtype=np.float64)[None, :, None, None]

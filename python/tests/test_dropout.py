@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import flashjit
-from reference import attention, attention_grads, bf16_round, dropout_weights
+from reference import attention, attention_grads, bf16_round, dropout_weights, scores
 
 ARCH = "gfx1201"
 
@@ -100,3 +100,59 @@ def test_autograd_on_cuda_matches_float64():
         c = flashjit.scaled_dot_product_attention(q.transpose(1, 2), q.transpose(1, 2),
                                                   q.transpose(1, 2), dropout_p=0.5)
     assert (a - c).abs().max().item() > 1e-2
+
+
+@pytest.mark.parametrize("sq,sk,d,causal,window,alibi", [
+    (200, 333, 64, False, (-1, -1), False),
+    (333, 200, 128, True, (-1, -1), False),
+    (130, 257, 80, False, (40, 7), True),
+])
+def test_attn_probs_are_flash_attention_s_dmask_on_cuda(sq, sk, d, causal, window, alibi):
+    """return_attn_probs with dropout gives FlashAttention-2's S_dmask: its sign is the
+    kernels' pattern (the NumPy reference's draws), and FlashAttention's test recipe (a
+    block-wise running max, then the LSE) turns its magnitude back into the softmax."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    rng = np.random.default_rng(11)
+    b, hq, hkv, p, seed = 2, 4, 2, 0.17, 1234
+    arrays = [make(rng, s, "bf16") for s in ((b, sq, hq, d), (b, sk, hkv, d), (b, sk, hkv, d))]
+    q, k, v = (torch.from_numpy(x).cuda().to(torch.bfloat16) for x in arrays)
+    slopes = torch.rand(b, hq, device="cuda") * 0.3 if alibi else None
+    out, lse, s_dmask = flashjit.flash_attn_func(
+        q, k, v, dropout_p=p, causal=causal, window_size=window, alibi_slopes=slopes,
+        return_attn_probs=True, dropout_seed=seed)
+    assert s_dmask.shape == (b, hq, -(-sq // 128) * 128, -(-sk // 128) * 128)
+    assert s_dmask.dtype == torch.bfloat16
+    s = s_dmask[..., :sq, :sk].float().cpu().numpy()
+    # The visible pairs (bottom-right causal / window), as FlashAttention masks them.
+    i, j = np.arange(sq)[:, None], np.arange(sk)[None, :]
+    diag = i + sk - sq
+    right = 0 if causal else window[1]
+    visible = np.ones((sq, sk), bool)
+    if right >= 0:
+        visible &= j <= diag + right
+    if window[0] >= 0:
+        visible &= j >= diag - window[0]
+    z = dropout_weights(p, seed, 0, b, hq, sq, sk)
+    keep = s >= 0
+    assert (keep == (z > 0))[:, :, visible].all(), "the sign is not the kernels' pattern"
+    dropped = 1 - keep[:, :, visible].mean()
+    assert abs(dropped - p) < 0.01
+    # FlashAttention-2's normalization: block-wise running max from the last block.
+    kwargs = dict(causal=causal, window_size=window,
+                  alibi_slopes=None if slopes is None else slopes.cpu().numpy())
+    ref, _ = attention(*arrays, dropout=z, **kwargs)
+    s_ref = scores(*arrays[:2], **kwargs)
+    width = 128 if d <= 32 else 64 if d <= 96 else 32 if d <= 128 else 64
+    blocks = -(-sk // width)
+    padded = np.pad(s_ref, ((0, 0),) * 3 + ((0, blocks * width - sk),), constant_values=-np.inf)
+    running = np.maximum.accumulate(padded.reshape(*s_ref.shape[:3], blocks, width)
+                                    .max(-1)[..., ::-1], axis=-1)[..., ::-1]
+    m = np.repeat(running, width, axis=-1)[..., :sk]
+    with np.errstate(divide="ignore", invalid="ignore"):  # rows that see no key: NaN, unused
+        lse_ref = np.log(np.exp(s_ref).sum(-1, keepdims=True))
+        attn = np.abs(s) * np.where(np.isfinite(m), np.exp(m - lse_ref), 0.0)
+        probs = np.exp(s_ref - lse_ref)
+    assert np.abs(attn - probs)[:, :, visible].max() < 1e-2
+    assert np.abs(out.float().cpu().numpy() - ref).max() < 2e-2
