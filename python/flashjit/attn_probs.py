@@ -35,15 +35,15 @@ def _key(seed, offset):
     return words[0], words[1]
 
 
-def kept(batch, heads, seqlen_q, seqlen_k, p, seed, device, offset=0):
+def kept(batch, heads, seqlen_q, seqlen_k, p, seed, device, offset=0, first_batch=0):
     """bool [batch, heads, seqlen_q, seqlen_k]: True where the kernels keep P[b, h, i, j]:
     16 bits of the draw of (j // 8, i, h, b), half j % 2 of word j % 8 // 2, over 2^16,
-    compared in float32 with p (ir::philox_uniform)."""
+    compared in float32 with p (ir::philox_uniform); b counts from first_batch."""
     import torch
     k0, k1 = _key(seed, offset)
     ar = lambda n: torch.arange(n, device=device, dtype=torch.int64)  # noqa: E731
     groups = (seqlen_k + 7) // 8
-    b = ar(batch).view(-1, 1, 1, 1)
+    b = (ar(batch) + first_batch).view(-1, 1, 1, 1)
     h = ar(heads).view(1, -1, 1, 1)
     i = ar(seqlen_q).view(1, 1, -1, 1)
     g = ar(groups).view(1, 1, 1, -1)
@@ -74,10 +74,11 @@ def _block_n(device, head_dim):
     return 64
 
 
-def s_dmask(q, k, scale, causal, window, softcap, alibi_slopes, p, seed):
+def s_dmask(q, k, scale, causal, window, softcap, alibi_slopes, p, seed, first_batch=0):
     """FlashAttention-2's S_dmask (module docstring) of a flash_attn_func call: q [b, sq,
     h, d], k [b, sk, hk, d] torch tensors; window (left, right), -1 unbounded; alibi_slopes
-    None, [h] or [b, h]; the dtype q's."""
+    None, [h] or [b, h]; the dtype q's. first_batch: the draws' b of q's first batch (a
+    varlen call's sequence)."""
     import torch
     batch, sq, heads, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
@@ -108,7 +109,7 @@ def s_dmask(q, k, scale, causal, window, softcap, alibi_slopes, p, seed):
     running = torch.cummax(block_max.flip(-1), dim=-1).values.flip(-1)
     m = running.repeat_interleave(width, dim=-1)[..., :sk]
     unnorm = torch.exp(s - m.masked_fill(m == float("-inf"), 0.0))
-    keep = kept(batch, heads, sq, sk, p, seed, q.device)
+    keep = kept(batch, heads, sq, sk, p, seed, q.device, first_batch=first_batch)
     out = torch.zeros(batch, heads, -(-sq // 128) * 128, -(-sk // 128) * 128,
                       dtype=q.dtype, device=q.device)
     out[..., :sq, :sk] = torch.where(keep, unnorm, -unnorm).to(q.dtype)

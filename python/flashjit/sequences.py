@@ -5,9 +5,9 @@ batch of lengths; the lengths, block tables and cache counts are per-call arrays
 import sys
 
 from . import torch_ops
-from .api import (_ATTENTIONS, MAX_REPEATS, _attention, _bf16_bits, _device, _dtype_name,
-                  _fast_call, _forward, _handle_key, _int, _kind, _modifiers, _refuse_grad,
-                  _scale, _signature, _spec, _strides, _window)
+from .api import (_ATTENTIONS, MAX_REPEATS, _attention, _bf16_bits, _device, _dropout,
+                  _dtype_name, _fast_call, _forward, _handle_key, _int, _kind, _modifiers,
+                  _refuse_grad, _scale, _signature, _spec, _strides, _window)
 
 # A plain torch decode step's repeat -> what its first call built (_kv_fast_forward):
 # flash_attn_with_kvcache without rotary, cache_leftpad, slopes or sinks, its int32
@@ -188,7 +188,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            softcap=0.0, alibi_slopes=None, deterministic=False,
                            return_attn_probs=False, block_table=None, *, seqused_k=None,
                            return_lse=False, arch=None, config=None, score_mod=None,
-                           mask_mod=None, sinks=None):
+                           mask_mod=None, sinks=None, dropout_seed=None):
     """FlashAttention 2's flash_attn_varlen_func: q [total_q, heads, d], k and v [total_k,
     kv_heads, d] packed, cu_seqlens_q / cu_seqlens_k int32 [batch + 1]; with block_table
     (int32 [batch, max_blocks]) k and v are a paged cache [num_blocks, page_size, kv_heads,
@@ -196,15 +196,20 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     bottom-right aligned per sequence. Returns out [total_q, heads, dv]; with
     return_attn_probs (out, softmax_lse [heads, total_q], None), +inf where a query sees
     no key. Keyword-only extras as flash_attn_func's, and seqused_k (int32 [batch]: batch
-    b attends to its first seqused_k[b] keys). dropout_p != 0 raises NotImplementedError
-    (issue 15). NumPy inputs run on the emulator of `arch`; there every array entry is
-    checked (a bad one is an error naming it). Torch inputs that require grad (grad mode
-    on) run through autograd: flash_attn_varlen_backward gives dq, dk, dv, and sinks that
-    require grad get theirs (not with a block_table or seqused_k: those raise
-    NotImplementedError)."""
-    if dropout_p != 0.0:
-        raise NotImplementedError("flashjit: dropout in the varlen and KV-cache calls is not "
-                                  "built yet (issue 15): pass dropout_p=0.0")
+    b attends to its first seqused_k[b] keys). dropout_p and dropout_seed as
+    flash_attn_func's, b the sequence's index and q_idx, kv_idx positions within it (not
+    with a block_table); return_attn_probs with dropout gives FlashAttention-2's S_dmask
+    [batch, heads, max_seqlen_q, max_seqlen_k rounded up to 128] for torch tensors. NumPy
+    inputs run on the emulator of `arch`; there every array entry is checked (a bad one is
+    an error naming it). Torch inputs that require grad (grad mode on) run through
+    autograd: flash_attn_varlen_backward gives dq, dk, dv, and sinks that require grad get
+    theirs (not with a block_table or seqused_k: those raise NotImplementedError)."""
+    if dropout_p and block_table is not None:
+        raise NotImplementedError("flashjit: dropout over a paged KV cache (block_table) is not "
+                                  "built: pass dropout_p=0.0, or packed k and v")
+    if dropout_p and dropout_seed is None and _kind(q) == "torch" and torch_ops.compiling():
+        raise NotImplementedError("flashjit: under torch.compile, dropout needs dropout_seed")
+    p_drop, seed = _dropout(dropout_p, dropout_seed, _kind(q))
     if return_attn_probs and return_lse:
         raise ValueError("flashjit: return_attn_probs and return_lse both ask for the LSE: pass "
                          "one")
@@ -214,9 +219,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         out, lse = _varlen_function().apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                             max_seqlen_k, softmax_scale, causal, window_size,
                                             softcap, alibi_slopes, config, score_mod, mask_mod,
-                                            sinks)
+                                            sinks, p_drop, seed)
         if return_attn_probs:  # FlashAttention's +inf for a query that sees no key
-            return out, lse.masked_fill(lse == float("-inf"), float("inf")), None
+            return (out, lse.masked_fill(lse == float("-inf"), float("inf")),
+                    _varlen_s_dmask(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                    (score_mod, mask_mod, sinks), p_drop, seed))
         return (out, lse) if return_lse else out
     want_lse = bool(return_attn_probs or return_lse)
     window, scale = _window(window_size), _scale(softmax_scale)
@@ -277,6 +285,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     spec = _spec(batch, max_q, max_k, hq, hkv, d, dv, dtype, scale, causal, window, want_lse,
                  strides)
     spec.packed_q, spec.total_q = 1, total_q
+    spec.dropout_p, spec.dropout_seed = p_drop, seed
     if paged:
         spec.used_k = 1
         spec.page_size, spec.num_pages, spec.pages_per_seq = k.shape[1], k.shape[0], \
@@ -288,22 +297,58 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                                               score_mod, mask_mod, sinks)
     keep += held
     signature = _signature(dtype, d, dv, causal, window, want_lse, strides) + mods + (
-        "varlen", paged, spec.packed_k, spec.used_k)
+        "varlen", paged, spec.packed_k, spec.used_k, p_drop > 0)
     handle = _attention(signature, spec, device, config, kind)
     _forward(handle, spec, kind, stream, *ins, out, lse, alibi_slopes=slopes, sinks=sink_ptr,
              **pointers)
     del keep
     out, lse = _finish(out, lse, kind, dtype, return_attn_probs)
     if return_attn_probs:
-        return out, lse, None
+        return out, lse, _varlen_s_dmask(q, k, cu_seqlens_q, cu_seqlens_k, max_q, max_k,
+                                         softmax_scale, causal, window_size, softcap,
+                                         alibi_slopes, (score_mod, mask_mod, sinks), p_drop, seed)
     return (out, lse) if return_lse else out
+
+
+def _varlen_s_dmask(q, k, cu_q, cu_k, max_q, max_k, softmax_scale, causal, window_size, softcap,
+                    alibi_slopes, others, p, seed):
+    """FlashAttention-2's S_dmask of a varlen call with dropout (None without): sequence b
+    in rows [0, its queries) and columns [0, its keys) of [b] (attn_probs.py)."""
+    if not p:
+        return None
+    if _kind(q) != "torch" or any(x is not None for x in others):
+        raise NotImplementedError(
+            "flashjit: return_attn_probs with dropout returns FlashAttention-2's S_dmask for "
+            "torch tensors and FlashAttention's arguments (not NumPy/CuPy arrays, score_mod, "
+            "mask_mod or sinks): pass return_lse=True for (out, lse)")
+    import math
+    import torch
+    from .attn_probs import s_dmask
+    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    starts_q, starts_k = cu_q.tolist(), cu_k.tolist()
+    batch, heads = len(starts_q) - 1, q.shape[1]
+    out = torch.zeros(batch, heads, -(-max_q // 128) * 128, -(-max_k // 128) * 128,
+                      dtype=q.dtype, device=q.device)
+    for b in range(batch):
+        sq, sk = starts_q[b + 1] - starts_q[b], starts_k[b + 1] - starts_k[b]
+        if sq == 0 or sk == 0:
+            continue
+        slopes = alibi_slopes
+        if slopes is not None and slopes.dim() == 2:
+            slopes = slopes[b]
+        part = s_dmask(q[None, starts_q[b]:starts_q[b + 1]].detach(),
+                       k[None, starts_k[b]:starts_k[b + 1]].detach(), scale, causal,
+                       _window(window_size), float(softcap), slopes, p, seed, first_batch=b)
+        out[b, :, :sq, :sk] = part[0, :, :sq, :sk]
+    return out
 
 
 def flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,
                                max_seqlen_q, max_seqlen_k, dropout_p=0.0, softmax_scale=None,
                                causal=False, window_size=(-1, -1), softcap=0.0,
                                alibi_slopes=None, deterministic=False, *, arch=None,
-                               config=None, score_mod=None, mask_mod=None, sinks=None):
+                               config=None, score_mod=None, mask_mod=None, sinks=None,
+                               dropout_seed=0):
     """(dq, dk, dv): the gradients of out = flash_attn_varlen_func(q, k, v, cu_seqlens_q,
     cu_seqlens_k, ...) given dout [total_q, heads, dv]. out and softmax_lse [heads, total_q]
     are the forward's (return_attn_probs' +inf or return_lse's -inf for a query that sees no
@@ -311,10 +356,9 @@ def flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu
     block_table or seqused_k). dq, dk and dv have the shapes, dtypes and strides of q, k
     and v; rows past the last sequence (cu_seqlens[-1] onward) get 0 in dk and dv, and in
     dq when it is allocated here. With sinks (the forward's, [heads]): (dq, dk, dv,
-    dsinks), dsinks float32 [heads]. Deterministic (no atomics)."""
-    if dropout_p != 0.0:
-        raise NotImplementedError("flashjit: dropout in the varlen calls is not built yet "
-                                  "(issue 15): pass dropout_p=0.0")
+    dsinks), dsinks float32 [heads]. Deterministic (no atomics). dropout_p and
+    dropout_seed must be the forward's (the seed it was given or drew)."""
+    p_drop, seed = _dropout(dropout_p, dropout_seed if dropout_p else 0, _kind(q))
     window, scale = _window(window_size), _scale(softmax_scale)
     kind, dtype, device, stream = _common(dout, q, k, {"v": v, "out": out,
                                                        "softmax_lse": softmax_lse,
@@ -370,12 +414,13 @@ def flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu
     spec = _spec(batch, max_q, max_k, hq, hkv, d, dv, dtype, scale, causal, window, True, strides)
     spec.packed_q, spec.total_q = 1, total_q
     spec.packed_k, spec.total_k = 1, total_k
+    spec.dropout_p, spec.dropout_seed = p_drop, seed
     mods, slopes, sink_ptr, held = _modifiers(spec, kind, dev, batch, hq, softcap,
                                               alibi_slopes, score_mod, mask_mod, sinks)
     keep += held
     # One handle with the forward's: the signature of a varlen forward that returned the LSE.
     signature = _signature(dtype, d, dv, causal, window, True, strides) + mods + (
-        "varlen", False, 1, 0)
+        "varlen", False, 1, 0, p_drop > 0)
     handle = _attention(signature, spec, device, config, kind)
     from .backward import _run_backward, _sink_gradient
     arrays = dict(alibi_slopes=slopes, **pointers)
@@ -397,10 +442,12 @@ def _varlen_function():
         class FlashAttnVarlenFunction(torch.autograd.Function):
             @staticmethod
             def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal,
-                        window_size, softcap, alibi_slopes, config, score_mod, mask_mod, sinks):
+                        window_size, softcap, alibi_slopes, config, score_mod, mask_mod, sinks,
+                        dropout_p, dropout_seed):
                 args = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                             softcap=softcap, alibi_slopes=alibi_slopes, config=config,
-                            score_mod=score_mod, mask_mod=mask_mod, sinks=sinks)
+                            score_mod=score_mod, mask_mod=mask_mod, sinks=sinks,
+                            dropout_p=dropout_p, dropout_seed=dropout_seed)
                 out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k,
                                                   return_lse=True, **args)
                 ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
@@ -416,7 +463,7 @@ def _varlen_function():
                                                    *ctx.sizes, **ctx.args)
                 sinks = ctx.args["sinks"]  # its gradient in its own dtype
                 dsinks = grads[3].to(sinks.dtype) if sinks is not None else None
-                return grads[:3] + (None,) * 12 + (dsinks,)
+                return grads[:3] + (None,) * 12 + (dsinks, None, None)
 
         _VARLEN_FUNCTION = FlashAttnVarlenFunction
     return _VARLEN_FUNCTION

@@ -156,3 +156,50 @@ def test_attn_probs_are_flash_attention_s_dmask_on_cuda(sq, sk, d, causal, windo
         probs = np.exp(s_ref - lse_ref)
     assert np.abs(attn - probs)[:, :, visible].max() < 1e-2
     assert np.abs(out.float().cpu().numpy() - ref).max() < 2e-2
+
+
+def test_varlen_dropout_through_autograd_and_s_dmask_on_cuda():
+    """flash_attn_varlen_func with dropout on torch tensors that require grad: each
+    sequence's out and gradients against the float64 reference drawing that sequence's
+    pattern (b its index), and S_dmask's sign is that pattern."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from reference import attention_grads
+    rng = np.random.default_rng(8)
+    lens_q, lens_k, hq, hkv, d, p, seed = [9, 0, 130, 33], [20, 4, 130, 90], 4, 2, 64, 0.2, 5
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    arrays = [make(rng, s, "f16") for s in ((cu_q[-1], hq, d), (cu_k[-1], hkv, d),
+                                             (cu_k[-1], hkv, d), (cu_q[-1], hq, d))]
+    q, k, v = (torch.from_numpy(x).cuda().requires_grad_() for x in arrays[:3])
+    out, lse, s_dmask = flashjit.flash_attn_varlen_func(
+        q, k, v, torch.from_numpy(cu_q).cuda(), torch.from_numpy(cu_k).cuda(), max(lens_q),
+        max(lens_k), dropout_p=p, causal=True, return_attn_probs=True, dropout_seed=seed)
+    out.backward(torch.from_numpy(arrays[3]).cuda())
+    assert s_dmask.shape == (len(lens_q), hq, 256, 256)
+    z = dropout_weights(p, seed, 0, len(lens_q), hq, max(lens_q), max(lens_k))
+    for b in range(len(lens_q)):
+        qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        if lens_q[b] == 0:
+            continue
+        drop = z[b:b + 1, :, :lens_q[b], :lens_k[b]]
+        x = [a[None, s] for a, s in zip(arrays, (qs, ks, ks, qs))]
+        ref, _ = attention(*x[:3], causal=True, dropout=drop)
+        assert np.abs(out[qs].detach().cpu().double().numpy() - ref[0]).max() < 4e-3
+        want = attention_grads(*x, causal=True, dropout=drop)
+        for name, t, s, w in zip("qkv", (q, k, v), (qs, ks, ks), want):
+            assert rel(t.grad[s].cpu().double().numpy(), w[0]) < 1e-2, f"d{name} of {b}"
+        i, j = np.arange(lens_q[b])[:, None], np.arange(lens_k[b])[None, :]
+        visible = j <= i + lens_k[b] - lens_q[b]
+        sign = s_dmask[b, :, :lens_q[b], :lens_k[b]].float().cpu().numpy() >= 0
+        assert (sign == (drop[0] > 0))[:, visible].all()
+
+
+def test_varlen_dropout_is_refused_over_a_paged_cache():
+    q = np.zeros((2, 2, 32), np.float32)
+    cache = np.zeros((1, 16, 2, 32), np.float32)
+    cu = np.array([0, 2], np.int32)
+    with pytest.raises(NotImplementedError, match="paged KV cache"):
+        flashjit.flash_attn_varlen_func(q, cache, cache, cu, cu, 2, 2, dropout_p=0.1,
+                                        block_table=np.zeros((1, 1), np.int32), arch=ARCH)

@@ -162,18 +162,21 @@ def test_block_table_entry_outside_the_cache_is_refused():
                                          block_table=table, arch="gfx1201")
 
 
-@pytest.mark.parametrize("lens_q,lens_k,causal,window,dtype,hq,hkv,d,dv", [
-    ([5, 0, 37, 1], [5, 0, 37, 1], True, (-1, -1), "bf16", 4, 2, 64, 64),
-    ([3, 24, 9], [40, 7, 30], False, (10, 3), "f16", 3, 1, 40, 24),
-    ([1, 130, 0, 77], [64, 130, 5, 200], True, (-1, -1), "bf16", 8, 2, 64, 64),
+@pytest.mark.parametrize("lens_q,lens_k,causal,window,dtype,hq,hkv,d,dv,p", [
+    ([5, 0, 37, 1], [5, 0, 37, 1], True, (-1, -1), "bf16", 4, 2, 64, 64, 0.0),
+    ([3, 24, 9], [40, 7, 30], False, (10, 3), "f16", 3, 1, 40, 24, 0.0),
+    ([1, 130, 0, 77], [64, 130, 5, 200], True, (-1, -1), "bf16", 8, 2, 64, 64, 0.0),
+    ([7, 40, 0, 19], [33, 40, 9, 70], True, (-1, -1), "f16", 4, 2, 32, 32, 0.3),
 ])
 def test_varlen_gradients_match_each_sequence(lens_q, lens_k, causal, window, dtype, hq, hkv,
-                                              d, dv):
+                                              d, dv, p):
     """flash_attn_varlen_backward: each sequence's rows of dq, dk and dv against the float64
     gradients of that sequence alone (reference.attention_grads); rows past the last
-    sequence get 0. Tolerance as test_backward.py: relative L2 2e-2 (bf16) / 1e-2 (f16),
-    every element within 4e-2 / 2e-2 of the largest reference magnitude."""
-    from reference import attention_grads
+    sequence get 0. With dropout, the forward too, and the reference draws sequence b's
+    pattern with b as the batch index and positions within the sequence. Tolerance as
+    test_backward.py: relative L2 2e-2 (bf16) / 1e-2 (f16), every element within 4e-2 /
+    2e-2 of the largest reference magnitude."""
+    from reference import attention_grads, dropout_weights
     from test_backward import check
     rng = np.random.default_rng(3 + sum(lens_k))
     cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
@@ -183,19 +186,25 @@ def test_varlen_gradients_match_each_sequence(lens_q, lens_k, causal, window, dt
     k = make(rng, (cu_k[-1] + spare, hkv, d), dtype)
     v = make(rng, (cu_k[-1] + spare, hkv, dv), dtype)
     dout = make(rng, (cu_q[-1] + spare, hq, dv), dtype)
-    out, lse, _ = flashjit.flash_attn_varlen_func(
+    out, lse = flashjit.flash_attn_varlen_func(
         q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal, window_size=window,
-        return_attn_probs=True, arch="gfx1201")
+        return_lse=True, arch="gfx1201", dropout_p=p, dropout_seed=41)
     dq, dk, dv_ = flashjit.flash_attn_varlen_backward(
         dout, q, k, v, out, lse, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
-        window_size=window, arch="gfx1201")
+        window_size=window, arch="gfx1201", dropout_p=p, dropout_seed=41)
     assert dq.shape == q.shape and dk.shape == k.shape and dv_.shape == v.shape
+    z = dropout_weights(p, 41, 0, len(lens_q), hq, max(lens_q), max(lens_k)) if p else None
     for b in range(len(lens_q)):
         qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
         if lens_q[b] == 0 or lens_k[b] == 0:
             continue
+        drop = None if z is None else z[b:b + 1, :, :lens_q[b], :lens_k[b]]
+        if p:
+            ref, _ = attention(q[None, qs], k[None, ks], v[None, ks], causal=causal,
+                               window_size=window, dropout=drop)
+            assert np.abs(out[qs].astype(np.float64) - ref[0]).max() <= TOL[dtype]
         want = attention_grads(q[None, qs], k[None, ks], v[None, ks], dout[None, qs],
-                               causal=causal, window_size=window)
+                               causal=causal, window_size=window, dropout=drop)
         for name, got, ref in zip(("dq", "dk", "dv"), (dq[qs], dk[ks], dv_[ks]), want):
             check(f"{name} of sequence {b}", got, ref[0], dtype)
     assert not np.any(dk[cu_k[-1]:]) and not np.any(dv_[cu_k[-1]:])
