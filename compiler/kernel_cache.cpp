@@ -47,7 +47,7 @@ namespace flashjit::compiler {
 namespace {
 
 constexpr char kMagic[8] = {'F', 'J', 'K', 'C', 'A', 'C', 'H', 'E'};
-constexpr uint32_t kFormatVersion = 1;
+constexpr uint32_t kFormatVersion = 2; // 2 adds the label; 1 is still read
 constexpr size_t kKeyChars = 64;
 constexpr size_t kHeaderBytes = sizeof(kMagic) + 4 + kKeyChars + 8 + 32;
 constexpr std::string_view kSuffix = ".fjk";
@@ -83,8 +83,10 @@ bool is_temp_name(std::string_view name) {
 struct Entry {
   CodeObject code;
   std::string target_id;
+  std::string label; // KeyParts::label
   int64_t cost() const {
-    return int64_t(code.bytes.size() + code.arch.size() + code.compiler.size() + target_id.size());
+    return int64_t(code.bytes.size() + code.arch.size() + code.compiler.size() + target_id.size() +
+                   label.size());
   }
 };
 
@@ -183,6 +185,8 @@ std::string encode(std::string_view key, const Entry &e) {
   payload += e.code.compiler;
   put_u32(payload, uint32_t(e.target_id.size()));
   payload += e.target_id;
+  put_u32(payload, uint32_t(e.label.size()));
+  payload += e.label;
   put_u64(payload, e.code.bytes.size());
   payload.append(reinterpret_cast<const char *>(e.code.bytes.data()), e.code.bytes.size());
 
@@ -212,8 +216,8 @@ std::variant<Entry, std::string> decode(std::string_view file, std::string_view 
   r.take(kKeyChars, key);
   r.u64(payload_size);
   r.take(32, digest);
-  if (version != kFormatVersion)
-    return fmt::format("format version {}, this flashjit reads {}", version, kFormatVersion);
+  if (version != kFormatVersion && version != 1)
+    return fmt::format("format version {}, this flashjit reads 1 and {}", version, kFormatVersion);
   if (!is_key(key))
     return std::string("garbled key in the header");
   if (key != expected_key)
@@ -234,7 +238,8 @@ std::variant<Entry, std::string> decode(std::string_view file, std::string_view 
   uint64_t code_size = 0;
   std::string_view code;
   if (!p.str32(e.code.arch) || !p.str32(e.code.compiler) || !p.str32(e.target_id) ||
-      !p.u64(code_size) || !p.take(code_size, code) || !p.done())
+      (version >= 2 && !p.str32(e.label)) || !p.u64(code_size) || !p.take(code_size, code) ||
+      !p.done())
     return std::string("malformed payload");
   e.code.bytes.assign(code.begin(), code.end());
   return e;
@@ -413,6 +418,12 @@ std::string KeyParts::hash() const {
   for (const std::string *s : key_fields(*this))
     part(*s);
   return to_hex(h.finish());
+}
+
+bool KeyParts::operator==(const KeyParts &other) const {
+  const auto mine = key_fields(*this), theirs = key_fields(other);
+  return std::ranges::equal(mine, theirs,
+                            [](const std::string *a, const std::string *b) { return *a == *b; });
 }
 
 std::string_view flashjit_version() { return FLASHJIT_VERSION; }
@@ -791,7 +802,7 @@ KernelCache::get_or_compile(const KeyParts &parts,
   Expected<CodeObject> code = compile();
   if (!code)
     return code.status();
-  auto entry = std::make_shared<const Entry>(Entry{code.take(), parts.target_id});
+  auto entry = std::make_shared<const Entry>(Entry{code.take(), parts.target_id, parts.label});
   {
     std::lock_guard<std::mutex> lock(m.mutex);
     ++m.compiles;
@@ -887,6 +898,7 @@ Expected<std::vector<CacheEntryInfo>> KernelCache::list() const {
       auto decoded = decode(bytes, key);
       if (auto *e = std::get_if<Entry>(&decoded)) {
         info.target_id = e->target_id;
+        info.label = e->label;
         info.compiler_identity = e->code.compiler;
         info.arch = e->code.arch;
         info.bytes = int64_t(e->code.bytes.size());

@@ -7,7 +7,8 @@
 //   header   "FJKCACHE" | u32 format version | key (64 ASCII hex) |
 //            u64 payload size | SHA-256 of the payload (32 bytes)
 //   payload  u32 size + CodeObject::arch | u32 size + CodeObject::compiler |
-//            u32 size + target id | u64 size + CodeObject::bytes
+//            u32 size + target id | u32 size + label | u64 size + CodeObject::bytes
+// (format version 2; version 1, without the label, is still read)
 // (integers little-endian). It is written to a temporary file in the same
 // directory (.tmp-<key>-XXXXXX, mode 0600), fsync()ed and rename()d over the
 // entry, so a reader sees the old file or the new one, never half of one.
@@ -61,9 +62,13 @@ struct KeyParts {
   std::string flashjit_version;  // FLASHJIT_VERSION
   std::string compiler_identity; // Compiler::identity(), e.g. "llvm 22.1.8" / "nvrtc 13.0"
   std::string source_override;   // hash of a FLASHJIT_OVERRIDE_DIR source, if one was used
+  /// What the kernel is, for `cache list` (e.g. its name and signature). Not a
+  /// part of the key: derived from the parts above, neither hashed nor compared.
+  std::string label;
   /// Lowercase hex SHA-256 over the parts (length-prefixed, in this order).
   std::string hash() const;
-  bool operator==(const KeyParts &) const = default;
+  /// The parts compared (not the label).
+  bool operator==(const KeyParts &other) const;
 };
 
 /// The version every key carries (the project version, from CMake).
@@ -90,6 +95,7 @@ struct CacheEntryInfo {
   std::string compiler_identity;
   int64_t bytes = 0; // of the code object
   std::string path;
+  std::string label;      // KeyParts::label: what the kernel is (empty in version-1 files)
   std::string arch;       // CodeObject::arch
   int64_t file_bytes = 0; // of the file, header included
   std::string problem;    // why the file is unusable (it would be recompiled); empty if fine

@@ -49,6 +49,7 @@ Expected<Generated> generate(const AttentionSpec &spec, std::string_view arch,
   Generated g;
   g.target = *target;
   g.rules = *choice;
+  g.signature = spec.signature().summary();
   g.config =
       options.config.value_or(lowering::default_config(spec, g.target, *choice, options.mma_m));
   if (Status s = ir::validate(g.config); !s)
@@ -178,14 +179,16 @@ Expected<Compiled> compile(const Generated &g, const Options &options, compiler:
     source = (*override)->source;
     c.override_path = (*override)->path;
   }
-  const compiler::KeyParts key{g.ir_text,
-                               g.target.target_id(),
-                               g.config.summary(),
-                               c.options_text,
-                               std::string(templates::bundle_hash),
-                               std::string(compiler::flashjit_version()),
-                               c.compiler,
-                               *override ? (*override)->hash : std::string()};
+  const compiler::KeyParts key{
+      g.ir_text,
+      g.target.target_id(),
+      g.config.summary(),
+      c.options_text,
+      std::string(templates::bundle_hash),
+      std::string(compiler::flashjit_version()),
+      c.compiler,
+      *override ? (*override)->hash : std::string(),
+      fmt::format("{} (any shape of {}; {})", kernel, g.signature, g.config.summary())};
   compiler::CacheOutcome outcome = compiler::CacheOutcome::compiled;
   auto code = cache.get_or_compile(
       key,

@@ -37,6 +37,7 @@ struct Generated {
   ir::Program program; // shape-free; its name is unique per (signature, config, target, rules)
   std::string ir_text;
   lowering::Lowered lowered;
+  std::string signature; // AttentionSpec::signature().summary(), for the cache's label
 };
 
 /// The kernels of a signature: the attention kernel, and the two kernels of

@@ -86,6 +86,11 @@ TEST(KeyParts, HashIsHexDeterministicAndCoversEveryPart) {
     k.*part += "x";
     EXPECT_TRUE(seen.insert(k.hash()).second);
   }
+  // The label describes the kernel; it is not a part of the key.
+  KeyParts labelled = base;
+  labelled.label = "fa_fwd_bf16_d64_64_0123 (any shape of bf16 d=64/64)";
+  EXPECT_EQ(labelled.hash(), h);
+  EXPECT_EQ(labelled, base);
   // Parts are length-prefixed: moving a character across a boundary changes the key.
   KeyParts a = base, b = base;
   a.ir_text = "ab";
@@ -261,6 +266,40 @@ TEST_F(CacheTest, CompileErrorsAreReturnedAndNotCached) {
   EXPECT_FALSE(cache->get_or_compile(sample_key(), failing));
   EXPECT_EQ(calls, 2);
   EXPECT_TRUE(files().empty());
+}
+
+TEST_F(CacheTest, ListShowsTheLabelAndReadsFormatOneEntries) {
+  std::atomic<int> calls{0};
+  KeyParts key = sample_key();
+  key.label = "fa_fwd_bf16_d64_64_0123 (any shape of bf16 d=64/64 align16)";
+  ASSERT_TRUE(make()->get_or_compile(key, compiler(calls, 100)));
+  auto listed = make()->list();
+  ASSERT_TRUE(listed) << listed.status().message();
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].label, key.label);
+  // The same entry as a flashjit before the label wrote it (format 1): the
+  // payload without the label, under its own checksum, still loads.
+  const std::string path = *make()->path_for(key.hash());
+  std::string file = read(path);
+  const size_t header = 8 + 4 + 64 + 8 + 32, at_label = header + 4 + 7 + 4 + 8 + 4 + 7;
+  ASSERT_EQ(file.substr(at_label + 4, key.label.size()), key.label);
+  std::string payload = file.substr(header);
+  payload.erase(at_label - header, 4 + key.label.size());
+  file = file.substr(0, header) + payload;
+  file[8] = 1;
+  const size_t size_at = 8 + 4 + 64;
+  for (int i = 0; i < 8; ++i)
+    file[size_at + size_t(i)] = char((uint64_t(payload.size()) >> (8 * i)) & 0xFF);
+  const Digest digest = sha256(payload);
+  file.replace(size_at + 8, 32, reinterpret_cast<const char *>(digest.data()), 32);
+  write(path, file);
+  EXPECT_EQ(fetch(*make(), key, compiler(calls)), CacheOutcome::disk_hit);
+  EXPECT_EQ(calls.load(), 1);
+  listed = make()->list();
+  ASSERT_TRUE(listed);
+  EXPECT_TRUE((*listed)[0].problem.empty()) << (*listed)[0].problem;
+  EXPECT_EQ((*listed)[0].label, "");
+  EXPECT_EQ((*listed)[0].bytes, 100);
 }
 
 TEST_F(CacheTest, FlippedPayloadByte) {

@@ -119,9 +119,10 @@ int cmd_cache(const Args &a) {
     for (size_t i = 0; i < entries->size(); ++i) {
       const auto &e = (*entries)[i];
       fmt::print("{}\n  {{\"key\": {}, \"target\": {}, \"arch\": {}, \"compiler\": {}, \"bytes\": "
-                 "{}, \"file_bytes\": {}, \"path\": {}, \"problem\": {}}}",
+                 "{}, \"file_bytes\": {}, \"kernel\": {}, \"path\": {}, \"problem\": {}}}",
                  i ? "," : "", json_string(e.key), json_string(e.target_id), json_string(e.arch),
-                 json_string(e.compiler_identity), e.bytes, e.file_bytes, json_string(e.path),
+                 json_string(e.compiler_identity), e.bytes, e.file_bytes,
+                 e.label.empty() ? "null" : json_string(e.label), json_string(e.path),
                  e.problem.empty() ? "null" : json_string(e.problem));
     }
     fmt::print("{}]\n", entries->empty() ? "" : "\n");
@@ -131,13 +132,16 @@ int cmd_cache(const Args &a) {
     fmt::print("{} holds no kernels\n", *dir);
     return 0;
   }
-  fmt::print("{:<16}  {:<16}  {:<14}  {:>10}\n", "KEY", "TARGET", "COMPILER", "BYTES");
+  // The kernel (name, signature, config) closes each line: entries of an older
+  // flashjit (cache format 1) do not record it.
+  fmt::print("{:<16}  {:<16}  {:<14}  {:>10}  {}\n", "KEY", "TARGET", "COMPILER", "BYTES",
+             "KERNEL");
   for (const auto &e : *entries) {
     if (!e.problem.empty())
       fmt::print("{:<16}  corrupt: {}\n", e.key.substr(0, 16), e.problem);
     else
-      fmt::print("{:<16}  {:<16}  {:<14}  {:>10}\n", e.key.substr(0, 16), e.target_id,
-                 e.compiler_identity, e.bytes);
+      fmt::print("{:<16}  {:<16}  {:<14}  {:>10}  {}\n", e.key.substr(0, 16), e.target_id,
+                 e.compiler_identity, e.bytes, e.label.empty() ? "(not recorded)" : e.label);
   }
   fmt::print("{} entr{} in {}\n", entries->size(), entries->size() == 1 ? "y" : "ies", *dir);
   return 0;
@@ -336,7 +340,10 @@ std::vector<Command> cache_commands() {
        "Inspect or empty the kernel cache on disk.",
        "stats|list|clear [--dir DIR] [--json]",
        {{"stats", "", "count the entries and their bytes", ""},
-        {"list", "", "one line per entry: key, target, compiler, bytes (and damaged files)", ""},
+        {"list", "",
+         "one line per entry: key, target, compiler, bytes, the kernel (name, signature, config; "
+         "and damaged files)",
+         ""},
         {"clear", "", "remove every entry (and stale temporary files)", ""},
         dir,
         {"--json", "", "print stats or list as JSON", ""}},
