@@ -88,10 +88,12 @@ KernelEmitter::DrawPlan KernelEmitter::draw_plan(bool transposed, int col_tiles)
         all.emplace_back(c, e);
     for (auto [c, e] : all) {
       auto same = [&](const std::vector<std::pair<int, int>> &d) {
+        if (!aligned)
+          return false;
         for (int lane = 0; lane < lanes; ++lane)
           if (draw_of(lane, c, e) != draw_of(lane, d.front().first, d.front().second))
             return false;
-        return aligned;
+        return true;
       };
       auto it = std::ranges::find_if(plan.draws, same);
       if (it == plan.draws.end())
@@ -111,16 +113,16 @@ KernelEmitter::DrawPlan KernelEmitter::draw_plan(bool transposed, int col_tiles)
     return plan;
   };
   // The fewest column tiles whose draws the sharing lanes can split evenly.
+  DrawPlan one_tile = plan_of(1);
+  one_tile.col_tiles = col_tiles;
   for (int tiles = 1; tiles <= 8 && col_tiles % tiles == 0; tiles *= 2) {
-    DrawPlan plan = plan_of(tiles);
+    DrawPlan plan = tiles == 1 ? one_tile : plan_of(tiles);
     plan.col_tiles = col_tiles;
     if (plan.draws.size() % size_t(plan.sharing()) == 0)
       return plan;
   }
-  DrawPlan plan = plan_of(1);
-  plan.lane_bits = 0; // each lane draws for itself
-  plan.col_tiles = col_tiles;
-  return plan;
+  one_tile.lane_bits = 0; // each lane draws for itself
+  return one_tile;
 }
 
 void KernelEmitter::emit_draws(const DrawPlan &plan, const std::vector<ir::Expr> &draws,

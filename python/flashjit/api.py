@@ -502,11 +502,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     return _returned(out, lse, return_attn_probs, return_lse, probs)
 
 
-def _s_dmask(q, k, softmax_scale, causal, window_size, softcap, alibi_slopes, arch, config,
-             num_splits, score_mod, mask_mod, sinks, attn_mask, p, seed):
-    """FlashAttention-2's S_dmask of a torch call with dropout (attn_probs.py)."""
-    given = [name for name, x in (("score_mod", score_mod), ("mask_mod", mask_mod),
-                                  ("sinks", sinks), ("attn_mask", attn_mask)) if x is not None]
+def _s_dmask_scale(q, softmax_scale, **others):
+    """The softmax scale attn_probs.s_dmask takes, after refusing what S_dmask does not
+    cover: arrays other than torch tensors, and the `others` given (name -> value)."""
+    given = [name for name, x in others.items() if x is not None]
     if _kind(q) != "torch" or given:
         raise NotImplementedError(
             "flashjit: return_attn_probs with dropout returns FlashAttention-2's S_dmask for "
@@ -514,8 +513,15 @@ def _s_dmask(q, k, softmax_scale, causal, window_size, softcap, alibi_slopes, ar
             f"alibi_slopes); not for {'NumPy/CuPy arrays' if not given else ', '.join(given)}: "
             "pass return_lse=True for (out, lse), or draw the pattern from its definition "
             "(docs/masks.md, uniform)")
+    return 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+
+
+def _s_dmask(q, k, softmax_scale, causal, window_size, softcap, alibi_slopes, arch, config,
+             num_splits, score_mod, mask_mod, sinks, attn_mask, p, seed):
+    """FlashAttention-2's S_dmask of a torch call with dropout (attn_probs.py)."""
+    scale = _s_dmask_scale(q, softmax_scale, score_mod=score_mod, mask_mod=mask_mod,
+                           sinks=sinks, attn_mask=attn_mask)
     from .attn_probs import s_dmask
-    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
     return s_dmask(q.detach(), k.detach(), scale, causal, _window(window_size), float(softcap),
                    alibi_slopes, p, seed)
 

@@ -7,7 +7,7 @@ import sys
 from . import torch_ops
 from .api import (_ATTENTIONS, MAX_REPEATS, _attention, _bf16_bits, _device, _dropout,
                   _dtype_name, _fast_call, _forward, _handle_key, _int, _kind, _modifiers,
-                  _refuse_grad, _scale, _signature, _spec, _strides, _window)
+                  _refuse_grad, _s_dmask_scale, _scale, _signature, _spec, _strides, _window)
 
 # A plain torch decode step's repeat -> what its first call built (_kv_fast_forward):
 # flash_attn_with_kvcache without rotary, cache_leftpad, slopes or sinks, its int32
@@ -194,8 +194,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     (int32 [batch, max_blocks]) k and v are a paged cache [num_blocks, page_size, kv_heads,
     d] and each batch's key count is cu_seqlens_k's difference. Causal and windows are
     bottom-right aligned per sequence. Returns out [total_q, heads, dv]; with
-    return_attn_probs (out, softmax_lse [heads, total_q], None), +inf where a query sees
-    no key. Keyword-only extras as flash_attn_func's, and seqused_k (int32 [batch]: batch
+    return_attn_probs (out, softmax_lse [heads, total_q], S_dmask), +inf where a query sees
+    no key, S_dmask None without dropout. Keyword-only extras as flash_attn_func's, and seqused_k (int32 [batch]: batch
     b attends to its first seqused_k[b] keys). dropout_p and dropout_seed as
     flash_attn_func's, b the sequence's index and q_idx, kv_idx positions within it (not
     with a block_table); return_attn_probs with dropout gives FlashAttention-2's S_dmask
@@ -204,12 +204,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     an error naming it). Torch inputs that require grad (grad mode on) run through
     autograd: flash_attn_varlen_backward gives dq, dk, dv, and sinks that require grad get
     theirs (not with a block_table or seqused_k: those raise NotImplementedError)."""
-    if dropout_p and block_table is not None:
-        raise NotImplementedError("flashjit: dropout over a paged KV cache (block_table) is not "
-                                  "built: pass dropout_p=0.0, or packed k and v")
     if dropout_p and dropout_seed is None and _kind(q) == "torch" and torch_ops.compiling():
         raise NotImplementedError("flashjit: under torch.compile, dropout needs dropout_seed")
     p_drop, seed = _dropout(dropout_p, dropout_seed, _kind(q))
+    if p_drop and block_table is not None:
+        raise NotImplementedError("flashjit: dropout over a paged KV cache (block_table) is not "
+                                  "built: pass dropout_p=0.0, or packed k and v")
     if return_attn_probs and return_lse:
         raise ValueError("flashjit: return_attn_probs and return_lse both ask for the LSE: pass "
                          "one")
@@ -313,18 +313,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 def _varlen_s_dmask(q, k, cu_q, cu_k, max_q, max_k, softmax_scale, causal, window_size, softcap,
                     alibi_slopes, others, p, seed):
     """FlashAttention-2's S_dmask of a varlen call with dropout (None without): sequence b
-    in rows [0, its queries) and columns [0, its keys) of [b] (attn_probs.py)."""
+    in rows [0, its queries) and columns [0, its keys) of [b] (attn_probs.py). others:
+    (score_mod, mask_mod, sinks)."""
     if not p:
         return None
-    if _kind(q) != "torch" or any(x is not None for x in others):
-        raise NotImplementedError(
-            "flashjit: return_attn_probs with dropout returns FlashAttention-2's S_dmask for "
-            "torch tensors and FlashAttention's arguments (not NumPy/CuPy arrays, score_mod, "
-            "mask_mod or sinks): pass return_lse=True for (out, lse)")
-    import math
+    score_mod, mask_mod, sinks = others
+    scale = _s_dmask_scale(q, softmax_scale, score_mod=score_mod, mask_mod=mask_mod, sinks=sinks)
     import torch
     from .attn_probs import s_dmask
-    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
     starts_q, starts_k = cu_q.tolist(), cu_k.tolist()
     batch, heads = len(starts_q) - 1, q.shape[1]
     out = torch.zeros(batch, heads, -(-max_q // 128) * 128, -(-max_k // 128) * 128,
