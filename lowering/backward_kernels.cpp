@@ -78,42 +78,51 @@ void element_type(HipWriter &w, DType t) {
 ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::Config config,
                            bool dkdv) {
   config.mma_m = 16; // CDNA's 32x32 MFMAs would need 32-key blocks and dims padded to 32
-  if (target.is_nvidia()) {
-    // The backward runs the warp-wide mma.sync rules (the family's last): their
-    // block and waves, not a forward config made for warpgroup products.
-    const ir::Config mma_sync = matrix_rules_for(target).back()->default_config(spec);
-    config.block_m = mma_sync.block_m;
-    config.waves = mma_sync.waves;
-  }
   config.stages = 1;
-  const int64_t bm = config.block_m;
   const int64_t dqk = ir::padded(spec.head_dim_qk, config.pad_k);
   const int64_t dv = ir::padded(spec.head_dim_v, config.pad_k);
   // The staged tiles as the emitter lays them out: the loop's two B operands
   // row-major, and transposed again where the rules read B transposed (AMD);
   // the dK/dV loop's two per-query vectors.
   const bool transposed = !target.is_nvidia();
-  auto lds = [&](int64_t bn, bool operands_in_lds) {
-    using emit::staged_tile_bytes;
-    int64_t bytes =
-        operands_in_lds ? staged_tile_bytes(bm, dqk, false) + staged_tile_bytes(bm, dv, false) : 0;
-    if (dkdv) {
-      bytes += staged_tile_bytes(bn, dqk, false) + staged_tile_bytes(bn, dv, false);
-      if (transposed)
-        bytes += staged_tile_bytes(bn, dqk, true) + staged_tile_bytes(bn, dv, true);
+  auto lds = [&](int64_t bm, int64_t bn, bool operands_in_lds, LdsLayout layout) {
+    auto tile = [&](int64_t rows, int64_t cols, bool t) {
+      return emit::staged_tile_bytes(rows, cols, t, layout);
+    };
+    int64_t bytes = operands_in_lds ? tile(bm, dqk, false) + tile(bm, dv, false) : 0;
+    bytes += tile(bn, dqk, false) + tile(bn, dv, false);
+    if (transposed)
+      bytes += tile(bn, dqk, true) + (dkdv ? tile(bn, dv, true) : 0);
+    if (dkdv)
       bytes += 2 * ((bn * 4 + 15) / 16 * 16);
-    } else {
-      bytes += staged_tile_bytes(bn, dqk, false) + staged_tile_bytes(bn, dv, false);
-      if (transposed)
-        bytes += staged_tile_bytes(bn, dqk, true);
-    }
     return bytes;
   };
+  if (target.is_nvidia()) {
+    // The first of the family's rules with a block of their own that fits
+    // (sm90: warpgroup products); else the warp-wide mma.sync rules (the
+    // family's last) with their block and waves, not a forward config made
+    // for warpgroup products.
+    const std::vector<const Rules *> rules = matrix_rules_for(target);
+    for (const Rules *r : rules) {
+      const std::optional<ir::Config> own = r->backward_block(spec, dkdv);
+      if (own &&
+          lds(own->block_m, own->block_n, own->q_in_lds, r->lds_layout()) <= target.lds_bytes) {
+        config.block_m = own->block_m;
+        config.block_n = own->block_n;
+        config.waves = own->waves;
+        config.q_in_lds = own->q_in_lds;
+        return config;
+      }
+    }
+    const ir::Config mma_sync = rules.back()->default_config(spec);
+    config.block_m = mma_sync.block_m;
+    config.waves = mma_sync.waves;
+  }
   for (bool operands_in_lds : {true, false})
     for (int64_t bn : {64, 32, 16}) {
       if (operands_in_lds && bn < 32)
         continue;
-      if (lds(bn, operands_in_lds) <= target.lds_bytes) {
+      if (lds(config.block_m, bn, operands_in_lds, LdsLayout::padded_rows) <= target.lds_bytes) {
         config.block_n = bn;
         config.q_in_lds = operands_in_lds;
         return config;

@@ -99,10 +99,12 @@ Expected<Lowered> lower_backward_reduce(const AttentionSpec &spec, const Target 
 /// With attention sinks: each head's sink gradient, -sum of P_sink * D over its rows.
 Expected<Lowered> lower_backward_sinks(const AttentionSpec &spec, const Target &target);
 /// The config of the backward's dQ (dkdv false) or dK/dV program on `target`,
-/// from the forward's `config`: 16-row matrix tiles, and the largest loop block
-/// (64, 32 or 16 rows) whose LDS tiles fit the target's workgroup LDS, with the
-/// register operands (Q and dO, or K and V) kept in LDS where they fit beside a
-/// block of 32 or more (fewer registers, more workgroups per compute unit).
+/// from the forward's `config`: 16-row matrix tiles; the block of the first of
+/// the family's rules that has one for the backward (Rules::backward_block,
+/// sm90) where its LDS fits; else the largest loop block (64, 32 or 16 rows)
+/// whose LDS tiles fit the target's workgroup LDS, with the register operands
+/// (Q and dO, or K and V) kept in LDS where they fit beside a block of 32 or more
+/// (fewer registers, more workgroups per compute unit).
 ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::Config config,
                            bool dkdv);
 /// The scalars of all four backward kernels for `spec`'s shapes.

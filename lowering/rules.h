@@ -15,6 +15,7 @@
 #include "lowering/target.h"
 
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -187,6 +188,13 @@ public:
   /// Whether these rules suit the spec when the family has several (its
   /// default config comes from the first that does, else from the last).
   virtual bool prefers(const AttentionSpec &) const { return true; }
+  /// The block of the backward's dQ program (`dkdv` false) or dK/dV program
+  /// where these rules lower the backward with a block of their own (its
+  /// block_m, block_n, waves and q_in_lds); none where they leave the block to
+  /// backward_config (lower.h).
+  virtual std::optional<ir::Config> backward_block(const AttentionSpec &, bool /*dkdv*/) const {
+    return std::nullopt;
+  }
 
   // ---- the text around the kernel ----
   /// fj_stage8 / fj_stage_commit / fj_stage_wait where the prelude has none:

@@ -38,10 +38,9 @@ public:
   // loop-invariant register operand, ptxas 13.0 reused Q's registers after the
   // first KV block's product: wrong results from the second block on.)
   bool reads_q_from_lds() const override { return true; }
-  // Forward programs (the backward keeps the sm80 rules for now).
-  bool lowers(const ProgramShape &p) const override {
-    return p.waves % 4 == 0 && p.q_in_lds && !p.backward;
-  }
+  // Whole warpgroups with the row operands in LDS: the forward's default
+  // configs and the backward's (backward_block).
+  bool lowers(const ProgramShape &p) const override { return p.waves % 4 == 0 && p.q_in_lds; }
   std::string instruction_name(const MatrixInstr &mi) const override {
     return "wgmma.mma_async m64nNk16, per warp the fragments of " + std::string(mi.mnemonic);
   }
@@ -64,6 +63,22 @@ public:
     c.block_m = 128;
     c.waves = d <= 128 ? 4 : 8;
     c.block_n = d <= 64 ? 128 : d <= 128 ? 64 : d <= 256 ? 128 : 32;
+    return c;
+  }
+
+  std::optional<ir::Config> backward_block(const AttentionSpec &spec, bool dkdv) const override {
+    // From a sweep on an H100 (B = 4, S = 4096, head dims 64 and 128, the
+    // backward's time): one warpgroup of 64 rows (two warpgroups of 128 rows
+    // were 5-25% slower: one workgroup per SM at their registers); dQ with
+    // 128-key blocks up to head dim 128 (-6% at 128, even at 64), dK/dV with
+    // 64-query blocks (32 was 13-33% slower), 32 above head dim 128, where 64
+    // spills.
+    const int64_t d = max_dim(spec);
+    ir::Config c;
+    c.block_m = 64;
+    c.waves = 4;
+    c.q_in_lds = true;
+    c.block_n = dkdv ? (d <= 128 ? 64 : 32) : (d <= 128 ? 128 : 64);
     return c;
   }
 

@@ -285,15 +285,29 @@ TEST(Lowering, Sm90TakesWarpgroupProductsWhereTheyFit) {
     EXPECT_TRUE(b->source == expected) << "sm_90 differs from sm_80 past the target's name";
     EXPECT_EQ(b->lds_bytes, a->lds_bytes);
   }
-  // The backward's programs on sm_90: the sm80 rules (their block from them too).
-  const AttentionSpec spec = spec_for(128, 128, DType::bf16, /*causal=*/true);
-  for (bool dkdv : {false, true}) {
-    const ir::Config c = backward_config(spec, sm90, default_config(spec, sm90), dkdv);
-    auto p = dkdv ? ir::build_backward_dkdv(spec, c) : ir::build_backward_dq(spec, c);
-    ASSERT_TRUE(p) << p.status().message();
-    Expected<Lowered> l = lower(*p, sm90);
-    ASSERT_TRUE(l) << l.status().message();
-    EXPECT_EQ(l->rules, "sm80");
+  // The backward's programs on sm_90: the sm90 rules with their own block (one
+  // warpgroup of 64 rows, the row operands in LDS); on sm_80 the sm80 rules.
+  for (const int64_t d : {64, 80, 128, 256}) {
+    const AttentionSpec spec = spec_for(d, d, DType::bf16, /*causal=*/true);
+    for (bool dkdv : {false, true}) {
+      SCOPED_TRACE(fmt::format("head dim {}, {}", d, dkdv ? "dK/dV" : "dQ"));
+      for (const Target *t : {&sm90, &sm80}) {
+        const ir::Config c = backward_config(spec, *t, default_config(spec, *t), dkdv);
+        auto p = dkdv ? ir::build_backward_dkdv(spec, c) : ir::build_backward_dq(spec, c);
+        ASSERT_TRUE(p) << p.status().message();
+        Expected<Lowered> l = lower(*p, *t);
+        ASSERT_TRUE(l) << l.status().message();
+        EXPECT_EQ(l->rules, t == &sm90 ? "sm90" : "sm80");
+        if (t == &sm90) {
+          EXPECT_EQ(c.block_m, 64);
+          EXPECT_EQ(c.waves, 4);
+          EXPECT_TRUE(c.q_in_lds);
+          EXPECT_EQ(c.block_n, dkdv ? (d <= 128 ? 64 : 32) : (d <= 128 ? 128 : 64));
+          EXPECT_NE(l->source.find("wgmma.mma_async"), std::string::npos);
+          EXPECT_LE(l->lds_bytes, t->lds_bytes);
+        }
+      }
+    }
   }
 }
 
