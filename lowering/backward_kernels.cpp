@@ -22,6 +22,7 @@
 #include "lowering/hip_writer.h"
 #include "templates/templates.h"
 
+#include <algorithm>
 #include <numbers>
 
 namespace flashjit::lowering {
@@ -78,7 +79,10 @@ void element_type(HipWriter &w, DType t) {
 ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::Config config,
                            bool dkdv) {
   config.mma_m = 16; // CDNA's 32x32 MFMAs would need 32-key blocks and dims padded to 32
-  config.stages = 1;
+  // Stages 2 (the forward's default on NVIDIA): the loop prefetches the next
+  // block's tiles into a second copy of its LDS buffers.
+  config.stages = std::clamp<int64_t>(config.stages, 1, 2);
+  const int64_t copies = config.stages;
   const int64_t dqk = ir::padded(spec.head_dim_qk, config.pad_k);
   const int64_t dv = ir::padded(spec.head_dim_v, config.pad_k);
   // The staged tiles as the emitter lays them out: the loop's two B operands
@@ -89,13 +93,12 @@ ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::
     auto tile = [&](int64_t rows, int64_t cols, bool t) {
       return emit::staged_tile_bytes(rows, cols, t, layout);
     };
-    int64_t bytes = operands_in_lds ? tile(bm, dqk, false) + tile(bm, dv, false) : 0;
-    bytes += tile(bn, dqk, false) + tile(bn, dv, false);
+    int64_t loop = tile(bn, dqk, false) + tile(bn, dv, false);
     if (transposed)
-      bytes += tile(bn, dqk, true) + (dkdv ? tile(bn, dv, true) : 0);
+      loop += tile(bn, dqk, true) + (dkdv ? tile(bn, dv, true) : 0);
     if (dkdv)
-      bytes += 2 * ((bn * 4 + 15) / 16 * 16);
-    return bytes;
+      loop += 2 * ((bn * 4 + 15) / 16 * 16);
+    return (operands_in_lds ? tile(bm, dqk, false) + tile(bm, dv, false) : 0) + copies * loop;
   };
   if (target.is_nvidia()) {
     // The first of the family's rules with a block of their own that fits

@@ -190,7 +190,17 @@ private:
   Status emit_load(const Op &op);
   Status emit_vector_load(const Op &op);
   std::string register_lds(const Op &op);
+  std::string register_vector_lds(const Op &op);
+  /// The LDS buffer a staged tile or #cols vector load goes to (register_lds).
+  std::string lds_name(const Op &op) const;
+  /// Declares an LDS array of `count` `elem`s ("fj_bits" or "float") taking
+  /// `bytes`, at an offset aligned to `align` bytes (dynamic LDS where the rules
+  /// say); while lds_copies_ > 1 it has that many copies `bytes` apart, `buf`
+  /// naming the first.
+  void declare_lds(const std::string &elem, const std::string &buf, int64_t count, int64_t bytes,
+                   int64_t align, const std::string &what);
   void emit_stage_issue(const Op &op, const std::string &idx);
+  void emit_vector_issue(const Op &op, const std::string &idx);
   void finish_stage(const Op &op, const std::string &buf);
   Status emit_store(const Op &op);
   Status emit_for(const Op &op);
@@ -229,6 +239,18 @@ private:
                   const std::string &q_idx, const std::string &kv_idx,
                   const std::function<void(int c, int e)> &element);
   bool plan_pipeline(const Op &loop);
+  // Block prefetch (config stages >= 2 where plan_pipeline does not apply: the
+  // backward's loops, which read a tile again after the next one is staged):
+  // every LDS tile and column vector the loop loads has two buffers; block
+  // kb + 1's copies start at the top of iteration kb, right after the barrier
+  // that completes block kb's.
+  bool plan_prefetch(const Op &loop);
+  void emit_prefetch_issue(const std::string &idx, const std::string &copy);
+  void emit_prefetch_views(const std::string &copy);
+  std::vector<const Op *> prefetch_loads_;        // the first load of each buffer, body order
+  std::set<const Op *> prefetched_;               // every load the buffers serve
+  std::map<std::string, int64_t> stage_elems_;    // a prefetched buffer -> elements per copy
+  std::map<std::string, std::string> stage_type_; // a prefetched buffer -> its element type
   void emit_copy(ValueId dst_name_of, const std::string &dst, ValueId src);
   // Loads `len` elements at src + d0 into frag[first...]: one vector load where the
   // run is in bounds and aligned, else element by element with bounds checks.
@@ -259,6 +281,8 @@ private:
   int64_t block_m_ = 0, block_n_ = 0, q_tiles_ = 0, waves_ = 0, pad_k_ = 16;
   int m_tile_ = 16; // query rows of an accumulator fragment (Rules::m_tile)
   int lds_bytes_ = 0;
+  int64_t lds_copies_ =
+      1; // copies of each LDS array declared now (2 while plan_prefetch registers)
   int scale_constants_ = 0;
   std::map<ValueId, std::string> lds_of_;          // #mma_b tiles live in LDS
   std::map<std::string, std::string> lds_role_;    // buffer -> "rows" | "transposed"

@@ -1,5 +1,6 @@
 // The emitter's KV loop: loop-carried values, the barriers across the back
-// edge, and the software pipeline of the staged tiles (lowering/emitter.h).
+// edge, the software pipeline of the staged tiles and the block prefetch of the
+// backward's loops (lowering/emitter.h).
 #include "lowering/emitter.h"
 
 #include "ir/expr.h"
@@ -30,6 +31,10 @@ bool KernelEmitter::plan_pipeline(const Op &loop) {
       loads.push_back(i);
   if (loads.empty())
     return false;
+  std::set<std::string> tensors; // a tile read again after the next is staged: prefetch instead
+  for (size_t i : loads)
+    if (!tensors.insert(loop.body[i].symbol_attr("tensor")).second)
+      return false;
   for (size_t n = 0; n < loads.size(); ++n) {
     const size_t end = n + 1 < loads.size() ? loads[n + 1] : loop.body.size();
     bool consumed = false;
@@ -84,6 +89,67 @@ bool KernelEmitter::plan_interleave(const Op &loop, size_t &s_at, size_t &o_at) 
       return false;
   }
   return true;
+}
+
+bool KernelEmitter::plan_prefetch(const Op &loop) {
+  const ir::Attrs &cfg = p_.config;
+  if (!cfg.count("stages") || std::get<int64_t>(cfg.at("stages")) < 2)
+    return false;
+  // Every LDS tile and column vector of the body is of the loop's block, in a
+  // buffer of its own that nothing outside the loop uses.
+  std::vector<const Op *> loads;
+  for (const Op &op : loop.body) {
+    if (op.kind == OpKind::For)
+      return false;
+    if (op.kind != OpKind::Load)
+      continue;
+    const TileLayout layout = type(op.results[0]).layout;
+    if (layout != TileLayout::mma_b && layout != TileLayout::cols)
+      continue;
+    const Op *use = consumer_of(op.results[0], p_.body);
+    if (op.operands[0] != loop.region_args[0] ||
+        (layout == TileLayout::mma_b &&
+         (!use || (use->kind != OpKind::MmaABt && use->kind != OpKind::MmaAB))) ||
+        lds_role_.count(lds_name(op)))
+      return false;
+    loads.push_back(&op);
+  }
+  if (loads.empty())
+    return false;
+  prefetch_loads_.clear();
+  std::set<std::string> bufs;
+  lds_copies_ = 2;
+  for (const Op *op : loads) {
+    const bool vector = type(op->results[0]).layout == TileLayout::cols;
+    const std::string buf = vector ? register_vector_lds(*op) : register_lds(*op);
+    if (bufs.insert(buf).second)
+      prefetch_loads_.push_back(op);
+    prefetched_.insert(op);
+  }
+  lds_copies_ = 1;
+  return true;
+}
+
+// Starts the copies of block `idx` into copy `copy` of every prefetched buffer
+// (in a scope of the caller's: the views shadow the buffers' names).
+void KernelEmitter::emit_prefetch_issue(const std::string &idx, const std::string &copy) {
+  emit_prefetch_views(copy);
+  for (const Op *op : prefetch_loads_) {
+    if (type(op->results[0]).layout == TileLayout::cols)
+      emit_vector_issue(*op, idx);
+    else
+      emit_stage_issue(*op, idx);
+  }
+}
+
+// Names each prefetched buffer's copy `copy` as the buffer (shadowing copy 0).
+void KernelEmitter::emit_prefetch_views(const std::string &copy) {
+  for (const Op *op : prefetch_loads_) {
+    const bool vector = type(op->results[0]).layout == TileLayout::cols;
+    const std::string buf = vector ? register_vector_lds(*op) : register_lds(*op);
+    w_.line("{0} *const {1} = {1}_x2 + {2} * {3};", stage_type_.at(buf), buf,
+            copy.find(' ') == std::string::npos ? copy : "(" + copy + ")", stage_elems_.at(buf));
+  }
 }
 
 Status KernelEmitter::emit_interleaved(const Op &loop, size_t s_at, size_t o_at) {
@@ -288,11 +354,19 @@ Status KernelEmitter::emit_for(const Op &op) {
       w_.line("kv_begin = fj_next_seen(kv_begin, &fj_kb_full);");
     }
   }
+  bool prefetch = false;
   if (plan_pipeline(op)) {
     w_.line("// Software pipeline: the first tile is in flight before the loop starts.");
     w_.open("if (kv_begin < kv_end) {{");
     emit_stage_issue(*pipeline_order_.front(), "kv_begin");
     w_.close();
+  } else if ((prefetch = plan_prefetch(op))) {
+    w_.line("// Block prefetch: the first block's tiles are in flight before the loop starts;");
+    w_.line("// each iteration starts the next block's into the other copy of the buffers.");
+    w_.open("if (kv_begin < kv_end) {{ // into copy 0");
+    emit_prefetch_issue("kv_begin", "0");
+    w_.close();
+    w_.line("int fj_copy = 0; // the copy that holds this iteration's block");
   }
   const std::string kb = name(op.region_args[0]);
   range_loop_ = nullptr;
@@ -306,6 +380,19 @@ Status KernelEmitter::emit_for(const Op &op) {
   } else {
     w_.open("for (int {0} = kv_begin; {0} < kv_end; ++{0}) {{", kb);
     next_block_ = kb + " + 1";
+  }
+  if (prefetch) {
+    emit_prefetch_views("fj_copy");
+    w_.line("fj_stage_wait();");
+    if (std::any_of(prefetch_loads_.begin(), prefetch_loads_.end(),
+                    [&](const Op *l) { return swizzled_.count(lds_name(*l)) != 0; }))
+      w_.line("fj_fence_async_shared(); // the copies are visible to wgmma's reads");
+    w_.line("fj_barrier(); // this block's tiles are complete; every wave is done with the other "
+            "copy");
+    read_since_barrier_.clear();
+    w_.open("if ({} < kv_end) {{ // the next block, into the other copy", next_block_);
+    emit_prefetch_issue(next_block_, "fj_copy ^ 1");
+    w_.close();
   }
   // Two passes over the body decide the barriers across the back edge: what the
   // end of one iteration read must be fenced before the next overwrites it.
@@ -329,6 +416,8 @@ Status KernelEmitter::emit_for(const Op &op) {
   staged_.clear();
   range_loop_ = nullptr;
   const Op &y = op.body.back();
+  if (prefetch)
+    w_.line("fj_copy ^= 1;");
   w_.line("// IR: yield");
   for (size_t i = 0; i < y.operands.size(); ++i)
     emit_copy(op.region_args[i + 1], name(op.region_args[i + 1]), y.operands[i]);

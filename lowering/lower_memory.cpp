@@ -56,6 +56,11 @@ Status KernelEmitter::emit_load(const Op &op) {
     return Status::error("{} rules cannot lower `load` into #{}", rules_.name(),
                          tile_layout_name(ty.layout));
   const std::string buf = register_lds(op);
+  if (!buf.empty() && prefetched_.count(&op)) {
+    w_.line("// IR: block {} of @{} is in {} (prefetched)", idx, t.name, buf);
+    lds_of_[op.results[0]] = buf;
+    return Status::ok();
+  }
   if (!buf.empty() && pipelined_loads_.count(&op)) {
     // Issued ahead (see emit_for): wait for this tile, then start the next one.
     finish_stage(op, buf);
@@ -115,33 +120,74 @@ Status KernelEmitter::emit_vector_load(const Op &op) {
   if (ty.layout != TileLayout::cols)
     return Status::error("{} rules cannot load a vector into #{}", rules_.name(),
                          tile_layout_name(ty.layout));
-  std::string lower = t.name;
-  std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
-  const std::string buf = "lds_" + lower + "_cols";
+  const std::string buf = register_vector_lds(op);
+  if (prefetched_.count(&op)) {
+    w_.line("// IR: block {} of @{} is in {} (prefetched)", idx, t.name, buf);
+    lds_of_[op.results[0]] = buf;
+    return Status::ok();
+  }
+  barrier_if_read(buf);
+  emit_vector_issue(op, idx);
+  w_.line("fj_stage_wait();");
+  w_.line("fj_barrier(); // the {} vector is complete before any wave reads it", t.name);
+  read_since_barrier_.clear();
+  lds_of_[op.results[0]] = buf;
+  return Status::ok();
+}
+
+// The LDS buffer of a #cols vector (declared once): one f32 per row of the loop's block.
+std::string KernelEmitter::register_vector_lds(const Op &op) {
+  const ir::TensorParam &t = *p_.tensor(op.symbol_attr("tensor"));
+  const Type &ty = type(op.results[0]);
+  const std::string buf = lds_name(op);
   if (!lds_role_.count(buf)) {
     lds_role_[buf] = "cols";
-    const std::string what = fmt::format("// @{}: {} f32, one per column", t.name, ty.rows);
-    if (rules_.dynamic_lds())
-      lds_decls_.push_back(fmt::format("FJ_DYNAMIC_LDS_ARRAY(float, {}, {}, {}); {}", buf, ty.rows,
-                                       lds_bytes_, what));
-    else
-      lds_decls_.push_back(fmt::format("FJ_LDS_ARRAY(float, {}, {}); {}", buf, ty.rows, what));
-    lds_bytes_ += int((ty.rows * 4 + 15) / 16 * 16);
+    declare_lds("float", buf, ty.rows, (ty.rows * 4 + 15) / 16 * 16, 16,
+                fmt::format("@{}: {} f32, one per column", t.name, ty.rows));
   }
+  return buf;
+}
+
+// Starts copying block `idx` of a #cols vector into its buffer (asynchronously
+// where the target has it, fj_stage_f32); fj_stage_wait() + a barrier make it
+// visible.
+void KernelEmitter::emit_vector_issue(const Op &op, const std::string &idx) {
+  const ir::TensorParam &t = *p_.tensor(op.symbol_attr("tensor"));
+  const Type &ty = type(op.results[0]);
+  const std::string buf = register_vector_lds(op);
   const std::string rows = ty.rows == block_n_ ? "kBlockN" : std::to_string(ty.rows);
-  barrier_if_read(buf);
   w_.line("// IR: stage block {} of @{} into {}", idx, t.name, buf);
   w_.open("{{");
   w_.line("const float *src = {};", block_base(t, head_base(t), "(" + idx + ")", rows));
   w_.open("for (int i = fj_thread_id(); i < {}; i += kThreads) {{", rows);
   w_.line("const int row = ({}) * {} + i;", idx, rows);
-  w_.line("{}[i] = row < {} ? src[{}] : 0.0f;", buf, seq_const(t), row_offset(t, "i"));
+  w_.line("fj_stage_f32(&{}[i], src + {}, row < {}); // 0 past the last row", buf,
+          row_offset(t, "i"), seq_const(t));
   w_.close();
+  w_.line("fj_stage_commit();");
   w_.close();
-  w_.line("fj_barrier(); // the {} vector is complete before any wave reads it", t.name);
-  read_since_barrier_.clear();
-  lds_of_[op.results[0]] = buf;
-  return Status::ok();
+}
+
+void KernelEmitter::declare_lds(const std::string &elem, const std::string &buf, int64_t count,
+                                int64_t bytes, int64_t align, const std::string &what) {
+  lds_bytes_ = int((lds_bytes_ + align - 1) / align * align);
+  const int64_t copies = lds_copies_, elem_bytes = elem == "float" ? 4 : 2;
+  if (copies > 1) // each copy at the next aligned offset
+    count = bytes / elem_bytes * copies;
+  const std::string array = copies > 1 ? fmt::format("{}_x{}", buf, copies) : buf;
+  const std::string note =
+      copies > 1 ? fmt::format(" // {} ({} copies)", what, copies) : " // " + what;
+  if (rules_.dynamic_lds()) // at an aligned offset of the launch's dynamic LDS
+    lds_decls_.push_back(fmt::format("FJ_DYNAMIC_LDS_ARRAY({}, {}, {}, {});{}", elem, array, count,
+                                     lds_bytes_, note));
+  else
+    lds_decls_.push_back(fmt::format("FJ_LDS_ARRAY({}, {}, {});{}", elem, array, count, note));
+  if (copies > 1) {
+    lds_decls_.push_back(fmt::format("{} *const {} = {}; // copy 0", elem, buf, array));
+    stage_elems_[buf] = bytes / elem_bytes;
+    stage_type_[buf] = elem;
+  }
+  lds_bytes_ += int(bytes * copies);
 }
 
 // Waits for this lane's copies into `buf`, then for every wave's: the tile of
@@ -160,6 +206,16 @@ void KernelEmitter::finish_stage(const Op &op, const std::string &buf) {
 // (K, consumer mma_abt) it is stored row-major; as B (V, consumer mma_ab) row-major
 // or transposed, as the rules read it. Declares the buffer once; returns its name
 // ("" when the tile feeds no matrix product).
+std::string KernelEmitter::lds_name(const Op &op) const {
+  std::string lower = op.symbol_attr("tensor");
+  std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
+  if (type(op.results[0]).layout == TileLayout::cols)
+    return "lds_" + lower + "_cols";
+  const Op *use = consumer_of(op.results[0], p_.body);
+  const bool transposed = use && use->kind == OpKind::MmaAB && rules_.v_transposed();
+  return "lds_" + lower + (transposed ? "t" : "");
+}
+
 std::string KernelEmitter::register_lds(const Op &op) {
   const ir::TensorParam &t = *p_.tensor(op.symbol_attr("tensor"));
   const Type &ty = type(op.results[0]);
@@ -167,9 +223,7 @@ std::string KernelEmitter::register_lds(const Op &op) {
   if (!use || (use->kind != OpKind::MmaABt && use->kind != OpKind::MmaAB))
     return "";
   const bool transposed = use->kind == OpKind::MmaAB && rules_.v_transposed();
-  std::string lower = t.name;
-  std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
-  const std::string buf = "lds_" + lower + (transposed ? "t" : "");
+  const std::string buf = lds_name(op);
   const int64_t rows = ty.rows, cols = ty.cols;
   if (!transposed && rules_.lds_layout() == LdsLayout::swizzled_128b) {
     // Whole 64-column panels at a 1024-byte aligned offset: what a wgmma
@@ -178,13 +232,10 @@ std::string KernelEmitter::register_lds(const Op &op) {
       lds_role_[buf] = "rows";
       swizzled_.insert(buf);
       lds_strides_[buf] = ""; // no row stride: fj_swizzle128 addresses it
-      lds_bytes_ = (lds_bytes_ + 1023) / 1024 * 1024;
       const int64_t bytes = staged_tile_bytes(rows, cols, false, LdsLayout::swizzled_128b);
-      lds_decls_.push_back(fmt::format(
-          "FJ_DYNAMIC_LDS_ARRAY(fj_bits, {}, {}, {}); // {} tile {}x{} in 128-byte swizzled "
-          "panels of 64 columns",
-          buf, bytes / 2, lds_bytes_, t.name, rows, cols));
-      lds_bytes_ += int(bytes);
+      declare_lds("fj_bits", buf, bytes / 2, bytes, 1024,
+                  fmt::format("{} tile {}x{} in 128-byte swizzled panels of 64 columns", t.name,
+                              rows, cols));
     }
     return buf;
   }
@@ -198,14 +249,9 @@ std::string KernelEmitter::register_lds(const Op &op) {
         fmt::format("LDS row stride of the {} tile (elements, padded by {} against bank conflicts)",
                     t.name, kLdsPad));
     lds_strides_[buf] = stride_name;
-    const std::string what = fmt::format("// {} tile {}x{}{}, rows padded by {}", t.name, rows,
-                                         cols, transposed ? " stored transposed" : "", kLdsPad);
-    if (rules_.dynamic_lds()) // at a 16-byte aligned offset of the launch's dynamic LDS
-      lds_decls_.push_back(fmt::format("FJ_DYNAMIC_LDS_ARRAY(fj_bits, {}, {}, {}); {}", buf, elems,
-                                       lds_bytes_, what));
-    else
-      lds_decls_.push_back(fmt::format("FJ_LDS_ARRAY(fj_bits, {}, {}); {}", buf, elems, what));
-    lds_bytes_ += int(staged_tile_bytes(rows, cols, transposed));
+    declare_lds("fj_bits", buf, elems, staged_tile_bytes(rows, cols, transposed), 16,
+                fmt::format("{} tile {}x{}{}, rows padded by {}", t.name, rows, cols,
+                            transposed ? " stored transposed" : "", kLdsPad));
   }
   return buf;
 }

@@ -64,6 +64,8 @@ void Rules::emit_staging_helpers(HipWriter &w) const {
   w.line("for (int e = 0; e < 4; ++e)");
   w.line("  fj_lds_store1(lds + e, valid ? fj_global_load1(src + e) : fj_bits(0));");
   w.close();
+  w.line("FJ_DEVICE void fj_stage_f32(float *lds, const float *src, bool valid) {{ *lds = valid ? "
+         "*src : 0.0f; }}");
   w.line("FJ_DEVICE void fj_stage_commit() {{}}");
   w.line("FJ_DEVICE void fj_stage_wait() {{}}");
   w.blank();

@@ -67,18 +67,20 @@ public:
   }
 
   std::optional<ir::Config> backward_block(const AttentionSpec &spec, bool dkdv) const override {
-    // From a sweep on an H100 (B = 4, S = 4096, head dims 64 and 128, the
-    // backward's time): one warpgroup of 64 rows (two warpgroups of 128 rows
-    // were 5-25% slower: one workgroup per SM at their registers); dQ with
-    // 128-key blocks up to head dim 128 (-6% at 128, even at 64), dK/dV with
-    // 64-query blocks (32 was 13-33% slower), 32 above head dim 128, where 64
-    // spills.
+    // From sweeps on an H100 (B = 4, S = 4096, the backward's time;
+    // bench/results/README.md): one warpgroup of 64 rows (two warpgroups of
+    // 128 rows were 5-25% slower: one workgroup per SM at their registers);
+    // with the next block prefetched (config stages 2, the default), dQ over
+    // 128-key blocks at head dim 64 (3% ahead of 64) and 64-key blocks above
+    // (10% ahead of 128 at head dims 96 and 128: two workgroups per SM fit);
+    // dK/dV over 64-query blocks (32 was 13-33% slower), 32 above head dim
+    // 128, where 64 spills.
     const int64_t d = max_dim(spec);
     ir::Config c;
     c.block_m = 64;
     c.waves = 4;
     c.q_in_lds = true;
-    c.block_n = dkdv ? (d <= 128 ? 64 : 32) : (d <= 128 ? 128 : 64);
+    c.block_n = dkdv ? (d <= 128 ? 64 : 32) : (d <= 64 ? 128 : 64);
     return c;
   }
 

@@ -143,6 +143,10 @@ FJ_DEVICE void fj_stage4(fj_bits *lds, const fj_bits *src, bool valid) {
   const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(lds));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(a), "l"(src), "r"(valid ? 8 : 0));
 }
+FJ_DEVICE void fj_stage_f32(float *lds, const float *src, bool valid) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(lds));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(a), "l"(src), "r"(valid ? 4 : 0));
+}
 FJ_DEVICE void fj_stage_commit() { asm volatile("cp.async.commit_group;"); }
 FJ_DEVICE void fj_stage_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 

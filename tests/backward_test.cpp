@@ -480,6 +480,49 @@ INSTANTIATE_TEST_SUITE_P(Families, BackwardEmulator,
                                               std::get<1>(info.param).name);
                          });
 
+// Config stages 2 (the default on NVIDIA): the backward's loops prefetch the next
+// block's tiles and column vectors into a second copy of their LDS buffers
+// (KernelEmitter::plan_prefetch). The AMD rules run it here, on the emulator.
+TEST(BackwardEmulator, PrefetchedLoopsMatchFloat64) {
+  if (!runtime::emulator_available())
+    GTEST_SKIP() << "this build has no emulator (FLASHJIT_WITH_LLVM=OFF)";
+  for (const char *arch : {"gfx1201", "gfx1100", "gfx942"})
+    for (const char *name : {"causal_sq_gt_sk", "window_gqa", "mqa_dqk_ne_dv_f16"}) {
+      SCOPED_TRACE(fmt::format("{} {}", arch, name));
+      const Case &c = *std::find_if(std::begin(kCases), std::end(kCases), [&](const Case &x) {
+        return std::string_view(x.name) == name;
+      });
+      const AttentionSpec spec = spec_of(c), ref = reference_spec_of(c);
+      auto target = lowering::parse_target(arch);
+      ASSERT_TRUE(target) << target.status().message();
+      // A config of the caller's runs every kernel of the plan as it is: 32-key
+      // blocks, so that two copies of the dK/dV loop's four tiles fit 64 KiB, and
+      // 16-query matrix tiles (the backward's, backward_config).
+      ir::Config config = lowering::default_config(spec, *target);
+      config.stages = 2;
+      config.block_n = 32;
+      config.mma_m = 16;
+      for (bool dkdv : {false, true}) {
+        auto p = dkdv ? ir::build_backward_dkdv(spec, config) : ir::build_backward_dq(spec, config);
+        ASSERT_TRUE(p) << p.status().message();
+        auto l = lowering::lower(*p, *target);
+        ASSERT_TRUE(l) << l.status().message();
+        EXPECT_NE(l->source.find("// Block prefetch:"), std::string::npos);
+        EXPECT_NE(l->source.find("fj_copy ^= 1;"), std::string::npos);
+      }
+      HostTensors t = make_random_inputs(spec, 33);
+      make_random_grad(spec, t, 34);
+      Options options;
+      options.compiler = "none";
+      options.cpu_threads = 2;
+      options.config = config;
+      run_attention(spec, fmt::format("emulator:{}", arch), options, t);
+      if (HasFatalFailure())
+        return;
+      expect_gradients_match(ref, t);
+    }
+}
+
 // Varlen (packed rows, cu_seqlens): ragged lengths with an empty and a one-token
 // sequence, bottom-right causal and windows per sequence, GQA and MQA, Dqk != Dv,
 // and spare rows past the last sequence: dK and dV get 0 there, dQ is not written.

@@ -302,7 +302,9 @@ TEST(Lowering, Sm90TakesWarpgroupProductsWhereTheyFit) {
           EXPECT_EQ(c.block_m, 64);
           EXPECT_EQ(c.waves, 4);
           EXPECT_TRUE(c.q_in_lds);
-          EXPECT_EQ(c.block_n, dkdv ? (d <= 128 ? 64 : 32) : (d <= 128 ? 128 : 64));
+          EXPECT_EQ(c.block_n, dkdv ? (d <= 128 ? 64 : 32) : (d <= 64 ? 128 : 64));
+          EXPECT_EQ(c.stages, 2); // the next block prefetched
+          EXPECT_NE(l->source.find("// Block prefetch:"), std::string::npos);
           EXPECT_NE(l->source.find("wgmma.mma_async"), std::string::npos);
           EXPECT_LE(l->lds_bytes, t->lds_bytes);
         }

@@ -53,7 +53,9 @@ std::vector<FlagSpec> config_flags() {
       {"--block-m", "N", "query rows per workgroup", "the target's choice, 64"},
       {"--block-n", "N", "keys per KV block", "the target's choice by head dim"},
       {"--waves", "N", "waves per workgroup", "the target's choice"},
-      {"--stages", "1|2", "K/V pipelining: 1 none, 2 issues each K/V tile's copy one step ahead",
+      {"--stages", "1|2",
+       "K/V pipelining: 1 none, 2 issues each K/V tile's copy one step ahead (the backward's loops "
+       "prefetch the next block into a second copy of their LDS tiles)",
        "the target's choice"},
       {"--q-in-lds", "", "keep the Q block in LDS instead of registers", ""},
       {"--mma-m", "16|32",
