@@ -21,9 +21,10 @@
 namespace flashjit::ir {
 
 std::string Config::summary() const {
-  return fmt::format("block_m={} block_n={} waves={} stages={} q_in={} pad_k={}{}", block_m,
+  return fmt::format("block_m={} block_n={} waves={} stages={} q_in={} pad_k={}{}{}", block_m,
                      block_n, waves, stages, q_in_lds ? "lds" : "regs", pad_k,
-                     mma_m ? fmt::format(" mma_m={}", mma_m) : "");
+                     mma_m ? fmt::format(" mma_m={}", mma_m) : "",
+                     dkdv_passes != 1 ? fmt::format(" dkdv_passes={}", dkdv_passes) : "");
 }
 
 Status validate(const Config &c) {
@@ -45,6 +46,10 @@ Status validate(const Config &c) {
     return Status::error("config mma_m = {} is not a matrix-instruction tile: expected 16, 32, or "
                          "0 to let the lowering choose",
                          c.mma_m);
+  if (c.dkdv_passes != 1 && c.dkdv_passes != 2)
+    return Status::error("config dkdv_passes = {} is not a dK/dV program: expected 1 (one loop) "
+                         "or 2 (dV's loop, then dK's)",
+                         c.dkdv_passes);
   return Status::ok();
 }
 

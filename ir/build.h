@@ -17,6 +17,11 @@ struct Config {
   /// Queries per accumulator fragment, i.e. the matrix instruction's tile: 16 or
   /// 32 (the CDNA 32x32 MFMAs); 0 lets the lowering choose.
   int64_t mma_m = 0;
+  /// The backward's dK/dV program: 1 accumulates dK and dV in one loop over the
+  /// query blocks; 2 runs two loops, dV's then dK's (S^T computed in both), so
+  /// that only one of the two accumulators is live (lowering::backward_config
+  /// takes 2 where both would not fit the registers).
+  int64_t dkdv_passes = 1;
   bool operator==(const Config &) const = default;
   std::string summary() const;
 };

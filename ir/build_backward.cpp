@@ -190,6 +190,8 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, Kernel 
   if (config.mma_m)
     p.config["mma_m"] = config.mma_m;
   const bool dq = kernel == Kernel::dq;
+  if (!dq && config.dkdv_passes == 2)
+    p.config["dkdv_passes"] = int64_t{2};
   // Axis 0: the block of this workgroup's rows (queries for dQ, keys for dK/dV).
   const ValueId row_block = p.add_value(Type::index(), dq ? "q_block" : "kv_block");
   p.grid = {GridAxis{row_block, dq ? s.grid_q : s.grid_k, bm},
@@ -225,25 +227,36 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, Kernel 
     l_rows = load(b, "L", row_block, vec);
     d_rows = load(b, "D", row_block, vec);
   }
-  std::vector<Type> carried_types =
-      dq ? std::vector<Type>{acc(dqk)} : std::vector<Type>{acc(dqk), acc(dv)};
-  std::vector<ValueId> inits;
-  for (const Type &t : carried_types)
-    inits.push_back(b.emit(OpKind::Fill, {}, t, {{"value", 0.0}}));
-
-  Op loop{OpKind::For, {}, {row_block}, mask_attrs, {}, {}};
-  loop.attrs["block_m"] = bm;
-  loop.attrs["block_n"] = bn;
-  add_block_range(spec, p, loop);
-  loop.operands.insert(loop.operands.end(), inits.begin(), inits.end());
-  const ValueId col_block = p.add_value(Type::index(), dq ? "kb" : "qb");
-  loop.region_args = {col_block};
-  for (size_t i = 0; i < carried_types.size(); ++i) {
-    loop.region_args.push_back(p.add_value(carried_types[i], i == 0 ? "grad_i" : "dv_i"));
-    loop.results.push_back(p.add_value(carried_types[i], i == 0 ? "grad" : "dv"));
-  }
-  b.body = &loop.body;
-  {
+  // One loop over the column blocks, accumulating dQ, or dK and dV; with
+  // config dkdv_passes 2 two loops, dV's then dK's.
+  constexpr int kDq = 0, kDk = 1, kDv = 2; // which gradients a loop accumulates
+  auto add_loop = [&](int grads) -> Expected<std::vector<ValueId>> {
+    std::vector<Type> carried_types;
+    std::vector<const char *> names;
+    if (dq || (grads & kDk)) {
+      carried_types.push_back(acc(dqk));
+      names.push_back("grad");
+    }
+    if (grads & kDv) {
+      carried_types.push_back(acc(dv));
+      names.push_back("dv");
+    }
+    b.body = nullptr;
+    std::vector<ValueId> inits;
+    for (const Type &t : carried_types)
+      inits.push_back(b.emit(OpKind::Fill, {}, t, {{"value", 0.0}}));
+    Op loop{OpKind::For, {}, {row_block}, mask_attrs, {}, {}};
+    loop.attrs["block_m"] = bm;
+    loop.attrs["block_n"] = bn;
+    add_block_range(spec, p, loop);
+    loop.operands.insert(loop.operands.end(), inits.begin(), inits.end());
+    const ValueId col_block = p.add_value(Type::index(), dq ? "kb" : "qb");
+    loop.region_args = {col_block};
+    for (size_t i = 0; i < carried_types.size(); ++i) {
+      loop.region_args.push_back(p.add_value(carried_types[i], std::string(names[i]) + "_i"));
+      loop.results.push_back(p.add_value(carried_types[i], names[i]));
+    }
+    b.body = &loop.body;
     // S (or S^T): the forward's scores in the log2 domain, masked.
     const ValueId x0 = load(b, dq ? "K" : "Q", col_block, b_tile(bn, dqk));
     const ValueId zero = b.emit(OpKind::Fill, {}, s_type, {{"value", 0.0}});
@@ -269,67 +282,96 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, Kernel 
     const ValueId l = dq ? l_rows : load(b, "L", col_block, vec);
     const OpKind sub = dq ? OpKind::SubRow : OpKind::SubCol;
     const ValueId pr = b.emit(OpKind::Exp2, {b.emit(sub, {sm, l}, s_type)}, s_type);
-    // dP (or dP^T) = dO V^T (V dO^T), then dS = P (dP - D).
-    const ValueId x1 = load(b, dq ? "V" : "dO", col_block, b_tile(bn, dv));
-    const ValueId zero2 = b.emit(OpKind::Fill, {}, s_type, {{"value", 0.0}});
-    ValueId dp = b.emit(OpKind::MmaABt, {a1, x1, zero2}, s_type);
     // Dropout: O = (P o Z) V with Z the kept elements times 1 / (1 - p), so dV
     // takes P o Z and dS = P o (dP o Z - D) (D = rowsum(dO o O) of the dropped O).
     Attrs drop_attrs = {{"function", Symbol{"dropout"}}};
     if (!dq)
       drop_attrs["transposed"] = int64_t{1};
-    const ValueId d = dq ? d_rows : load(b, "D", col_block, vec);
-    ValueId ds, kept = pr;
-    if (dropout && !dq) {
-      // One draw for both of dK/dV's uses: kept = P o Z weighs dO for dV, and
-      // dS = P o (dP o Z - D) = kept o dP + P o (0 - D).
-      kept = b.emit(OpKind::ScoreMod, {pr, row_block, col_block}, s_type, drop_attrs);
-      const ValueId minus_d =
-          b.emit(OpKind::SubCol, {b.emit(OpKind::Fill, {}, s_type, {{"value", 0.0}}), d}, s_type);
-      ds = b.emit(
-          OpKind::Add,
-          {b.emit(OpKind::Mul, {kept, dp}, s_type), b.emit(OpKind::Mul, {pr, minus_d}, s_type)},
-          s_type);
-    } else {
-      if (dropout)
-        dp = b.emit(OpKind::ScoreMod, {dp, row_block, col_block}, s_type, drop_attrs);
-      ds = b.emit(OpKind::Mul, {pr, b.emit(sub, {dp, d}, s_type)}, s_type);
-    }
-    if (modified) {
-      ds = b.emit(OpKind::Mul,
-                  {ds, b.emit(OpKind::ScoreMod, {raw, row_block, col_block}, s_type, grad_attrs)},
-                  s_type);
-    }
     auto operand = [&](ValueId x) { // an f32 accumulator as a 16-bit A operand
       const ValueId lo = b.emit(OpKind::Convert, {x}, Type::tile(bm, bn, dt, TileLayout::mma_acc));
       return b.emit(OpKind::ConvertLayout, {lo}, a_tile(bm, bn));
     };
-    if (dq) {
-      const ValueId kt = load(b, "K", col_block, b_tile(bn, dqk));
-      const ValueId g = b.emit(OpKind::MmaAB, {operand(ds), kt, loop.region_args[1]}, acc(dqk));
-      b.emit_void(OpKind::Yield, {g});
-    } else {
-      const ValueId dot = load(b, "dO", col_block, b_tile(bn, dv));
-      const ValueId gv = b.emit(OpKind::MmaAB, {operand(kept), dot, loop.region_args[2]}, acc(dv));
-      const ValueId qt = load(b, "Q", col_block, b_tile(bn, dqk));
-      const ValueId gk = b.emit(OpKind::MmaAB, {operand(ds), qt, loop.region_args[1]}, acc(dqk));
-      b.emit_void(OpKind::Yield, {gk, gv});
+    const bool grad_dk = dq || (grads & kDk); // dQ or dK: from dS
+    ValueId kept = pr, ds = -1;
+    if (grad_dk) {
+      // dP (or dP^T) = dO V^T (V dO^T), then dS = P (dP - D).
+      const ValueId x1 = load(b, dq ? "V" : "dO", col_block, b_tile(bn, dv));
+      const ValueId zero2 = b.emit(OpKind::Fill, {}, s_type, {{"value", 0.0}});
+      ValueId dp = b.emit(OpKind::MmaABt, {a1, x1, zero2}, s_type);
+      const ValueId d = dq ? d_rows : load(b, "D", col_block, vec);
+      if (dropout && !dq) {
+        // One draw for both of dK/dV's uses: kept = P o Z weighs dO for dV, and
+        // dS = P o (dP o Z - D) = kept o dP + P o (0 - D).
+        kept = b.emit(OpKind::ScoreMod, {pr, row_block, col_block}, s_type, drop_attrs);
+        const ValueId minus_d =
+            b.emit(OpKind::SubCol, {b.emit(OpKind::Fill, {}, s_type, {{"value", 0.0}}), d}, s_type);
+        ds = b.emit(
+            OpKind::Add,
+            {b.emit(OpKind::Mul, {kept, dp}, s_type), b.emit(OpKind::Mul, {pr, minus_d}, s_type)},
+            s_type);
+      } else {
+        if (dropout)
+          dp = b.emit(OpKind::ScoreMod, {dp, row_block, col_block}, s_type, drop_attrs);
+        ds = b.emit(OpKind::Mul, {pr, b.emit(sub, {dp, d}, s_type)}, s_type);
+      }
+      if (modified) {
+        ds = b.emit(OpKind::Mul,
+                    {ds, b.emit(OpKind::ScoreMod, {raw, row_block, col_block}, s_type, grad_attrs)},
+                    s_type);
+      }
     }
-  }
-  b.body = nullptr;
-  const std::vector<ValueId> results = loop.results;
-  p.body.push_back(std::move(loop));
+    std::vector<ValueId> yields;
+    ValueId gv = -1;
+    if (grads & kDv) { // dV += (P o Z)^T dO
+      if (dropout && kept == pr)
+        kept = b.emit(OpKind::ScoreMod, {pr, row_block, col_block}, s_type, drop_attrs);
+      const ValueId dot = load(b, "dO", col_block, b_tile(bn, dv));
+      gv = b.emit(OpKind::MmaAB, {operand(kept), dot, loop.region_args.back()}, acc(dv));
+    }
+    if (grad_dk) { // dQ += dS K, or dK += dS^T Q
+      const ValueId x2 = load(b, dq ? "K" : "Q", col_block, b_tile(bn, dqk));
+      yields.push_back(b.emit(OpKind::MmaAB, {operand(ds), x2, loop.region_args[1]}, acc(dqk)));
+    }
+    if (gv >= 0)
+      yields.push_back(gv);
+    b.emit_void(OpKind::Yield, yields);
+    b.body = nullptr;
+    std::vector<ValueId> results = loop.results;
+    p.body.push_back(std::move(loop));
+    return results;
+  };
 
-  // dQ and dK take the softmax scale of S = scale * Q K^T; dV does not.
-  const ValueId grad =
-      b.emit(OpKind::Scale, {results[0]}, carried_types[0], {{"factor", ParamRef{"scale"}}});
+  auto store_grad = [&](ValueId g, const char *tensor, const Type &t) {
+    // dQ and dK take the softmax scale of S = scale * Q K^T; dV does not.
+    const ValueId scaled = b.emit(OpKind::Scale, {g}, t, {{"factor", ParamRef{"scale"}}});
+    if (dq) {
+      const ValueId lo =
+          b.emit(OpKind::Convert, {scaled}, Type::tile(bm, dqk, dt, TileLayout::mma_acc));
+      b.emit_void(OpKind::Store, {lo, row_block}, {{"tensor", Symbol{tensor}}});
+    } else {
+      b.emit_void(OpKind::Store, {scaled, row_block}, {{"tensor", Symbol{tensor}}});
+    }
+  };
   if (dq) {
-    const ValueId lo =
-        b.emit(OpKind::Convert, {grad}, Type::tile(bm, dqk, dt, TileLayout::mma_acc));
-    b.emit_void(OpKind::Store, {lo, row_block}, {{"tensor", Symbol{"dQ"}}});
+    auto r = add_loop(kDq);
+    if (!r)
+      return r.status();
+    store_grad((*r)[0], "dQ", acc(dqk));
+  } else if (config.dkdv_passes == 2) {
+    auto rv = add_loop(kDv);
+    if (!rv)
+      return rv.status();
+    b.emit_void(OpKind::Store, {(*rv)[0], row_block}, {{"tensor", Symbol{"dV"}}});
+    auto rk = add_loop(kDk);
+    if (!rk)
+      return rk.status();
+    store_grad((*rk)[0], "dK", acc(dqk));
   } else {
-    b.emit_void(OpKind::Store, {grad, row_block}, {{"tensor", Symbol{"dK"}}});
-    b.emit_void(OpKind::Store, {results[1], row_block}, {{"tensor", Symbol{"dV"}}});
+    auto r = add_loop(kDk | kDv);
+    if (!r)
+      return r.status();
+    store_grad((*r)[0], "dK", acc(dqk));
+    b.emit_void(OpKind::Store, {(*r)[1], row_block}, {{"tensor", Symbol{"dV"}}});
   }
   return p;
 }

@@ -666,8 +666,9 @@ private:
   Status check_config() const {
     Config c;
     const std::pair<std::string_view, int64_t *> knobs[] = {
-        {"block_m", &c.block_m}, {"block_n", &c.block_n}, {"waves", &c.waves},
-        {"stages", &c.stages},   {"pad_k", &c.pad_k},     {"mma_m", &c.mma_m}};
+        {"block_m", &c.block_m},        {"block_n", &c.block_n}, {"waves", &c.waves},
+        {"stages", &c.stages},          {"pad_k", &c.pad_k},     {"mma_m", &c.mma_m},
+        {"dkdv_passes", &c.dkdv_passes}};
     for (const auto &[key, attr] : p_.config) {
       if (!std::holds_alternative<int64_t>(attr))
         return Status::error("config {} is {}, expected an integer", key, attr_kind(attr));
@@ -681,7 +682,7 @@ private:
                                [&](const auto &k) { return k.first == key; });
       if (knob == std::end(knobs))
         return Status::error("config {} is not a knob of the kernels (block_m, block_n, waves, "
-                             "stages, q_in_lds, pad_k, mma_m)",
+                             "stages, q_in_lds, pad_k, mma_m, dkdv_passes)",
                              key);
       *knob->second = v;
     }

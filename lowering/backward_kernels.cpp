@@ -20,6 +20,7 @@
 #include "ir/build.h"
 #include "lowering/emitter.h"
 #include "lowering/hip_writer.h"
+#include "lowering/resources.h"
 #include "templates/templates.h"
 
 #include <algorithm>
@@ -100,6 +101,20 @@ ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::
       loop += 2 * ((bn * 4 + 15) / 16 * 16);
     return (operands_in_lds ? tile(bm, dqk, false) + tile(bm, dv, false) : 0) + copies * loop;
   };
+  // dK/dV: two passes (dV's loop, then dK's) where the one loop's live
+  // registers per lane -- dK and dV, S^T and dP^T, the row operands K and V
+  // where they are not in LDS -- pass the register budget (resources.h): that
+  // loop must spill. Measured on the H100: 1.8x at head dim 256 (288 by this
+  // count), 0.8x at 192 (224, fits), so only where the one loop cannot fit.
+  auto passes = [&](const ir::Config &c) -> int64_t {
+    if (!dkdv)
+      return 1;
+    const double per_col = 16.0 / double(target.wave_size); // f32 per lane and column, 16 rows
+    double regs = per_col * double(dqk + dv + 2 * c.block_n);
+    if (!c.q_in_lds)
+      regs += per_col / 2 * double(dqk + dv); // 16-bit operands, two per register
+    return regs > double(register_budget(target)) ? 2 : 1;
+  };
   if (target.is_nvidia()) {
     // The first of the family's rules with a block of their own that fits
     // (sm90: warpgroup products); else the warp-wide mma.sync rules (the
@@ -114,6 +129,7 @@ ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::
         config.block_n = own->block_n;
         config.waves = own->waves;
         config.q_in_lds = own->q_in_lds;
+        config.dkdv_passes = passes(config);
         return config;
       }
     }
@@ -128,11 +144,13 @@ ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::
       if (lds(config.block_m, bn, operands_in_lds, LdsLayout::padded_rows) <= target.lds_bytes) {
         config.block_n = bn;
         config.q_in_lds = operands_in_lds;
+        config.dkdv_passes = passes(config);
         return config;
       }
     }
   config.block_n = 16; // the lowering says what does not fit
   config.q_in_lds = false;
+  config.dkdv_passes = passes(config);
   return config;
 }
 

@@ -110,8 +110,8 @@ bool KernelEmitter::plan_prefetch(const Op &loop) {
     if (op.operands[0] != loop.region_args[0] ||
         (layout == TileLayout::mma_b &&
          (!use || (use->kind != OpKind::MmaABt && use->kind != OpKind::MmaAB))) ||
-        lds_role_.count(lds_name(op)))
-      return false;
+        (lds_role_.count(lds_name(op)) && !stage_elems_.count(lds_name(op))))
+      return false; // a buffer of one copy, used outside this loop
     loads.push_back(&op);
   }
   if (loads.empty())
@@ -336,6 +336,7 @@ Status KernelEmitter::emit_for(const Op &op) {
     w_.line("{};", declare(op.region_args[i]));
     emit_copy(op.region_args[i], name(op.region_args[i]), op.operands[i]);
   }
+  w_.open("{{ // the loop's range, in a scope of its own (a program may have several loops)");
   w_.line("int kv_begin, kv_end;");
   w_.line("{}({}, {}, &kv_begin, &kv_end);", transposed ? "fj_q_range" : "fj_kv_range",
           name(op.operands[0]), mask_args());
@@ -363,6 +364,8 @@ Status KernelEmitter::emit_for(const Op &op) {
   } else if ((prefetch = plan_prefetch(op))) {
     w_.line("// Block prefetch: the first block's tiles are in flight before the loop starts;");
     w_.line("// each iteration starts the next block's into the other copy of the buffers.");
+    for (const Op *l : prefetch_loads_) // an earlier loop may still read copy 0
+      barrier_if_read(lds_name(*l));
     w_.open("if (kv_begin < kv_end) {{ // into copy 0");
     emit_prefetch_issue("kv_begin", "0");
     w_.close();
@@ -422,6 +425,7 @@ Status KernelEmitter::emit_for(const Op &op) {
   for (size_t i = 0; i < y.operands.size(); ++i)
     emit_copy(op.region_args[i + 1], name(op.region_args[i + 1]), y.operands[i]);
   w_.close();
+  w_.close(); // the range's scope
   for (size_t i = 0; i < op.results.size(); ++i) {
     const Type &t = type(op.results[i]);
     if (t.is_vector())

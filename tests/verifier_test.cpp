@@ -597,7 +597,7 @@ TEST(Verifier, FuzzConfigKnobsAreKnownAndInRange) {
   const std::string good = "config {block_m = 64, block_n = 64}";
   std::string m = rejection(good, "config {block_nblock_m = 43, block_c = 64}");
   EXPECT_TRUE(has(m, "config block_c is not a knob of the kernels (block_m, block_n, waves, "
-                     "stages, q_in_lds, pad_k, mma_m)"))
+                     "stages, q_in_lds, pad_k, mma_m, dkdv_passes)"))
       << m;
   m = rejection(good, "config {block_m = 0, block_n = 64}");
   EXPECT_TRUE(has(m, "config block_m = 0 is out of range: expected 1..4096")) << m;
