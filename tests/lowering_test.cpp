@@ -304,6 +304,8 @@ TEST(Lowering, Sm90TakesWarpgroupProductsWhereTheyFit) {
           EXPECT_TRUE(c.q_in_lds);
           EXPECT_EQ(c.block_n, dkdv ? (d <= 128 ? 64 : 32) : (d <= 64 ? 128 : 64));
           EXPECT_EQ(c.stages, 2); // the next block prefetched
+          // dK and dV in one loop where both fit the registers, else two passes.
+          EXPECT_EQ(c.dkdv_passes, dkdv && d == 256 ? 2 : 1);
           EXPECT_NE(l->source.find("// Block prefetch:"), std::string::npos);
           EXPECT_NE(l->source.find("wgmma.mma_async"), std::string::npos);
           EXPECT_LE(l->lds_bytes, t->lds_bytes);
