@@ -480,6 +480,38 @@ INSTANTIATE_TEST_SUITE_P(Families, BackwardEmulator,
                                               std::get<1>(info.param).name);
                          });
 
+const Case &case_named(std::string_view name) {
+  return *std::find_if(std::begin(kCases), std::end(kCases),
+                       [&](const Case &c) { return std::string_view(c.name) == name; });
+}
+
+/// A config of the caller's for `spec` on `t`, which the plan runs every kernel
+/// with as it is: 32-key blocks, so that two copies of the dK/dV loop's four
+/// tiles fit 64 KiB, and 16-query matrix tiles (the backward's, backward_config).
+ir::Config small_block_config(const AttentionSpec &spec, const lowering::Target &t) {
+  ir::Config config = lowering::default_config(spec, t);
+  config.block_n = 32;
+  config.mma_m = 16;
+  return config;
+}
+
+/// Forward and backward of `c` on the emulator of `arch` with `config`; the
+/// gradients against float64.
+void expect_gradients_with_config(const char *arch, const Case &c, const ir::Config &config,
+                                  uint64_t seed) {
+  const AttentionSpec spec = spec_of(c);
+  HostTensors t = make_random_inputs(spec, seed);
+  make_random_grad(spec, t, seed + 1);
+  Options options;
+  options.compiler = "none";
+  options.cpu_threads = 2;
+  options.config = config;
+  run_attention(spec, fmt::format("emulator:{}", arch), options, t);
+  if (testing::Test::HasFatalFailure())
+    return;
+  expect_gradients_match(reference_spec_of(c), t);
+}
+
 // Config stages 2 (the default on NVIDIA): the backward's loops prefetch the next
 // block's tiles and column vectors into a second copy of their LDS buffers
 // (KernelEmitter::plan_prefetch). The AMD rules run it here, on the emulator.
@@ -489,19 +521,12 @@ TEST(BackwardEmulator, PrefetchedLoopsMatchFloat64) {
   for (const char *arch : {"gfx1201", "gfx1100", "gfx942"})
     for (const char *name : {"causal_sq_gt_sk", "window_gqa", "mqa_dqk_ne_dv_f16"}) {
       SCOPED_TRACE(fmt::format("{} {}", arch, name));
-      const Case &c = *std::find_if(std::begin(kCases), std::end(kCases), [&](const Case &x) {
-        return std::string_view(x.name) == name;
-      });
-      const AttentionSpec spec = spec_of(c), ref = reference_spec_of(c);
+      const Case &c = case_named(name);
+      const AttentionSpec spec = spec_of(c);
       auto target = lowering::parse_target(arch);
       ASSERT_TRUE(target) << target.status().message();
-      // A config of the caller's runs every kernel of the plan as it is: 32-key
-      // blocks, so that two copies of the dK/dV loop's four tiles fit 64 KiB, and
-      // 16-query matrix tiles (the backward's, backward_config).
-      ir::Config config = lowering::default_config(spec, *target);
+      ir::Config config = small_block_config(spec, *target);
       config.stages = 2;
-      config.block_n = 32;
-      config.mma_m = 16;
       for (bool dkdv : {false, true}) {
         auto p = dkdv ? ir::build_backward_dkdv(spec, config) : ir::build_backward_dq(spec, config);
         ASSERT_TRUE(p) << p.status().message();
@@ -510,23 +535,16 @@ TEST(BackwardEmulator, PrefetchedLoopsMatchFloat64) {
         EXPECT_NE(l->source.find("// Block prefetch:"), std::string::npos);
         EXPECT_NE(l->source.find("fj_copy ^= 1;"), std::string::npos);
       }
-      HostTensors t = make_random_inputs(spec, 33);
-      make_random_grad(spec, t, 34);
-      Options options;
-      options.compiler = "none";
-      options.cpu_threads = 2;
-      options.config = config;
-      run_attention(spec, fmt::format("emulator:{}", arch), options, t);
+      expect_gradients_with_config(arch, c, config, 33);
       if (HasFatalFailure())
         return;
-      expect_gradients_match(ref, t);
     }
 }
 
 // Config dkdv_passes 2 (taken where dK and dV would not both fit the registers,
 // lowering::backward_config): the dK/dV program runs dV's loop, then dK's. With
-// one buffer per tile and with the block prefetch; dropout draws the same mask
-// in both loops; softcap takes its derivative in dK's loop only.
+// one buffer per tile and with stages 2; dropout draws the same mask in both
+// loops; softcap takes its derivative in dK's loop only.
 TEST(BackwardEmulator, TwoPassDkDvMatchesFloat64) {
   if (!runtime::emulator_available())
     GTEST_SKIP() << "this build has no emulator (FLASHJIT_WITH_LLVM=OFF)";
@@ -534,32 +552,20 @@ TEST(BackwardEmulator, TwoPassDkDvMatchesFloat64) {
     for (const char *name : {"causal_sq_gt_sk", "mqa_dqk_ne_dv_f16", "softcap_gqa", "dropout_gqa"})
       for (int64_t stages : {1, 2}) {
         SCOPED_TRACE(fmt::format("{} {} stages {}", arch, name, stages));
-        const Case &c = *std::find_if(std::begin(kCases), std::end(kCases), [&](const Case &x) {
-          return std::string_view(x.name) == name;
-        });
-        const AttentionSpec spec = spec_of(c), ref = reference_spec_of(c);
+        const Case &c = case_named(name);
         auto target = lowering::parse_target(arch);
         ASSERT_TRUE(target) << target.status().message();
-        ir::Config config = lowering::default_config(spec, *target);
+        ir::Config config = small_block_config(spec_of(c), *target);
         config.stages = stages;
-        config.block_n = 32;
-        config.mma_m = 16;
         config.dkdv_passes = 2;
-        auto p = ir::build_backward_dkdv(spec, config);
+        auto p = ir::build_backward_dkdv(spec_of(c), config);
         ASSERT_TRUE(p) << p.status().message();
         EXPECT_EQ(std::count_if(p->body.begin(), p->body.end(),
                                 [](const ir::Op &op) { return op.kind == ir::OpKind::For; }),
                   2);
-        HostTensors t = make_random_inputs(spec, 35);
-        make_random_grad(spec, t, 36);
-        Options options;
-        options.compiler = "none";
-        options.cpu_threads = 2;
-        options.config = config;
-        run_attention(spec, fmt::format("emulator:{}", arch), options, t);
+        expect_gradients_with_config(arch, c, config, 35);
         if (HasFatalFailure())
           return;
-        expect_gradients_match(ref, t);
       }
 }
 
