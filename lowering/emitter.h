@@ -247,10 +247,9 @@ private:
   bool plan_prefetch(const Op &loop);
   void emit_prefetch_issue(const std::string &idx, const std::string &copy);
   void emit_prefetch_views(const std::string &copy);
-  std::vector<const Op *> prefetch_loads_;        // the first load of each buffer, body order
-  std::set<const Op *> prefetched_;               // every load the buffers serve
-  std::map<std::string, int64_t> stage_elems_;    // a prefetched buffer -> elements per copy
-  std::map<std::string, std::string> stage_type_; // a prefetched buffer -> its element type
+  std::vector<const Op *> prefetch_loads_;     // the first load of each buffer, body order
+  std::set<const Op *> prefetched_;            // every load the buffers serve
+  std::map<std::string, int64_t> stage_elems_; // a prefetched buffer -> elements per copy
   void emit_copy(ValueId dst_name_of, const std::string &dst, ValueId src);
   // Loads `len` elements at src + d0 into frag[first...]: one vector load where the
   // run is in bounds and aligned, else element by element with bounds checks.

@@ -146,8 +146,8 @@ void KernelEmitter::emit_prefetch_issue(const std::string &idx, const std::strin
 void KernelEmitter::emit_prefetch_views(const std::string &copy) {
   for (const Op *op : prefetch_loads_) {
     const bool vector = type(op->results[0]).layout == TileLayout::cols;
-    const std::string buf = vector ? register_vector_lds(*op) : register_lds(*op);
-    w_.line("{0} *const {1} = {1}_x2 + {2} * {3};", stage_type_.at(buf), buf,
+    const std::string buf = lds_name(*op);
+    w_.line("{0} *const {1} = {1}_x2 + {2} * {3};", vector ? "float" : "fj_bits", buf,
             copy.find(' ') == std::string::npos ? copy : "(" + copy + ")", stage_elems_.at(buf));
   }
 }

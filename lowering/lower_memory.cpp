@@ -185,7 +185,6 @@ void KernelEmitter::declare_lds(const std::string &elem, const std::string &buf,
   if (copies > 1) {
     lds_decls_.push_back(fmt::format("{} *const {} = {}; // copy 0", elem, buf, array));
     stage_elems_[buf] = bytes / elem_bytes;
-    stage_type_[buf] = elem;
   }
   lds_bytes_ += int(bytes * copies);
 }
