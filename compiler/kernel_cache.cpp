@@ -95,7 +95,7 @@ auto key_fields(const KeyParts &k) {
   return std::array<const std::string *, 8>{
       &k.ir_text,           &k.target_id,      &k.config,
       &k.compile_options,   &k.templates_hash, &k.flashjit_version,
-      &k.compiler_identity, &k.source_override};
+      &k.compiler_identity, &k.source_hash};
 }
 
 int64_t key_cost(const KeyParts &k) {

@@ -61,7 +61,7 @@ struct KeyParts {
   std::string templates_hash;    // templates::bundle_hash
   std::string flashjit_version;  // FLASHJIT_VERSION
   std::string compiler_identity; // Compiler::identity(), e.g. "llvm 22.1.8" / "nvrtc 13.0"
-  std::string source_override;   // hash of a FLASHJIT_OVERRIDE_DIR source, if one was used
+  std::string source_hash; // SHA-256 of the source compiled (generated or FLASHJIT_OVERRIDE_DIR)
   /// What the kernel is, for `cache list` (e.g. its name and signature). Not a
   /// part of the key: derived from the parts above, neither hashed nor compared.
   std::string label;

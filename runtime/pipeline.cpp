@@ -180,14 +180,11 @@ Expected<Compiled> compile(const Generated &g, const Options &options, compiler:
     c.override_path = (*override)->path;
   }
   const compiler::KeyParts key{
-      g.ir_text,
-      g.target.target_id(),
-      g.config.summary(),
-      c.options_text,
-      std::string(templates::bundle_hash),
-      std::string(compiler::flashjit_version()),
-      c.compiler,
-      *override ? (*override)->hash : std::string(),
+      g.ir_text, g.target.target_id(), g.config.summary(), c.options_text,
+      std::string(templates::bundle_hash), std::string(compiler::flashjit_version()), c.compiler,
+      // The text compiled: a change of the emitter (or an override) is a new
+      // binary even where the IR, templates and version are the same.
+      compiler::sha256_hex(source),
       fmt::format("{} (any shape of {}; {})", kernel, g.signature, g.config.summary())};
   compiler::CacheOutcome outcome = compiler::CacheOutcome::compiled;
   auto code = cache.get_or_compile(

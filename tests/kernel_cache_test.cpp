@@ -8,6 +8,7 @@
 #include "ir/reference.h"
 #include "runtime/attention.h"
 #include "runtime/emulator.h"
+#include "runtime/pipeline.h"
 
 #include <gtest/gtest.h>
 
@@ -81,7 +82,7 @@ TEST(KeyParts, HashIsHexDeterministicAndCoversEveryPart) {
   for (std::string KeyParts::*part :
        {&KeyParts::ir_text, &KeyParts::target_id, &KeyParts::config, &KeyParts::compile_options,
         &KeyParts::templates_hash, &KeyParts::flashjit_version, &KeyParts::compiler_identity,
-        &KeyParts::source_override}) {
+        &KeyParts::source_hash}) {
     KeyParts k = base;
     k.*part += "x";
     EXPECT_TRUE(seen.insert(k.hash()).second);
@@ -459,7 +460,7 @@ TEST_F(CacheTest, AKeyNeverEscapesTheDirectory) {
   auto cache = make();
   KeyParts evil = sample_key("../../../../etc/passwd");
   evil.target_id = "/tmp/x";
-  evil.source_override = "..";
+  evil.source_hash = "..";
   ASSERT_TRUE(cache->get_or_compile(evil, compiler(calls)));
   EXPECT_EQ(files(), std::vector<std::string>{evil.hash() + ".fjk"});
   std::vector<std::string> in_root;
@@ -1028,6 +1029,32 @@ TEST(AttentionThreads, SplitKvKernelsCompileTogether) {
       << attn->explain();
   EXPECT_NE(attn->explain().find("1 of those calls ran the split-KV kernels"), std::string::npos)
       << attn->explain();
+}
+
+/// The key covers the source compiled: an emitter that writes other text for
+/// the same IR (a newer build of the same version) compiles anew and never
+/// gets the older build's binary; the first source still finds its own.
+TEST_F(CacheTest, AnotherSourceOfTheSameIrIsAnotherKey) {
+  if (!runtime::emulator_available())
+    GTEST_SKIP() << "this build has no LLVM compiler (FLASHJIT_WITH_LLVM=OFF)";
+  const AttentionSpec spec = make_spec(1, 1, 1, 64, 64, 32, 32, DType::f16);
+  Options options;
+  options.compiler = "llvm";
+  auto g = pipeline::generate(spec, "gfx1201", options);
+  ASSERT_TRUE(g) << g.status().message();
+  auto cache = make();
+  auto first = pipeline::compile(*g, options, *cache);
+  ASSERT_TRUE(first) << first.status().message();
+  pipeline::Generated edited = *g;
+  edited.lowered.source += "\n// what a later emitter writes for the same IR\n";
+  auto second = pipeline::compile(edited, options, *cache);
+  ASSERT_TRUE(second) << second.status().message();
+  EXPECT_NE(second->cache_key, first->cache_key);
+  EXPECT_EQ(second->cache_outcome, "compiled");
+  auto again = pipeline::compile(*g, options, *cache);
+  ASSERT_TRUE(again) << again.status().message();
+  EXPECT_EQ(again->cache_key, first->cache_key);
+  EXPECT_NE(again->cache_outcome, "compiled");
 }
 
 // ---- knobs -----------------------------------------------------------------
