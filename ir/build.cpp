@@ -317,6 +317,13 @@ Expected<std::string> score_function(const AttentionSpec &spec, const Program &p
 
 namespace {
 
+/// How far (log2 units) a block's max may pass the online softmax's running max
+/// before it moves (ir `running_max`): the weights exp2(s - max) stay below 256,
+/// exact in f32 and in range for bf16/f16, and the accumulator is rescaled only
+/// on the few blocks that move it (FlashAttention-4 keeps a stale max the same
+/// way).
+constexpr double kMaxSlack = 8.0;
+
 /// Whether every node of `e` is an integer: what the block-range pass bounds
 /// (f32 rounding and array elements have no static bounds).
 bool integer_throughout(const Expr &e) {
@@ -555,22 +562,35 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, bool sp
                              {{"tensor", Symbol{"K"}}});
     const ValueId zero = b.emit(OpKind::Fill, {}, s_type, {{"value", 0.0}});
     const ValueId qk = b.emit(OpKind::MmaABt, {q, k, zero}, s_type);
-    ValueId s;
-    if (modified) { // modifiers see q.k * scale; the softmax runs in the log2 domain
+    // The softmax runs in the log2 domain: on the scores times `factor` (> 0:
+    // the spec refuses other scales). The mask and the row max take the scores
+    // before that product, so the one multiply left per element feeds the
+    // subtraction of the max directly (one fused multiply-add); the max is
+    // scaled per row, and equals the max of the scaled scores (rounding is
+    // monotone).
+    ValueId raw;
+    Attr factor = ParamRef{"scale_log2"};
+    if (modified) { // modifiers see q.k * scale
       const ValueId scaled = b.emit(OpKind::Scale, {qk}, s_type, {{"factor", ParamRef{"scale"}}});
       Attrs mod_attrs = {{"function", Symbol{"score_mod"}}};
       FJ_RETURN_IF_ERROR(add_unmasked(spec, p, loop, mod_attrs, /*derivative=*/false));
-      const ValueId mod = b.emit(OpKind::ScoreMod, {scaled, q_block, kb}, s_type, mod_attrs);
-      s = b.emit(OpKind::Scale, {mod}, s_type, {{"factor", std::numbers::log2e}});
+      raw = b.emit(OpKind::ScoreMod, {scaled, q_block, kb}, s_type, mod_attrs);
+      factor = std::numbers::log2e;
     } else {
-      s = b.emit(OpKind::Scale, {qk}, s_type, {{"factor", ParamRef{"scale_log2"}}});
+      raw = qk;
     }
-    const ValueId sm = b.emit(OpKind::Mask, {s, q_block, kb}, s_type, mask_attrs);
-    const ValueId rmax = b.emit(OpKind::RowMax, {sm}, row);
-    const ValueId m_new = b.emit(OpKind::Max, {m_i, rmax}, row);
+    const ValueId sm = b.emit(OpKind::Mask, {raw, q_block, kb}, s_type, mask_attrs);
+    const ValueId rmax =
+        b.emit(OpKind::Scale, {b.emit(OpKind::RowMax, {sm}, row)}, row, {{"factor", factor}});
+    // The running max moves only where a block's max passes it by more than
+    // the slack, so most blocks skip the rescale. Not with dropout in f16: its
+    // kept weights, scaled by 1 / (1 - p), could pass f16's range.
+    const double slack = spec.signature().dropout && dt == DType::f16 ? 0.0 : kMaxSlack;
+    const ValueId m_new = b.emit(OpKind::RunningMax, {m_i, rmax}, row, {{"slack", slack}});
     const ValueId m_safe = b.emit(OpKind::ZeroIfNegInf, {m_new}, row);
+    const ValueId s = b.emit(OpKind::Scale, {sm}, s_type, {{"factor", factor}});
     const ValueId p_f32 =
-        b.emit(OpKind::Exp2, {b.emit(OpKind::SubRow, {sm, m_safe}, s_type)}, s_type);
+        b.emit(OpKind::Exp2, {b.emit(OpKind::SubRow, {s, m_safe}, s_type)}, s_type);
     const ValueId alpha = b.emit(OpKind::Exp2, {b.emit(OpKind::Sub, {m_i, m_safe}, row)}, row);
     const ValueId l_new =
         b.emit(OpKind::Add,

@@ -270,18 +270,23 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, Kernel 
       FJ_RETURN_IF_ERROR(add_unmasked(spec, p, loop, mod_attrs, /*derivative=*/false));
       FJ_RETURN_IF_ERROR(add_unmasked(spec, p, loop, grad_attrs, /*derivative=*/true));
     }
-    ValueId raw = -1, sc = -1;
-    if (modified) { // the modifiers see q.k * scale, the softmax runs in the log2 domain
+    // The softmax's log2 domain, as the forward: the mask takes the scores
+    // before the product by `factor`, which then feeds the subtraction of the
+    // LSE directly (one fused multiply-add per element).
+    ValueId raw = -1, sm = -1;
+    Attr factor = ParamRef{"scale_log2"};
+    if (modified) { // the modifiers see q.k * scale
       raw = b.emit(OpKind::Scale, {qk}, s_type, {{"factor", ParamRef{"scale"}}});
       const ValueId mod = b.emit(OpKind::ScoreMod, {raw, row_block, col_block}, s_type, mod_attrs);
-      sc = b.emit(OpKind::Scale, {mod}, s_type, {{"factor", std::numbers::log2e}});
+      sm = b.emit(OpKind::Mask, {mod, row_block, col_block}, s_type, mask_attrs);
+      factor = std::numbers::log2e;
     } else {
-      sc = b.emit(OpKind::Scale, {qk}, s_type, {{"factor", ParamRef{"scale_log2"}}});
+      sm = b.emit(OpKind::Mask, {qk, row_block, col_block}, s_type, mask_attrs);
     }
-    const ValueId sm = b.emit(OpKind::Mask, {sc, row_block, col_block}, s_type, mask_attrs);
+    const ValueId sc = b.emit(OpKind::Scale, {sm}, s_type, {{"factor", factor}});
     const ValueId l = dq ? l_rows : load(b, "L", col_block, vec);
     const OpKind sub = dq ? OpKind::SubRow : OpKind::SubCol;
-    const ValueId pr = b.emit(OpKind::Exp2, {b.emit(sub, {sm, l}, s_type)}, s_type);
+    const ValueId pr = b.emit(OpKind::Exp2, {b.emit(sub, {sc, l}, s_type)}, s_type);
     // Dropout: O = (P o Z) V with Z the kept elements times 1 / (1 - p), so dV
     // takes P o Z and dS = P o (dP o Z - D) (D = rowsum(dO o O) of the dropped O).
     Attrs drop_attrs = {{"function", Symbol{"dropout"}}};

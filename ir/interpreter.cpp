@@ -353,6 +353,11 @@ private:
     case OpKind::Max:
       elementwise(op, [](float a, float b) { return std::max(a, b); });
       break;
+    case OpKind::RunningMax: {
+      const float slack = float(op.float_attr("slack"));
+      elementwise(op, [slack](float a, float b) { return b > a + slack ? b : a; });
+      break;
+    }
     case OpKind::Add:
       elementwise(op, [](float a, float b) { return a + b; });
       break;

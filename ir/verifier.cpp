@@ -393,6 +393,14 @@ Status check_types(const OpChecker &c, const Op &op) {
                      fmt::format("one f32 per row of operand 0, {} for a {} tile",
                                  layout_text(row_layout(x.layout)), layout_text(x.layout)));
   }
+  case OpKind::RunningMax: {
+    FJ_RETURN_IF_ERROR(c.float_attr("slack"));
+    const double slack = std::get<double>(op.attrs.at("slack"));
+    if (!(slack >= 0 && slack <= 64))
+      return c.fail("attr `slack` ({}) must be in [0, 64]: the weights it allows reach 2^slack",
+                    slack);
+    [[fallthrough]];
+  }
   case OpKind::Max:
   case OpKind::Add:
   case OpKind::Sub:

@@ -868,32 +868,35 @@ Status KernelEmitter::emit_op(const Op &op) {
     return Status::ok();
   }
   case OpKind::Mask: {
+    // A branch on the block, uniform over the workgroup: a block every pair of
+    // which is visible copies the scores; the others select per element, with
+    // `?:` rather than a branch around each element, which keeps them one
+    // straight line for the scheduler (a branch per element made gfx11 spill).
     const Type &t = type(op.results[0]);
-    if (op.int_attr("transposed") != 0) {
-      // The backward's S^T: rows are keys of KV block %op1, columns queries of
-      // query block %op2.
-      w_.line("{};", declare(op.results[0]));
-      w_.line("const bool {}_full = fj_block_unmasked_t({}, {}, {});", name(op.results[0]),
-              name(op.operands[1]), name(op.operands[2]), mask_args());
-      const std::string dst = open_elements(t, name(op.results[0]));
+    const bool transposed = op.int_attr("transposed") != 0;
+    const std::string dst = name(op.results[0]), src = name(op.operands[0]);
+    w_.line("{};", declare(op.results[0]));
+    w_.open("if ({}({}, {}, {})) {{ // every pair of the block is visible",
+            transposed ? "fj_block_unmasked_t" : "fj_block_unmasked", name(op.operands[1]),
+            name(op.operands[2]), mask_args());
+    w_.line("{} = {}[qt][c][e];", open_elements(t, dst), src);
+    close_elements(t);
+    w_.close("} else {");
+    w_.indent(1);
+    const std::string element = open_elements(t, dst);
+    if (transposed) {
       w_.line("const int query = {} * kBlockN + c * kNTile + {};", name(op.operands[2]),
               rules_.acc_col("e"));
-      w_.line("{} = ({}_full | fj_visible(query, query_row(qt, {}), {})) ? {}[qt][c][e] : -FJ_INF;",
-              dst, name(op.results[0]), rules_.acc_row("e"), mask_args(), name(op.operands[0]));
-      close_elements(t);
-      return Status::ok();
+      w_.line("{} = fj_visible(query, query_row(qt, {}), {}) ? {}[qt][c][e] : -FJ_INF;", element,
+              rules_.acc_row("e"), mask_args(), src);
+    } else {
+      w_.line("const int key = {} * kBlockN + c * kNTile + {};", name(op.operands[2]),
+              rules_.acc_col("e"));
+      w_.line("{} = fj_visible(query_row(qt, {}), key, {}) ? {}[qt][c][e] : -FJ_INF;", element,
+              rules_.acc_row("e"), mask_args(), src);
     }
-    w_.line("{};", declare(op.results[0]));
-    w_.line("const bool {}_full = fj_block_unmasked({}, {}, {});", name(op.results[0]),
-            name(op.operands[1]), name(op.operands[2]), mask_args());
-    const std::string dst = open_elements(t, name(op.results[0]));
-    w_.line("const int key = {} * kBlockN + c * kNTile + {};", name(op.operands[2]),
-            rules_.acc_col("e"));
-    // `|`, not `||`: a select, not a branch around every element, keeps the
-    // block one straight line for the scheduler (|| made gfx11 spill).
-    w_.line("{} = ({}_full | fj_visible(query_row(qt, {}), key, {})) ? {}[qt][c][e] : -FJ_INF;",
-            dst, name(op.results[0]), rules_.acc_row("e"), mask_args(), name(op.operands[0]));
     close_elements(t);
+    w_.close();
     return Status::ok();
   }
   case OpKind::RowMax:
@@ -933,6 +936,9 @@ Status KernelEmitter::emit_op(const Op &op) {
   }
   case OpKind::Max:
     return elementwise("fj_max({0}, {1})");
+  case OpKind::RunningMax:
+    return elementwise(
+        fmt::format("{{1}} > {{0}} + {} ? {{1}} : {{0}}", float_literal(op.float_attr("slack"))));
   case OpKind::Add:
     return elementwise("{0} + {1}");
   case OpKind::Sub:
@@ -947,10 +953,45 @@ Status KernelEmitter::emit_op(const Op &op) {
     return elementwise("{0} == -FJ_INF ? 0.0f : {0}");
   case OpKind::SubRow:
     return elementwise("{0} - {1}");
-  case OpKind::MulRow:
-    return elementwise("{0} * {1}");
-  case OpKind::DivRow:
-    return elementwise("{1} == 0.0f ? 0.0f : {0} * fj_rcp({1})");
+  case OpKind::MulRow: {
+    // The online softmax's rescale: a work-item whose row factors are all 1
+    // (no running max of its rows moved: ir `running_max`) copies the tile.
+    const Type &t = type(op.results[0]);
+    const std::string dst = name(op.results[0]), x = name(op.operands[0]), r = name(op.operands[1]);
+    auto elements = [&](const std::string &value) {
+      w_.line("#pragma unroll");
+      w_.open("for (int c = 0; c < {}; ++c) {{", col_tiles(t.cols));
+      w_.line("#pragma unroll");
+      w_.open("for (int e = 0; e < kAccElems; ++e) {{");
+      w_.line("{}[qt][c][e] = {};", dst, value);
+      w_.close();
+      w_.close();
+    };
+    w_.line("{};", declare(op.results[0]));
+    open_query_tiles();
+    w_.line("bool moved = false;");
+    w_.line("#pragma unroll");
+    w_.line("for (int s = 0; s < kRowSlots; ++s) moved |= {}[qt][s] != 1.0f;", r);
+    w_.open("if (moved) {{");
+    elements(fmt::format("{}[qt][c][e] * {}[qt][{}]", x, r, rules_.acc_slot("e")));
+    w_.close("} else {");
+    w_.indent(1);
+    elements(x + "[qt][c][e]");
+    w_.close();
+    w_.close();
+    return Status::ok();
+  }
+  case OpKind::DivRow: {
+    // One reciprocal per row (0 for a row without weight), then a multiply per
+    // element: the reciprocal's slow path (denormals) is not repeated per column.
+    const Type &rows = type(op.operands[1]);
+    const std::string rcp = name(op.results[0]) + "_rcp", l = name(op.operands[1]);
+    w_.line("float {}[kQTiles][kRowSlots];", rcp);
+    const std::string dst = open_elements(rows, rcp);
+    w_.line("{} = {}[qt][s] == 0.0f ? 0.0f : fj_rcp({}[qt][s]);", dst, l, l);
+    close_elements(rows);
+    return elementwise(fmt::format("{{0}} * {}[qt][{}]", rcp, rules_.acc_slot("e")));
+  }
   case OpKind::SubCol: {
     // The per-column vector lives in LDS (emit_load): each element reads its column's.
     auto it = lds_of_.find(op.operands[1]);

@@ -286,6 +286,23 @@ TEST(Verifier, ElementwiseOperandsMatch) {
   EXPECT_TRUE(has(m, "op #4.14 `add`: result 0 (%l_new) has type tile<64xf32, #blocked>"));
 }
 
+TEST(Verifier, RunningMaxNeedsASlackInRange) {
+  const std::string_view max = "%m_new = max %m_i, %mx : tile<64xf32, #rows>";
+  EXPECT_EQ(rejection(max, "%m_new = running_max %m_i, %mx {slack = 8.0} : tile<64xf32, #rows>"),
+            "ok");
+  EXPECT_TRUE(has(rejection(max, "%m_new = running_max %m_i, %mx : tile<64xf32, #rows>"),
+                  "op #4.6 `running_max`: missing attr `slack`"));
+  for (const char *bad : {"-1.0", "65.0"})
+    EXPECT_TRUE(has(rejection(max, fmt::format("%m_new = running_max %m_i, %mx {{slack = {}}} : "
+                                               "tile<64xf32, #rows>",
+                                               bad)),
+                    "attr `slack` ("))
+        << bad;
+  EXPECT_TRUE(has(rejection(max, "%m_new = running_max %m_i, %s3 {slack = 8.0} : tile<64xf32, "
+                                 "#rows>"),
+                  "op #4.6 `running_max`: operand 1 (%s3)"));
+}
+
 TEST(Verifier, Exp2NeedsF32) {
   Program p = valid();
   Op *pe = find_op(p.body, p, "p");
