@@ -276,26 +276,33 @@ void KernelEmitter::emit_stage_issue(const Op &op, const std::string &idx) {
     w_.line("const fj_bits *head_rows = {}; // rows found through the page table", head_base(t));
   else
     w_.line("const fj_bits *tile = {};", block_base(t, head_base(t), "(" + idx + ")", rows_name));
-  // Work-item t copies chunks t, t + kThreads, ...: a loop of a fixed trip count.
-  // NVIDIA unrolls it (the copies are asynchronous: their addresses then differ
-  // by constants: the H100 forward at head dim 128 ran ~15% faster); AMD's copies go
-  // through registers, and unrolled they spilled (gfx11, head dim 192).
+  // Work-item t copies chunks t, t + kThreads, ... On NVIDIA a loop of a fixed
+  // trip count, unrolled: the copies are asynchronous and their addresses then
+  // differ by constants (the H100 forward at head dim 128 ran ~15% faster).
+  // AMD's copies pass through registers: unrolled, or rolled at a fixed count,
+  // they spilled more (gfx11 forward at head dim 192; gfx1201 dK/dV at 64), so
+  // AMD keeps the strided loop.
   const int64_t chunks = rows * (cols / 8), threads = waves_ * target_.wave_size;
   w_.line("// {} rows x {} chunks of 8 elements", rows, cols / 8);
-  w_.line("{}", target_.is_nvidia() ? "#pragma unroll" : "#pragma unroll 1");
-  w_.open("for (int j = 0; j < {}; ++j) {{", (chunks + threads - 1) / threads);
-  if (threads % (cols / 8) == 0) {
-    // Each work-item's column is the same in every chunk, its rows kThreads /
-    // chunks-per-row apart.
-    w_.line("const int r = fj_thread_id() / {} + j * {}, d0 = (fj_thread_id() % {}) * 8;", cols / 8,
-            threads / (cols / 8), cols / 8);
-    if (chunks % threads != 0)
-      w_.line("if (r >= {}) break;", rows);
-  } else {
-    w_.line("const int i = fj_thread_id() + j * kThreads;");
-    if (chunks % threads != 0)
-      w_.line("if (i >= {}) break;", chunks);
+  if (!target_.is_nvidia()) {
+    w_.open("for (int i = fj_thread_id(); i < {}; i += kThreads) {{", chunks);
     w_.line("const int r = i / {}, d0 = (i % {}) * 8;", cols / 8, cols / 8);
+  } else {
+    w_.line("#pragma unroll");
+    w_.open("for (int j = 0; j < {}; ++j) {{", (chunks + threads - 1) / threads);
+    if (threads % (cols / 8) == 0) {
+      // Each work-item's column is the same in every chunk, its rows kThreads /
+      // chunks-per-row apart.
+      w_.line("const int r = fj_thread_id() / {} + j * {}, d0 = (fj_thread_id() % {}) * 8;",
+              cols / 8, threads / (cols / 8), cols / 8);
+      if (chunks % threads != 0)
+        w_.line("if (r >= {}) break;", rows);
+    } else {
+      w_.line("const int i = fj_thread_id() + j * kThreads;");
+      if (chunks % threads != 0)
+        w_.line("if (i >= {}) break;", chunks);
+      w_.line("const int r = i / {}, d0 = (i % {}) * 8;", cols / 8, cols / 8);
+    }
   }
   w_.line("const int row = ({}) * {} + r;", idx, rows_name);
   if (paged(t))
