@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh flashjit
 fj=build/tools/flashjit
 spec=(--heads 16 --kv-heads 4 --seqlen-q 113 --seqlen-k 203 --head-dim 80 --causal --dtype bf16)
+# build/demo holds this script's own outputs only: a fresh copy on every run
+# (flashjit's commands never replace an existing file without --force).
+rm -rf build/demo
 mkdir -p build/demo
 
 echo "== 1. the tile IR (flashjit emit --print-ir)"
