@@ -122,8 +122,8 @@ Status dump_file(std::string_view file_name, std::string_view bytes, const Knobs
 struct SourceOverride {
   std::string path;   ///< <dir>/<kernel_name>.hip
   std::string source; ///< its text
-  std::string
-      hash; ///< lowercase hex SHA-256 of the text (KeyParts::source_hash when it is compiled)
+  /// Lowercase hex SHA-256 of the text: KeyParts::source_hash when it is compiled.
+  std::string hash;
 };
 
 /// The override for `kernel_name`, or nullopt when the knob is unset or the

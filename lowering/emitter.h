@@ -259,6 +259,9 @@ private:
   // Emits `for` headers over a value's fragments; returns the element expression.
   std::string open_elements(const Type &t, const std::string &var);
   void close_elements(const Type &t);
+  // The same loops inside a query tile the caller has opened (open_query_tiles).
+  std::string open_tile_elements(const Type &t, const std::string &var);
+  void close_tile_elements(const Type &t);
   void barrier_if_read(const std::string &buffer);
   // One line per line of `text`.
   void lines(std::string_view text) {

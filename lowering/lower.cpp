@@ -245,6 +245,10 @@ std::string KernelEmitter::declare(ValueId v) {
 
 std::string KernelEmitter::open_elements(const Type &t, const std::string &var) {
   open_query_tiles();
+  return open_tile_elements(t, var);
+}
+
+std::string KernelEmitter::open_tile_elements(const Type &t, const std::string &var) {
   w_.line("#pragma unroll");
   if (t.is_vector()) {
     w_.open("for (int s = 0; s < kRowSlots; ++s) {{");
@@ -257,9 +261,13 @@ std::string KernelEmitter::open_elements(const Type &t, const std::string &var) 
 }
 
 void KernelEmitter::close_elements(const Type &t) {
+  close_tile_elements(t);
+  w_.close();
+}
+
+void KernelEmitter::close_tile_elements(const Type &t) {
   if (!t.is_vector())
     w_.close();
-  w_.close();
   w_.close();
 }
 
@@ -959,13 +967,8 @@ Status KernelEmitter::emit_op(const Op &op) {
     const Type &t = type(op.results[0]);
     const std::string dst = name(op.results[0]), x = name(op.operands[0]), r = name(op.operands[1]);
     auto elements = [&](const std::string &value) {
-      w_.line("#pragma unroll");
-      w_.open("for (int c = 0; c < {}; ++c) {{", col_tiles(t.cols));
-      w_.line("#pragma unroll");
-      w_.open("for (int e = 0; e < kAccElems; ++e) {{");
-      w_.line("{}[qt][c][e] = {};", dst, value);
-      w_.close();
-      w_.close();
+      w_.line("{} = {};", open_tile_elements(t, dst), value);
+      close_tile_elements(t);
     };
     w_.line("{};", declare(op.results[0]));
     open_query_tiles();

@@ -184,7 +184,7 @@ Expected<Compiled> compile(const Generated &g, const Options &options, compiler:
       std::string(templates::bundle_hash), std::string(compiler::flashjit_version()), c.compiler,
       // The text compiled: a change of the emitter (or an override) is a new
       // binary even where the IR, templates and version are the same.
-      compiler::sha256_hex(source),
+      *override ? (*override)->hash : compiler::sha256_hex(source),
       fmt::format("{} (any shape of {}; {})", kernel, g.signature, g.config.summary())};
   compiler::CacheOutcome outcome = compiler::CacheOutcome::compiled;
   auto code = cache.get_or_compile(
