@@ -76,6 +76,10 @@ inline int64_t staged_tile_bytes(int64_t rows, int64_t cols, bool transposed,
   return (elems * 2 + 15) / 16 * 16;
 }
 
+/// The forward copies tiles with TMA from this many columns (3 whole panels) up;
+/// the backward takes it for every whole-panel tile (KernelEmitter::tma_tile).
+constexpr int64_t kTmaForwardCols = 192;
+
 class KernelEmitter {
 public:
   /// `mi` is null for rules without a matrix instruction (simt); `note` says
@@ -318,7 +322,23 @@ private:
   bool plan_interleave(const Op &loop, size_t &s_at, size_t &o_at) const;
   Status emit_interleaved(const Op &loop, size_t s_at, size_t o_at);
   Status emit_product(const Op &op, int only_qt, bool wait, bool group_per_tile = false);
-  std::set<std::string> swizzled_;             // buffers in LdsLayout::swizzled_128b
+  std::set<std::string> swizzled_; // buffers in LdsLayout::swizzled_128b
+  // TMA (sm90): a staged tile whose tensor a tensor map describes is copied by
+  // one thread with cp.async.bulk.tensor, completing on a transaction barrier of
+  // its buffer copy; every thread waits on that barrier (fj_tma_wait).
+  bool tma_tile(const Op &op) const;
+  struct TmaBuffer {
+    int first_bar = 0;  // its barriers: first_bar + copy
+    std::string map;    // the tensor map parameter it is copied through
+    int64_t panels = 0; // 64-column panels
+  };
+  std::map<std::string, TmaBuffer> tma_;                 // buffer -> its barriers and map
+  std::vector<std::pair<std::string, const Op *>> maps_; // map parameter -> a load it serves
+  int tma_bars_ = 0;
+  std::string tma_bar(const TmaBuffer &b) const;
+  // The copy of the prefetched buffers an issue writes ("0", "fj_copy ^ 1"; "0"
+  // for a buffer of one copy) and a wait reads ("fj_copy").
+  std::string tma_copy_ = "0";
   std::map<std::string, std::string> helpers_; // the rules' helpers, by name (before the kernel)
   bool vec_ok_ = true;
   bool vec4_ok_ = true; // 64-bit runs: head dims and strides that are multiples of 4 (e.g. 100)

@@ -483,6 +483,13 @@ Expected<Lowered> KernelEmitter::run() {
   }
   for (const ir::ScalarParam &sp : p_.scalars)
     params.push_back({sp.name, KernelParam::Kind::scalar, sp.type, c_scalar_type(sp.type)});
+  for (const auto &[map, load] : maps_)
+    params.push_back({map, KernelParam::Kind::tensor_map, ir::ScalarType::i64,
+                      "const __grid_constant__ fj_tensor_map",
+                      *p_.tensor(load->symbol_attr("tensor")), type(load->results[0]).rows});
+  if (tma_bars_ > 0)
+    declare_lds("unsigned long long", "fj_tma_bar", tma_bars_, tma_bars_ * 8, 8,
+                "the TMA copies' transaction barriers, one per buffer copy");
   if (const int blocks = nvidia_min_blocks(); blocks > 1)
     w_.line("FJ_GLOBAL FJ_WORKGROUP_SIZE_MIN_BLOCKS({}, {}) // {} blocks per SM, as without "
             "sequences",
@@ -500,6 +507,10 @@ Expected<Lowered> KernelEmitter::run() {
   w_.indent(1);
   for (const std::string &decl : lds_decls_)
     w_.line("{}", decl);
+  if (tma_bars_ > 0) {
+    w_.line("unsigned fj_tma_phase = 0; // bit i: the parity of barrier i's next fill");
+    w_.line("fj_tma_init(fj_tma_bar, {});", tma_bars_);
+  }
   w_.raw(body.str());
   w_.close();
   std::swap(w_, kernel);

@@ -7,6 +7,7 @@
 #include "lowering/matrix_table.h"
 #include "lowering/target.h"
 
+#include <optional>
 #include <string>
 
 namespace flashjit::lowering {
@@ -21,12 +22,19 @@ std::string_view rules_choice_name(RulesChoice c); // "auto", "matrix", "simt"
 Expected<RulesChoice> parse_rules_choice(std::string_view name);
 
 /// A parameter of the generated kernel. The kernel takes the program's tensors
-/// (as pointers), then its scalar parameters, in the program's order.
+/// (as pointers), then its scalar parameters, in the program's order, then the
+/// tensor maps of the tiles it copies with TMA (sm90 rules).
 struct KernelParam {
   std::string name; // the IR name: Q, ..., LSE, seqlen_q, q_seq_stride, scale_log2, ...
-  enum class Kind { tensor, scalar } kind;
+  enum class Kind { tensor, scalar, tensor_map } kind;
   ir::ScalarType type; // of a scalar
   std::string c_type;  // "const fj_bits *", "float *", "int", "long", "float"
+  /// A tensor map (CUtensorMap, made per launch by runtime::KernelArgs): the
+  /// tensor it reads, whose extents and strides the launch's bindings resolve,
+  /// and its box of 64 columns x box_rows rows, 128-byte swizzled
+  /// (templates/sm90_wgmma.hip).
+  std::optional<ir::TensorParam> map_of = std::nullopt;
+  int64_t box_rows = 0;
 };
 
 struct Lowered {

@@ -134,12 +134,14 @@ bool KernelEmitter::plan_prefetch(const Op &loop) {
 // (in a scope of the caller's: the views shadow the buffers' names).
 void KernelEmitter::emit_prefetch_issue(const std::string &idx, const std::string &copy) {
   emit_prefetch_views(copy);
+  tma_copy_ = copy;
   for (const Op *op : prefetch_loads_) {
     if (type(op->results[0]).layout == TileLayout::cols)
       emit_vector_issue(*op, idx);
     else
       emit_stage_issue(*op, idx);
   }
+  tma_copy_ = "0";
 }
 
 // Names each prefetched buffer's copy `copy` as the buffer (shadowing copy 0).
@@ -386,9 +388,23 @@ Status KernelEmitter::emit_for(const Op &op) {
   }
   if (prefetch) {
     emit_prefetch_views("fj_copy");
-    w_.line("fj_stage_wait();");
-    if (std::any_of(prefetch_loads_.begin(), prefetch_loads_.end(),
-                    [&](const Op *l) { return swizzled_.count(lds_name(*l)) != 0; }))
+    // TMA tiles complete on their barriers, the rest (cp.async) on this thread's wait.
+    bool async_copies = false, swizzled_copies = false;
+    tma_copy_ = "fj_copy";
+    for (const Op *l : prefetch_loads_) {
+      const std::string buf = lds_name(*l);
+      if (auto tma = tma_.find(buf); tma != tma_.end()) {
+        w_.line("fj_tma_wait(fj_tma_bar, {}, fj_tma_phase); // this thread sees the {} tile",
+                tma_bar(tma->second), l->symbol_attr("tensor"));
+        continue;
+      }
+      async_copies = true;
+      swizzled_copies = swizzled_copies || swizzled_.count(buf) != 0;
+    }
+    tma_copy_ = "0";
+    if (async_copies)
+      w_.line("fj_stage_wait();");
+    if (swizzled_copies)
       w_.line("fj_fence_async_shared(); // the copies are visible to wgmma's reads");
     w_.line("fj_barrier(); // this block's tiles are complete; every wave is done with the other "
             "copy");

@@ -192,9 +192,14 @@ void KernelEmitter::declare_lds(const std::string &elem, const std::string &buf,
 // Waits for this lane's copies into `buf`, then for every wave's: the tile of
 // `op` is readable from there on.
 void KernelEmitter::finish_stage(const Op &op, const std::string &buf) {
-  w_.line("fj_stage_wait();");
-  if (swizzled_.count(buf))
-    w_.line("fj_fence_async_shared(); // the copies are visible to wgmma's reads");
+  if (auto tma = tma_.find(buf); tma != tma_.end()) {
+    w_.line("fj_tma_wait(fj_tma_bar, {}, fj_tma_phase); // this thread sees the {} tile",
+            tma_bar(tma->second), op.symbol_attr("tensor"));
+  } else {
+    w_.line("fj_stage_wait();");
+    if (swizzled_.count(buf))
+      w_.line("fj_fence_async_shared(); // the copies are visible to wgmma's reads");
+  }
   w_.line("fj_barrier(); // the {} tile is complete before any wave reads it",
           op.symbol_attr("tensor"));
   read_since_barrier_.clear();
@@ -235,6 +240,13 @@ std::string KernelEmitter::register_lds(const Op &op) {
       declare_lds("fj_bits", buf, bytes / 2, bytes, 1024,
                   fmt::format("{} tile {}x{} in 128-byte swizzled panels of 64 columns", t.name,
                               rows, cols));
+      if (tma_tile(op)) {
+        const std::string map = fmt::format("tmap_{}_{}", t.name, rows);
+        tma_[buf] = {tma_bars_, map, (cols + 63) / 64};
+        tma_bars_ += int(lds_copies_);
+        if (std::none_of(maps_.begin(), maps_.end(), [&](const auto &m) { return m.first == map; }))
+          maps_.emplace_back(map, &op);
+      }
     }
     return buf;
   }
@@ -255,6 +267,34 @@ std::string KernelEmitter::register_lds(const Op &op) {
   return buf;
 }
 
+// A tile of a dense tensor in 128-byte swizzled panels (the sm90 rules): its
+// rows are whole [batch, head, seq, dim] rows with 16-byte aligned strides (the
+// align16 class) and a sequence length the launch knows, which is what a
+// tensor map can describe. Packed, paged and per-batch sequences stay on cp.async.
+// So do tiles with a partial panel (head dims 80, 96, 160): TMA writes whole
+// 64-column boxes, and on the H100 the zeros past the head dim cost more than
+// the copy engine saves (causal D=80 and D=96 ran 3-9% slower than cp.async);
+// and the forward's tiles of one or two panels, where TMA measured 1-8% slower
+// (D=64, 128) while three and four panels gained 10-35% (bench/results/README.md).
+bool KernelEmitter::tma_tile(const Op &op) const {
+  if (!target_.is_nvidia() || rules_.lds_layout() != LdsLayout::swizzled_128b)
+    return false;
+  const ir::TensorParam &t = *p_.tensor(op.symbol_attr("tensor"));
+  if (t.packed || paged(t) || t.dtype == DType::f32 || t.stride_dim != ir::Extent::constant(1) ||
+      t.row_align < 16 || t.stride_split != ir::Extent::constant(0) ||
+      type(op.results[0]).rows > 256 || type(op.results[0]).cols % 64 != 0 ||
+      (p_.tensor("dO") == nullptr && type(op.results[0]).cols < kTmaForwardCols))
+    return false;
+  return std::none_of(p_.sequences.begin(), p_.sequences.end(),
+                      [&](const ir::Sequence &s) { return s.name == t.seq.param; });
+}
+
+// The barrier of the buffer copy being written or read (tma_copy_).
+std::string KernelEmitter::tma_bar(const TmaBuffer &b) const {
+  return tma_copy_ == "0" ? std::to_string(b.first_bar)
+                          : fmt::format("{} + ({})", b.first_bar, tma_copy_);
+}
+
 // Starts copying block `idx` of a #mma_b tile into its LDS buffer: 8 elements per
 // copy, asynchronous where the target has it (fj_stage8), element by element at
 // ragged edges. fj_stage_wait() + a barrier make it visible.
@@ -264,14 +304,28 @@ void KernelEmitter::emit_stage_issue(const Op &op, const std::string &idx) {
   const std::string buf = register_lds(op);
   const bool transposed = lds_role_.at(buf) == "transposed";
   const int64_t rows = ty.rows, cols = ty.cols;
+  const std::string rows_name = rows == block_n_   ? "kBlockN"
+                                : rows == block_m_ ? "kBlockM"
+                                                   : std::to_string(rows);
+  if (auto tma = tma_.find(buf); tma != tma_.end()) {
+    // One thread asks the copy engine for the whole tile; the barrier of this
+    // copy of the buffer counts its bytes in.
+    const TmaBuffer &b = tma->second;
+    const bool kv = t.name == "K" || t.name == "V";
+    const std::string head =
+        kv ? fmt::format("{} / {}", name(p_.grid_arg(1)), c_expr(p_.group)) : name(p_.grid_arg(1));
+    w_.line("// IR: stage block {} of @{} into {}: TMA, {} panel{} of 64 columns x {} rows", idx,
+            t.name, buf, b.panels, b.panels == 1 ? "" : "s", rows);
+    w_.line("if (fj_thread_id() == 0)");
+    w_.line("  fj_tma_tile({}, {}, &fj_tma_bar[{}], {}, {}, ({}) * {}, {}, {});", b.map, buf,
+            tma_bar(b), b.panels, rows, idx, rows_name, head, name(p_.grid_arg(2)));
+    return;
+  }
   // The LDS element of row r, column d0 of the tile.
   const std::string at = swizzled_.count(buf) ? fmt::format("fj_swizzle128(r, d0, {})", rows)
                                               : fmt::format("r * {} + d0", lds_strides_.at(buf));
   w_.line("// IR: stage block {} of @{} into {}", idx, t.name, buf);
   w_.open("{{");
-  const std::string rows_name = rows == block_n_   ? "kBlockN"
-                                : rows == block_m_ ? "kBlockM"
-                                                   : std::to_string(rows);
   if (paged(t))
     w_.line("const fj_bits *head_rows = {}; // rows found through the page table", head_base(t));
   else

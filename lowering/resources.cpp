@@ -20,6 +20,17 @@ ResourceEstimate estimate_resources(const AttentionSpec &spec, const ir::Config 
   e.lds_k = staged_tile_bytes(c.block_n, e.dim_qk, false, r.lds_layout());
   e.lds_v = staged_tile_bytes(c.block_n, e.dim_v, r.v_transposed(), r.lds_layout());
   e.lds_q = c.q_in_lds ? staged_tile_bytes(c.block_m, e.dim_qk, false, r.lds_layout()) : 0;
+  // TMA copies (whole swizzled panels of dense tensors with 16-byte aligned
+  // rows, KernelEmitter::tma_tile): a barrier per tile of one copy.
+  const KernelSignature sig = spec.signature();
+  if (r.lds_layout() == LdsLayout::swizzled_128b && sig.row_align >= 16) {
+    auto panels = [](int64_t dim) { return dim % 64 == 0 && dim >= emit::kTmaForwardCols; };
+    const bool qk_panels = panels(e.dim_qk), v_panels = panels(e.dim_v);
+    const bool q = c.q_in_lds && !sig.packed_q && sig.unit_dim[0] && c.block_m <= 256 && qk_panels;
+    const bool kv = !sig.packed_k && !sig.used_k && !sig.paged && c.block_n <= 256;
+    e.lds_barriers = 8 * ((q ? 1 : 0) + (kv && sig.unit_dim[1] && qk_panels ? 1 : 0) +
+                          (kv && sig.unit_dim[2] && v_panels ? 1 : 0));
+  }
   // Per query tile, the arrays the emitter declares: O and S as acc_elems() f32
   // per n_tile() columns, Q as the operand fragment's 16-bit elements per 16
   // head-dim entries, two to a register (gfx12: dim_v / 2 + dim_qk / 4 + block_n / 2).

@@ -27,7 +27,10 @@ struct ResourceEstimate {
   int64_t lds_k = 0; ///< the K tile (block_n x dim_qk, row-major)
   int64_t lds_v = 0; ///< the V tile (block_n x dim_v, transposed where the rules say)
   int64_t lds_q = 0; ///< the Q block (block_m x dim_qk) under config q_in_lds, else 0
-  int64_t lds_bytes() const { return lds_k + lds_v + lds_q; }
+  /// The transaction barriers of the tiles copied with TMA (8 bytes each; the
+  /// sm90 rules, KernelEmitter::tma_tile), after the tiles.
+  int64_t lds_barriers = 0;
+  int64_t lds_bytes() const { return lds_k + lds_v + lds_q + lds_barriers; }
 
   // ---- registers per lane across the KV loop, over every query tile ----
   int64_t q_tiles = 0; ///< accumulator fragments of m_tile() queries per wave

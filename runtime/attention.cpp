@@ -847,7 +847,7 @@ Status Attention::Impl::launch(const lowering::Lowered &l, runtime::GpuKernel &k
                          kCudaGridYZ, l.kernel_name, (*grid)[1], (*grid)[2]);
   runtime::LaunchGeometry geometry = workgroup_geometry(l);
   std::copy(grid->begin(), grid->end(), geometry.grid);
-  auto args = runtime::KernelArgs::make(l.params, shapes, pointers);
+  auto args = runtime::KernelArgs::make(l.params, shapes, pointers, driver, device.index);
   if (!args)
     return args.status();
   return k.launch(geometry, args->addresses(), stream)

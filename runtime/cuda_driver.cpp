@@ -37,6 +37,8 @@ Expected<Api> load() {
   FJ_RETURN_IF_ERROR(library->resolve(symbol, api.member));
   FJ_CUDA_FUNCTIONS(FJ_CUDA_RESOLVE)
 #undef FJ_CUDA_RESOLVE
+  if (!library->resolve("cuTensorMapEncodeTiled", api.cuTensorMapEncodeTiled))
+    api.cuTensorMapEncodeTiled = nullptr; // before CUDA 12: no TMA
   api.init_result = api.cuInit(0);
   if (api.init_result != CUDA_SUCCESS && api.init_result != CUDA_ERROR_NO_DEVICE)
     return check(api, "cuInit", api.init_result).with_context(api.path);
@@ -160,6 +162,22 @@ public:
   Status synchronize(int device, void *stream) override {
     return in_context(device, [&] {
       return FJ_CUDA_CHECK(api_, cuStreamSynchronize, static_cast<CUstream>(stream));
+    });
+  }
+
+  Status encode_tensor_map(int device, const TensorMapRequest &r, TensorMapBytes &map) override {
+    if (api_.cuTensorMapEncodeTiled == nullptr)
+      return Status::error("the CUDA driver {} has no cuTensorMapEncodeTiled (CUDA 12 and later "
+                           "have it): update the driver",
+                           api_.path);
+    // cuda.h: CU_TENSOR_MAP_DATA_TYPE_FLOAT16 = 6, _BFLOAT16 = 9; INTERLEAVE_NONE = 0;
+    // SWIZZLE_128B = 3; L2_PROMOTION_L2_256B = 3; FLOAT_OOB_FILL_NONE = 0 (zeros).
+    // The encoder needs a current context (as any driver call).
+    const unsigned element_strides[5] = {1, 1, 1, 1, 1};
+    return in_context(device, [&] {
+      return FJ_CUDA_CHECK(api_, cuTensorMapEncodeTiled, map.bytes, r.bf16 ? 9 : 6,
+                           unsigned(r.rank), const_cast<void *>(r.base), r.dims, r.strides, r.box,
+                           element_strides, 0, 3, 3, 0);
     });
   }
 

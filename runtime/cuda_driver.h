@@ -128,6 +128,12 @@ struct Api {
 #define FJ_CUDA_POINTER(member, symbol, params) CUresult(*member) params = nullptr;
   FJ_CUDA_FUNCTIONS(FJ_CUDA_POINTER)
 #undef FJ_CUDA_POINTER
+  /// CUDA 12+: null where the driver has no tensor maps (encode_tensor_map says so).
+  CUresult (*cuTensorMapEncodeTiled)(void *map, int type, unsigned rank, void *base,
+                                     const unsigned long long *dims,
+                                     const unsigned long long *strides, const unsigned *box,
+                                     const unsigned *element_strides, int interleave, int swizzle,
+                                     int l2_promotion, int oob_fill) = nullptr;
   std::string path; ///< the library file
   /// cuInit's result: CUDA_ERROR_NO_DEVICE leaves a usable table with no devices.
   CUresult init_result = CUDA_SUCCESS;

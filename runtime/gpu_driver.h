@@ -39,6 +39,22 @@ public:
   virtual Expected<int> resident_per_unit(const LaunchGeometry &geometry) = 0;
 };
 
+/// A tensor map (CUDA's CUtensorMap) to make for a launch: a tensor of 16-bit
+/// elements with up to 5 dims, innermost first (extents and byte strides), read
+/// in boxes of `box` elements through 128-byte swizzled shared memory.
+struct TensorMapRequest {
+  const void *base = nullptr;
+  bool bf16 = true; ///< else f16
+  int rank = 0;
+  unsigned long long dims[5] = {};
+  unsigned long long strides[4] = {}; ///< bytes, of dims 1..rank-1
+  unsigned box[5] = {};
+};
+/// The 128 bytes of an encoded tensor map, aligned as the kernel parameter is.
+struct alignas(64) TensorMapBytes {
+  unsigned char bytes[128];
+};
+
 class GpuDriver {
 public:
   virtual ~GpuDriver();
@@ -76,6 +92,14 @@ public:
   /// Checks, where the driver can say, that `stream` is a stream of `device`
   /// (nullptr, the default stream, always is).
   virtual Status check_stream(int device, void *stream) { return Status::ok(); }
+  /// Encodes a tensor map for kernels on `device` that copy tiles with TMA (the
+  /// sm90 rules).
+  virtual Status encode_tensor_map(int device, const TensorMapRequest &request,
+                                   TensorMapBytes &map) {
+    return Status::error("{} has no tensor maps (TMA): kernels of the sm90 rules need the CUDA "
+                         "driver",
+                         library_path());
+  }
 };
 
 /// The process-wide driver of a GPU kind (hip or cuda), loaded on first use.

@@ -7,6 +7,7 @@
 
 #include "ir/ir.h"
 #include "lowering/lower.h"
+#include "runtime/gpu_driver.h"
 
 #include <cstdint>
 #include <span>
@@ -23,10 +24,14 @@ struct NamedPointer {
 class KernelArgs {
 public:
   /// The arguments of `params`: each tensor's pointer from `tensors` (null if
-  /// absent there), each scalar's value from `scalars`, converted to its type.
+  /// absent there), each scalar's value from `scalars`, converted to its type,
+  /// each tensor map encoded by `driver` for `device` from its tensor's
+  /// pointer and the extents and strides `scalars` give it (an error without a
+  /// driver).
   static Expected<KernelArgs> make(std::span<const lowering::KernelParam> params,
                                    const ir::Bindings &scalars,
-                                   std::span<const NamedPointer> tensors);
+                                   std::span<const NamedPointer> tensors,
+                                   GpuDriver *driver = nullptr, int device = 0);
 
   KernelArgs(KernelArgs &&) = default;
   KernelArgs &operator=(KernelArgs &&) = default;
@@ -40,6 +45,7 @@ private:
   KernelArgs() = default;
   // One 8-byte slot per argument; an int or float sits at its start (little-endian).
   std::vector<uint64_t> values_;
+  std::vector<TensorMapBytes> maps_; // the tensor maps, in parameter order
   std::vector<void *> addresses_;
 };
 

@@ -48,3 +48,60 @@ FJ_DEVICE void fj_wgmma_keep(const fj_bits8 *a, int n) {
     asm volatile("" ::"r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
   }
 }
+
+// ---- tensor memory access (TMA): whole tiles copied by the copy engine ----
+// A tensor map (CUtensorMap, 128 bytes) made on the host per launch
+// (runtime/kernel_args.cpp): the tensor's [batch, heads, seq, dim] extents and
+// strides, a box of 64 columns x the tile's rows, 128-byte swizzle -- the layout
+// of fj_swizzle128's panels. Passed by value as a __grid_constant__ parameter.
+struct alignas(64) fj_tensor_map {
+  unsigned long long bits[16];
+};
+
+// A transaction barrier (mbarrier) of one arrival, at the start of the kernel.
+// Thread 0 initialises them; the fence and barrier publish that to every thread
+// and to the copy engine.
+FJ_DEVICE void fj_tma_init(unsigned long long *bars, int n) {
+  if (fj_thread_id() == 0)
+    for (int i = 0; i < n; ++i) {
+      const unsigned b = static_cast<unsigned>(__cvta_generic_to_shared(&bars[i]));
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b) : "memory");
+    }
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  __syncthreads();
+}
+
+// Thread 0: copies rows [row0, row0 + rows) of (head, batch) into `panels`
+// 64-column panels of `lds`, completing on `bar`. Columns past the head dim and
+// rows past the sequence arrive as zeros (the map's bounds), as fj_stage8 fills.
+FJ_DEVICE void fj_tma_tile(const fj_tensor_map &map, fj_bits *lds, unsigned long long *bar,
+                           int panels, int rows, int row0, int head, int batch) {
+  const unsigned b = static_cast<unsigned>(__cvta_generic_to_shared(bar));
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b),
+               "r"(panels * rows * 128)
+               : "memory");
+  for (int p = 0; p < panels; ++p) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(lds + p * rows * 64));
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(dst),
+                 "l"(reinterpret_cast<unsigned long long>(&map)), "r"(p * 64), "r"(row0),
+                 "r"(head), "r"(batch), "r"(b)
+                 : "memory");
+  }
+}
+
+// Every thread: waits for the fill of barrier i that `phase` (bit i) expects,
+// then expects the next one. A barrier's fills are waited for in order.
+FJ_DEVICE void fj_tma_wait(unsigned long long *bars, int i, unsigned &phase) {
+  const unsigned b = static_cast<unsigned>(__cvta_generic_to_shared(&bars[i]));
+  const unsigned parity = (phase >> i) & 1u;
+  unsigned done = 0;
+  do {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(done)
+                 : "r"(b), "r"(parity)
+                 : "memory");
+  } while (!done);
+  phase ^= 1u << i;
+}

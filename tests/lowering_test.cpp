@@ -4,9 +4,11 @@
 // configs that do not fit fail with errors naming the limit and the value; the
 // launch geometry matches the kernel; a program whose masks disagree is rejected.
 #include "lowering/lower.h"
+#include "lowering/resources.h"
 #include "lowering/rules.h"
 #include "templates/templates.h"
 
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <map>
@@ -242,6 +244,64 @@ TEST(Lowering, EveryArchLowersWithItsFamilysMatrixRules) {
 // lower (Q in registers, or not whole warpgroups) and the backward take the sm80
 // rules on sm_90's own rows of mma.sync, whose kernels are sm_80's word for word
 // but the target they name.
+// TMA on sm90 takes what a tensor map describes: a dense tensor's [batch, head,
+// seq, dim] with 16-byte aligned rows and a length the launch knows, in whole
+// 64-column panels, three and more in the forward. Packed rows (varlen),
+// per-batch key counts, paged caches, 8-byte aligned rows (head dim 100),
+// partial panels (96) and the forward's tiles of two panels (128) stay on
+// threads' cp.async copies; where Q is packed and K/V are dense, K and V still
+// take TMA.
+// The resource model counts the barriers the kernel declares.
+TEST(Lowering, Sm90CopiesWithTmaWhatATensorMapDescribes) {
+  const Target sm90 = target("sm_90");
+  struct Case {
+    const char *name;
+    AttentionSpec spec;
+    int tma_tiles; // of Q, K, V
+  };
+  AttentionSpec packed = spec_for(192, 192, DType::bf16, true);
+  packed.seqs.packed_q = packed.seqs.packed_k = true;
+  packed.seqs.total_q = 200;
+  packed.seqs.total_k = 400;
+  AttentionSpec packed_q = packed;
+  packed_q.seqs.packed_k = false;
+  packed_q.seqs.total_k = 0;
+  AttentionSpec used = spec_for(256, 256, DType::f16);
+  used.seqs.used_k = true;
+  AttentionSpec paged = spec_for(192, 192, DType::bf16);
+  paged.seqs.page_size = 64;
+  paged.seqs.num_pages = 16;
+  paged.seqs.pages_per_seq = 4;
+  paged.seqlen_k = 256;
+  const Case cases[] = {{"dense", spec_for(256, 256, DType::bf16), 3},
+                        {"whole panels of K only", spec_for(192, 96, DType::bf16), 2},
+                        {"two panels", spec_for(128, 128, DType::bf16), 0},
+                        {"partial panels", spec_for(96, 96, DType::bf16), 0},
+                        {"align8", spec_for(100, 100, DType::f16), 0},
+                        {"packed", packed, 0},
+                        {"packed Q", packed_q, 2},
+                        {"seqused_k", used, 1},
+                        {"paged", paged, 1}};
+  for (const Case &c : cases) {
+    SCOPED_TRACE(c.name);
+    const ir::Config config = default_config(c.spec, sm90);
+    Expected<Lowered> l = generate(c.spec, config, sm90);
+    ASSERT_TRUE(l) << l.status().message();
+    ASSERT_EQ(l->rules, "sm90");
+    EXPECT_EQ(count(l->kernel_text, "fj_tma_wait(fj_tma_bar, "), c.tma_tiles);
+    int maps = 0;
+    for (const KernelParam &p : l->params)
+      maps += p.kind == KernelParam::Kind::tensor_map;
+    EXPECT_EQ(maps, c.tma_tiles);
+    EXPECT_EQ(count(l->kernel_text, "fj_fence_async_shared();"), 3 - c.tma_tiles)
+        << "each tile copied by threads is fenced for wgmma";
+    Expected<ResourceEstimate> e = estimate_resources(c.spec, config, sm90);
+    ASSERT_TRUE(e) << e.status().message();
+    EXPECT_EQ(e->lds_barriers, 8 * c.tma_tiles);
+    EXPECT_EQ(e->lds_bytes(), l->lds_bytes);
+  }
+}
+
 TEST(Lowering, Sm90TakesWarpgroupProductsWhereTheyFit) {
   const Target sm80 = target("sm_80"), sm90 = target("sm_90");
   EXPECT_EQ(sm90.family, Family::sm90);
@@ -265,8 +325,31 @@ TEST(Lowering, Sm90TakesWarpgroupProductsWhereTheyFit) {
     EXPECT_EQ(count(wg->source, "wgmma.mma_async.sync.aligned.m64n"), 2)
         << "one wrapper for S = Q K^T (A by descriptor), one for O = P V (P in registers)";
     EXPECT_EQ(count(wg->kernel_text, "fj_mma("), 0) << "no warp-wide mma.sync";
-    EXPECT_EQ(count(wg->kernel_text, "fj_fence_async_shared();"), 3) << "Q, K and V tiles";
-    EXPECT_NE(wg->kernel_text.find("fj_swizzle128(r, d0, "), std::string::npos);
+    // Each of the Q, K and V tiles is staged by the copy engine (TMA, whole
+    // 64-column panels: Sm90CopiesWithTmaWhatATensorMapDescribes) or by
+    // threads' cp.async, fenced for wgmma's reads.
+    EXPECT_EQ(count(wg->kernel_text, "fj_tma_wait(fj_tma_bar, ") +
+                  count(wg->kernel_text, "fj_fence_async_shared();"),
+              3)
+        << "Q, K and V tiles";
+    if (spec.head_dim_qk < 192 || spec.head_dim_v < 192) { // partial panels, or two
+      EXPECT_NE(wg->kernel_text.find("fj_swizzle128(r, d0, "), std::string::npos);
+    } else {
+      // Dense tensors with 16-byte aligned rows in whole panels: every tile
+      // through a tensor map, each thread waiting on the tile's barrier.
+      EXPECT_EQ(count(wg->kernel_text, "fj_tma_init(fj_tma_bar, 3);"), 1);
+      EXPECT_EQ(count(wg->kernel_text, "fj_stage8("), 0) << "no thread copies a tile";
+      std::vector<std::string> maps;
+      for (const KernelParam &p : wg->params)
+        if (p.kind == KernelParam::Kind::tensor_map) {
+          ASSERT_TRUE(p.map_of.has_value());
+          maps.push_back(fmt::format("{}:{}:{}", p.name, p.map_of->name, p.box_rows));
+        }
+      EXPECT_EQ(fmt::format("{}", fmt::join(maps, " ")),
+                fmt::format("tmap_Q_{0}:Q:{0} tmap_K_{1}:K:{1} tmap_V_{1}:V:{1}", config.block_m,
+                            config.block_n));
+      EXPECT_EQ(wg->params.back().c_type, "const __grid_constant__ fj_tensor_map");
+    }
 
     // Q in registers: the sm80 rules, as on sm_80.
     ir::Config regs = default_config(spec, sm80);
