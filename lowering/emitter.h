@@ -118,10 +118,15 @@ private:
   // few integer ops where a hoisted 64-bit pointer would hold registers across
   // the KV loop (sm_90 d=128 went from 168 to 175 registers, 3 -> 2 blocks per
   // SM); LLVM hoists it into scalar registers on AMD by itself.
-  std::string head_base(const ir::TensorParam &t) const {
+  // The head of tensor t this workgroup reads: its query head, or for K and V
+  // the query head's KV head (GQA: a group of query heads shares one).
+  std::string head_index(const ir::TensorParam &t) const {
     const bool kv = t.name == "K" || t.name == "V";
-    const std::string head =
-        kv ? fmt::format("{} / {}", name(p_.grid_arg(1)), c_expr(p_.group)) : name(p_.grid_arg(1));
+    return kv ? fmt::format("{} / {}", name(p_.grid_arg(1)), c_expr(p_.group))
+              : name(p_.grid_arg(1));
+  }
+  std::string head_base(const ir::TensorParam &t) const {
+    const std::string head = head_index(t);
     const std::string split =
         t.stride_split == ir::Extent::constant(0)
             ? ""

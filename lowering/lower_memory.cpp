@@ -274,8 +274,8 @@ std::string KernelEmitter::register_lds(const Op &op) {
 // So do tiles with a partial panel (head dims 80, 96, 160): TMA writes whole
 // 64-column boxes, and on the H100 the zeros past the head dim cost more than
 // the copy engine saves (causal D=80 and D=96 ran 3-9% slower than cp.async);
-// and the forward's tiles of one or two panels, where TMA measured 1-8% slower
-// (D=64, 128) while three and four panels gained 10-35% (bench/results/README.md).
+// and the forward's tiles of one or two panels (D=64, 128), where TMA gained
+// nothing, while three and four panels gained 10-35% (bench/results/README.md).
 bool KernelEmitter::tma_tile(const Op &op) const {
   if (!target_.is_nvidia() || rules_.lds_layout() != LdsLayout::swizzled_128b)
     return false;
@@ -311,14 +311,11 @@ void KernelEmitter::emit_stage_issue(const Op &op, const std::string &idx) {
     // One thread asks the copy engine for the whole tile; the barrier of this
     // copy of the buffer counts its bytes in.
     const TmaBuffer &b = tma->second;
-    const bool kv = t.name == "K" || t.name == "V";
-    const std::string head =
-        kv ? fmt::format("{} / {}", name(p_.grid_arg(1)), c_expr(p_.group)) : name(p_.grid_arg(1));
     w_.line("// IR: stage block {} of @{} into {}: TMA, {} panel{} of 64 columns x {} rows", idx,
             t.name, buf, b.panels, b.panels == 1 ? "" : "s", rows);
     w_.line("if (fj_thread_id() == 0)");
     w_.line("  fj_tma_tile({}, {}, &fj_tma_bar[{}], {}, {}, ({}) * {}, {}, {});", b.map, buf,
-            tma_bar(b), b.panels, rows, idx, rows_name, head, name(p_.grid_arg(2)));
+            tma_bar(b), b.panels, rows, idx, rows_name, head_index(t), name(p_.grid_arg(2)));
     return;
   }
   // The LDS element of row r, column d0 of the tile.
