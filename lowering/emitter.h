@@ -76,9 +76,13 @@ inline int64_t staged_tile_bytes(int64_t rows, int64_t cols, bool transposed,
   return (elems * 2 + 15) / 16 * 16;
 }
 
-/// The forward copies tiles with TMA from this many columns (3 whole panels) up;
-/// the backward takes it for every whole-panel tile (KernelEmitter::tma_tile).
-constexpr int64_t kTmaForwardCols = 192;
+/// Whether a staged tile of `rows` x `cols` is of a shape TMA copies (the
+/// sm90 rules; KernelEmitter::tma_tile adds what its tensor must be): whole
+/// 64-column panels of at most 256 rows, in the forward from three panels up
+/// (head dims 192, 256), in the backward any number.
+constexpr bool tma_tile_shape(int64_t rows, int64_t cols, bool forward) {
+  return rows <= 256 && cols % 64 == 0 && (!forward || cols >= 192);
+}
 
 class KernelEmitter {
 public:

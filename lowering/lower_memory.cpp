@@ -282,8 +282,8 @@ bool KernelEmitter::tma_tile(const Op &op) const {
   const ir::TensorParam &t = *p_.tensor(op.symbol_attr("tensor"));
   if (t.packed || paged(t) || t.dtype == DType::f32 || t.stride_dim != ir::Extent::constant(1) ||
       t.row_align < 16 || t.stride_split != ir::Extent::constant(0) ||
-      type(op.results[0]).rows > 256 || type(op.results[0]).cols % 64 != 0 ||
-      (p_.tensor("dO") == nullptr && type(op.results[0]).cols < kTmaForwardCols))
+      !tma_tile_shape(type(op.results[0]).rows, type(op.results[0]).cols,
+                      /*forward=*/p_.tensor("dO") == nullptr))
     return false;
   return std::none_of(p_.sequences.begin(), p_.sequences.end(),
                       [&](const ir::Sequence &s) { return s.name == t.seq.param; });

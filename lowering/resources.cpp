@@ -24,12 +24,13 @@ ResourceEstimate estimate_resources(const AttentionSpec &spec, const ir::Config 
   // rows, KernelEmitter::tma_tile): a barrier per tile of one copy.
   const KernelSignature sig = spec.signature();
   if (r.lds_layout() == LdsLayout::swizzled_128b && sig.row_align >= 16) {
-    auto panels = [](int64_t dim) { return dim % 64 == 0 && dim >= emit::kTmaForwardCols; };
-    const bool qk_panels = panels(e.dim_qk), v_panels = panels(e.dim_v);
-    const bool q = c.q_in_lds && !sig.packed_q && sig.unit_dim[0] && c.block_m <= 256 && qk_panels;
-    const bool kv = !sig.packed_k && !sig.used_k && !sig.paged && c.block_n <= 256;
-    e.lds_barriers = 8 * ((q ? 1 : 0) + (kv && sig.unit_dim[1] && qk_panels ? 1 : 0) +
-                          (kv && sig.unit_dim[2] && v_panels ? 1 : 0));
+    using emit::tma_tile_shape;
+    const bool q = c.q_in_lds && !sig.packed_q && sig.unit_dim[0] &&
+                   tma_tile_shape(c.block_m, e.dim_qk, /*forward=*/true);
+    const bool kv = !sig.packed_k && !sig.used_k && !sig.paged;
+    const bool k = kv && sig.unit_dim[1] && tma_tile_shape(c.block_n, e.dim_qk, true),
+               v = kv && sig.unit_dim[2] && tma_tile_shape(c.block_n, e.dim_v, true);
+    e.lds_barriers = 8 * ((q ? 1 : 0) + (k ? 1 : 0) + (v ? 1 : 0));
   }
   // Per query tile, the arrays the emitter declares: O and S as acc_elems() f32
   // per n_tile() columns, Q as the operand fragment's 16-bit elements per 16

@@ -44,7 +44,7 @@ Status encode_map(const lowering::KernelParam &p, const ir::Bindings &scalars,
     // An empty tensor is never read (its loops run no block), but a map's
     // extents are at least 1; a stride of an extent of 1 is never applied.
     r.dims[i + 1] = uint64_t(std::max<int64_t>(*extent, 1));
-    r.strides[i] = *extent > 1 ? uint64_t(*stride) * 2 : 16;
+    r.strides[i] = *extent > 1 ? uint64_t(*stride) * dtype_bytes(t.dtype) : 16;
   }
   r.box[0] = 64;
   r.box[1] = unsigned(p.box_rows);
