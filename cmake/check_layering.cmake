@@ -1,3 +1,4 @@
+cmake_minimum_required(VERSION 3.25) # if(IN_LIST)
 # Fails when ir/, target/ or lowering/ include a vendor header (HIP, CUDA, LLVM,
 # Clang): those folders must stay free of any GPU stack; and when target/ (the
 # arch facts, at the bottom of the layering) includes any other flashjit folder.
@@ -19,8 +20,24 @@ foreach(f ${files})
     list(APPEND bad "${f}: ${l} (target/ depends on nothing in flashjit)")
   endforeach()
 endforeach()
+# LLVM, Clang and LLD only in the LLVM plugin's own sources (compiler/llvm_plugin.h):
+# libflashjit.so and the tools must link none of it.
+set(llvm_plugin_sources llvm_compile.cpp code_object_llvm.cpp host_jit.cpp llvm_plugin_entry.cpp)
+foreach(dir compiler runtime tools templates)
+  file(GLOB_RECURSE files ${ROOT}/${dir}/*.h ${ROOT}/${dir}/*.cpp)
+  foreach(f ${files})
+    get_filename_component(name ${f} NAME)
+    if(dir STREQUAL "compiler" AND name IN_LIST llvm_plugin_sources)
+      continue()
+    endif()
+    file(STRINGS ${f} lines REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"](llvm/|llvm-c/|clang/|lld/)")
+    foreach(l ${lines})
+      list(APPEND bad "${f}: ${l} (LLVM belongs in the LLVM plugin's sources only)")
+    endforeach()
+  endforeach()
+endforeach()
 if(bad)
   list(JOIN bad "\n  " msg)
   message(FATAL_ERROR "includes where the layering forbids them (ir/, target/ and lowering/ must not know HIP/CUDA/LLVM; target/ must not know the rest of flashjit):\n  ${msg}")
 endif()
-message(STATUS "layering ok: ir/, target/ and lowering/ include no vendor headers; target/ no other flashjit folder")
+message(STATUS "layering ok: ir/, target/ and lowering/ include no vendor headers; target/ no other flashjit folder; LLVM only in the LLVM plugin")

@@ -48,6 +48,30 @@ struct ResourceReport {
   std::string to_json() const;
 };
 
+/// A JSON value on one line, as the reports' to_json() (`compile --json`: a report
+/// a line), the C API and the command line's one-object outputs print it: ", "
+/// between items and ": " after keys, {"kernel": "k", "vgprs": 64, "list": [1, 2]}.
+/// `Json` is nlohmann::ordered_json, a template parameter only so that this header
+/// needs no JSON library. dump(0) puts every item on a line of its own and has no
+/// other newlines (strings escape theirs); bytes that are not UTF-8 become U+FFFD.
+/// Hidden, so that libflashjit.so exports no instance naming nlohmann's types.
+template <class Json> __attribute__((visibility("hidden"))) std::string json_line(const Json &v) {
+  std::string out;
+  for (char c : v.dump(0, ' ', false, Json::error_handler_t::replace))
+    if (c != '\n')
+      out += c;
+    else if (out.ends_with(','))
+      out += ' ';
+  return out;
+}
+
+/// Waves of a kernel that fit on one SIMD (see code_object.cpp for the bounds):
+/// shared by the LLVM and comgr readers.
+int occupancy(const ResourceReport &r, bool sgprs_limit, int vgpr_file_per_simd,
+              int max_waves_per_simd, int lds_bytes);
+/// v_wmma_*, v_swmmac_*, v_mfma_*, v_smfmac_* mnemonics.
+bool is_matrix_instruction(std::string_view text);
+
 /// The resource use of every kernel in `code`, in metadata order. The three
 /// hardware figures come from the caller's target description (per SIMD: VGPRs
 /// per lane in the register file, most resident waves; LDS bytes of one CDNA
@@ -57,17 +81,6 @@ struct ResourceReport {
 ///   (lds_bytes / group_segment_bytes) workgroups * waves per workgroup / 4 SIMDs,
 ///   and on gfx9 the SGPR limit (LLVM's getOccupancyWithNumSGPRs),
 /// and 0 when the kernel's VGPRs exceed the register file.
-/// `s` as a JSON string literal (quoted, escaped): for the reports' to_json() and the
-/// command line's --json output.
-std::string json_string(std::string_view s);
-
-/// Waves of a kernel that fit on one SIMD (see code_object.cpp for the bounds):
-/// shared by the LLVM and comgr readers.
-int occupancy(const ResourceReport &r, bool sgprs_limit, int vgpr_file_per_simd,
-              int max_waves_per_simd, int lds_bytes);
-/// v_wmma_*, v_swmmac_*, v_mfma_*, v_smfmac_* mnemonics.
-bool is_matrix_instruction(std::string_view text);
-
 Expected<std::vector<ResourceReport>> read_resources(const CodeObject &code, int vgpr_file_per_simd,
                                                      int max_waves_per_simd,
                                                      int lds_bytes_per_cu_or_wgp);

@@ -102,6 +102,10 @@ const std::vector<KnobInfo> &knob_table() {
       {"FLASHJIT_ALWAYS_COMPILE", "0|1", "0",
        "1: never take a kernel from the cache (memory or disk); compile every time and store the "
        "result."},
+      {"FLASHJIT_LLVM_PLUGIN", "PATH",
+       "libflashjit_llvm.so beside libflashjit.so, else the build's",
+       "The LLVM plugin (the in-process AMDGPU compiler, the ISA reader and the emulator's JIT) "
+       "to load; when set, no other place is tried. It must come from the same flashjit build."},
   };
   return table;
 }
@@ -144,6 +148,7 @@ Expected<Knobs> parse_knobs(const Getenv &getenv_fn) {
   }
   k.dump_dir = value("FLASHJIT_DUMP_DIR");
   k.override_dir = value("FLASHJIT_OVERRIDE_DIR");
+  k.llvm_plugin = value("FLASHJIT_LLVM_PLUGIN");
 
   if (std::string v = value("FLASHJIT_CACHE_DIR"); !v.empty()) {
     k.cache_dir = v;

@@ -25,6 +25,7 @@
 //                             G, T suffixes are powers of 1024; 0 = no cap): past
 //                             it, the least recently used entries are removed
 //   FLASHJIT_ALWAYS_COMPILE=1 never take a kernel from the cache (still stores it)
+//   FLASHJIT_LLVM_PLUGIN=PATH the LLVM plugin to load (llvm_plugin.h)
 //
 // The three directories must be private, as ssh asks of ~/.ssh: an existing one
 // owned by another user (root aside) or writable by its group or others is
@@ -71,6 +72,7 @@ struct Knobs {
   /// The disk cache's size cap in bytes (FLASHJIT_CACHE_MAX_BYTES); 0: no cap.
   int64_t cache_max_bytes = kDefaultCacheMaxBytes;
   bool always_compile = false;
+  std::string llvm_plugin; ///< empty: look beside libflashjit.so, then in the build
 };
 
 /// Reads a variable; nullptr when unset.

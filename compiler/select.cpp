@@ -2,6 +2,7 @@
 #include "compiler/select.h"
 
 #include "compiler/knobs.h"
+#include "compiler/llvm_plugin.h"
 #include "compiler/rtc_compiler.h"
 #include "target/arch.h"
 #ifdef FLASHJIT_HAVE_LLVM
@@ -23,6 +24,8 @@ void split_target(std::string_view target_id, std::string &arch, std::string &fe
 
 Expected<std::unique_ptr<Compiler>> make_llvm(std::string_view target_id) {
 #ifdef FLASHJIT_HAVE_LLVM
+  if (auto plugin = llvm_plugin(); !plugin)
+    return plugin.status().with_context(fmt::format("the llvm compiler for {}", target_id));
   return std::unique_ptr<Compiler>(new LlvmCompiler());
 #else
   return Status::error("the llvm compiler is not in this flashjit: it was built without LLVM 22 "

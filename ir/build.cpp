@@ -394,8 +394,9 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, bool sp
 
   Program p;
   const bool lse = sig.lse || split_kv; // a split's LSE weighs it in the combine
-  p.name = fmt::format("fa_fwd_{}_d{}_{}{}{}{}{}{}{}{}", dtype_name(dt), spec.head_dim_qk,
-                       spec.head_dim_v, sig.causal ? "_causal" : "", sig.local ? "_local" : "",
+  p.name = fmt::format("fa_fwd_{}{}_d{}_{}{}{}{}{}{}{}{}", dtype_name(dt),
+                       sig.f32_io ? "_f32io" : "", spec.head_dim_qk, spec.head_dim_v,
+                       sig.causal ? "_causal" : "", sig.local ? "_local" : "",
                        sig.packed_q ? "_varlenq" : "", sig.packed_k ? "_varlenk" : "",
                        sig.used_k ? "_seqused" : "", sig.paged ? "_paged" : "",
                        split_kv  ? "_splitkv"
@@ -469,7 +470,7 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, bool sp
     const bool kv = i == 1 || i == 2;
     TensorParam t;
     t.name = kTensorNames[i];
-    t.dtype = dt;
+    t.dtype = sig.f32_io ? DType::f32 : dt; // f32 tensors load narrowed to dt
     t.batch = batches;
     // K and V have heads / group heads; the kernel indexes them by head / group.
     t.heads = kv ? kv_heads : heads;
@@ -614,7 +615,7 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, bool sp
   p.body.push_back(std::move(loop));
 
   const ValueId o = b.emit(OpKind::DivRow, {acc, l}, acc_type);
-  if (split_kv) {
+  if (split_kv || sig.f32_io) { // the f32 partials of a split, or f32 outputs
     b.emit_void(OpKind::Store, {o, q_block}, {{"tensor", Symbol{"O"}}});
   } else {
     const ValueId o_lo = b.emit(OpKind::Convert, {o}, Type::tile(bm, dv, dt, TileLayout::mma_acc));

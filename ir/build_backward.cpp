@@ -392,6 +392,8 @@ Status validate_backward(const AttentionSpec &spec) {
   };
   if (spec.seqs.used_k || spec.seqs.paged())
     return refuse("KV-cache sequences (seqused_k, paged KV caches); varlen (cu_seqlens) is taken");
+  if (spec.f32_io)
+    return refuse("f32 tensors (f32_io; the forward takes them): pass bf16 or f16 tensors");
   return Status::ok();
 }
 

@@ -241,13 +241,14 @@ private:
     case OpKind::Load: {
       const TensorParam &t = *p_.tensor(op.symbol_attr("tensor"));
       TileValue r = make(op.results[0]);
+      const DType dtype = p_.type_of(op.results[0]).dtype;
       const int64_t row0 = in(op, 0).index * r.rows;
       for (int64_t i = 0; i < r.rows; ++i) {
         if (r.cols == 0 && row0 + i < seq(t)) // a vector: one value per row
           r.data[i] = bound(t).data[offset(t, row0 + i, 0)];
         for (int64_t j = 0; j < r.cols; ++j)
-          if (row0 + i < seq(t) && j < t.dim)
-            r.at(i, j) = bound(t).data[offset(t, row0 + i, j)];
+          if (row0 + i < seq(t) && j < t.dim) // an f32 tensor narrowed to the tile's dtype
+            r.at(i, j) = round_to(dtype, bound(t).data[offset(t, row0 + i, j)]);
       }
       values_[op.results[0]] = std::move(r);
       break;

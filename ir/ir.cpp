@@ -87,6 +87,16 @@ const TensorParam *Program::tensor(const std::string &name) const {
   return nullptr;
 }
 
+DType Program::operand_dtype() const {
+  const TensorParam *q = tensor("Q");
+  if (q != nullptr && q->dtype != DType::f32)
+    return q->dtype;
+  for (const ValueDef &v : values)
+    if (v.type.layout == TileLayout::mma_a && v.type.dtype != DType::f32)
+      return v.type.dtype;
+  return DType::bf16;
+}
+
 const ScalarParam *Program::scalar(std::string_view name) const {
   for (const ScalarParam &s : scalars)
     if (s.name == name)

@@ -232,6 +232,10 @@ struct Program {
   ValueId add_value(Type t, std::string name = "");
   const Type &type_of(ValueId v) const { return values.at(v).type; }
   const TensorParam *tensor(const std::string &name) const;
+  /// The matrix operands' element type: @Q's, or the type its tiles load as
+  /// when @Q is f32 in memory (AttentionSpec::f32_io); bf16 for a program
+  /// without @Q or without such a tile.
+  DType operand_dtype() const;
   const ScalarParam *scalar(std::string_view name) const;
   const Sequence *sequence(std::string_view name) const;
   bool has_index(std::string_view name) const;

@@ -312,11 +312,14 @@ void mask_storage(MaskType type, std::span<const float> values, void *storage) {
 HostTensors make_random_inputs(const AttentionSpec &spec, uint64_t seed) {
   const AttentionSpec &s = spec;
   HostTensors t;
-  t.q = random_tensor(s.q, s.q_batches(), s.heads, s.q_rows(), s.head_dim_qk, s.dtype,
+  // Values of the type in memory: f32 ones (f32_io) are not representable in
+  // the operand type, so the kernel's rounding of them is exercised.
+  const DType io = s.io_dtype();
+  t.q = random_tensor(s.q, s.q_batches(), s.heads, s.q_rows(), s.head_dim_qk, io,
                       stream_seed(seed, 0));
-  t.k = random_tensor(s.k, s.kv_batches(), s.kv_heads, s.kv_rows(), s.head_dim_qk, s.dtype,
+  t.k = random_tensor(s.k, s.kv_batches(), s.kv_heads, s.kv_rows(), s.head_dim_qk, io,
                       stream_seed(seed, 1));
-  t.v = random_tensor(s.v, s.kv_batches(), s.kv_heads, s.kv_rows(), s.head_dim_v, s.dtype,
+  t.v = random_tensor(s.v, s.kv_batches(), s.kv_heads, s.kv_rows(), s.head_dim_v, io,
                       stream_seed(seed, 2));
   if (spec.alibi != Alibi::none) { // positive slopes, as ALiBi's geometric ones are
     std::mt19937_64 rng(stream_seed(seed, 3));

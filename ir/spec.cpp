@@ -291,7 +291,8 @@ Status AttentionSpec::validate() const {
 
   if (dtype != DType::bf16 && dtype != DType::f16)
     return Status::error("dtype {} is not supported for Q/K/V/O: use bf16 or f16 (accumulation "
-                         "is always f32)",
+                         "is always f32); for f32 tensors in memory set f32_io, with dtype the "
+                         "precision of the matrix products (bf16 or f16)",
                          dtype_name(dtype));
 
   if (!std::isfinite(scale) || scale < 0)
@@ -466,6 +467,7 @@ KernelSignature AttentionSpec::signature() const {
   s.mask = mask;
   s.sinks = sinks;
   s.dropout = dropout_p > 0;
+  s.f32_io = f32_io;
   s.packed_q = seqs.packed_q;
   s.packed_k = seqs.packed_k;
   s.used_k = seqs.used_k;
@@ -481,7 +483,7 @@ KernelSignature AttentionSpec::signature() const {
     }
     return true;
   };
-  const int bytes = dtype_bytes(dtype);
+  const int bytes = f32_io ? 4 : dtype_bytes(dtype);
   s.row_align = aligned_to(16 / bytes) ? 16 : aligned_to(8 / bytes) ? 8 : bytes;
   for (int i = 0; i < 4; ++i)
     s.unit_dim[i] = all[i]->dim == 1;
@@ -492,6 +494,8 @@ std::string KernelSignature::summary() const {
   std::string s =
       fmt::format("{} d={}/{}{}{}{} align{}", dtype_name(dtype), head_dim_qk, head_dim_v,
                   causal ? " causal" : "", local ? " local" : "", lse ? " lse" : "", row_align);
+  if (f32_io)
+    s += " f32io";
   if (softcap)
     s += " softcap";
   if (alibi != Alibi::none)
@@ -532,6 +536,8 @@ Status AttentionSpec::matches(const KernelSignature &want) const {
   };
   if (have.dtype != want.dtype)
     return differ("dtype", dtype_name(have.dtype), dtype_name(want.dtype));
+  if (have.f32_io != want.f32_io)
+    return differ("f32_io (f32 tensors in memory)", have.f32_io, want.f32_io);
   if (have.head_dim_qk != want.head_dim_qk)
     return differ("head_dim_qk", have.head_dim_qk, want.head_dim_qk);
   if (have.head_dim_v != want.head_dim_v)
@@ -579,6 +585,8 @@ Status AttentionSpec::matches(const KernelSignature &want) const {
 std::string AttentionSpec::summary() const {
   std::string s = fmt::format("b={} hq={} hkv={} sq={} sk={} d={}/{} {}", batch, heads, kv_heads,
                               seqlen_q, seqlen_k, head_dim_qk, head_dim_v, dtype_name(dtype));
+  if (f32_io)
+    s += " f32io";
   if (causal)
     s += " causal";
   if (window != Window{})

@@ -101,13 +101,14 @@ struct KernelSignature {
   MaskType mask = MaskType::none; // the mask tensor's element type
   bool sinks = false;
   bool dropout = false; // dropout_p > 0 (its probability and seed are run-time values)
+  bool f32_io = false;  // Q, K, V and O are f32 in memory (AttentionSpec::f32_io)
   /// Sequences: packed Q (cu_seqlens_q), packed K/V (cu_seqlens_k), per-batch key
   /// counts (seqused_k), a paged KV cache.
   bool packed_q = false, packed_k = false, used_k = false, paged = false;
   /// Per tensor (q, k, v, o): the head dim is contiguous (dim stride 1).
   bool unit_dim[4] = {true, true, true, true};
   /// Bytes every row start and stride of q, k, v and o is a multiple of: 16
-  /// (128-bit accesses), 8 (64-bit) or 2.
+  /// (128-bit accesses), 8 (64-bit), or the element's size (2, or 4 for f32_io).
   int row_align = 2;
   bool operator==(const KernelSignature &) const = default;
   /// e.g. "bf16 d=80/80 causal align16"
@@ -133,9 +134,15 @@ struct AttentionSpec {
   int64_t head_dim_qk = 64;
   int64_t head_dim_v = 64;
   DType dtype = DType::bf16; // of Q, K, V and O; accumulation is f32
-  double scale = 0;          // softmax scale; 0 means 1/sqrt(head_dim_qk)
-  bool causal = false;       // bottom-right aligned when seqlen_q != seqlen_k
-  Window window;             // sliding window around the (bottom-right) diagonal
+  /// Q, K, V and O are f32 in memory (engines that keep activations in f32):
+  /// the kernel rounds Q, K and V to `dtype` (bf16 or f16, nearest even) as it
+  /// loads them, for the matrix products, and writes O as f32, unrounded.
+  bool f32_io = false;
+  /// The element type of Q, K, V and O in memory: f32 with f32_io, else dtype.
+  DType io_dtype() const { return f32_io ? DType::f32 : dtype; }
+  double scale = 0;    // softmax scale; 0 means 1/sqrt(head_dim_qk)
+  bool causal = false; // bottom-right aligned when seqlen_q != seqlen_k
+  Window window;       // sliding window around the (bottom-right) diagonal
   /// Score modifiers, applied in this order to the scaled score q.k * scale
   /// (FlashAttention's order), before the causal/window mask:
   ///   softcap > 0:  score = softcap * tanh(score / softcap) (the cap is a run-time value)

@@ -186,6 +186,12 @@ private:
   }
 
   Status declare_params();
+  /// "float" for an f32 tensor, else "fj_bits".
+  static const char *element_type(const ir::TensorParam &t);
+  /// Tensors that loads narrow from f32 to the operand type (f32_io).
+  std::set<std::string> narrowed_tensors() const;
+  /// The kernel text's loads of f32 tensors narrowed as they load (f32_io).
+  void emit_narrowing_loads();
   void emit_sequences();
   int nvidia_min_blocks() const;
   // Adds a named constant once (the loop body is emitted twice, see emit_for).
@@ -350,7 +356,8 @@ private:
   std::string tma_copy_ = "0";
   std::map<std::string, std::string> helpers_; // the rules' helpers, by name (before the kernel)
   bool vec_ok_ = true;
-  bool vec4_ok_ = true; // 64-bit runs: head dims and strides that are multiples of 4 (e.g. 100)
+  bool vec4_ok_ = true;     // 64-bit runs: head dims and strides that are multiples of 4 (e.g. 100)
+  bool f32_inputs_ = false; // some tensor loads narrowed from f32 (f32_io)
   bool q_in_lds_ = false;
   // Software pipelining of the loop's LDS tiles (config stages >= 2): each tile is
   // issued right after the previous one is complete, the first before the loop.

@@ -309,10 +309,14 @@ Status KernelEmitter::find_mask(const std::vector<Op> &body) {
 }
 
 // The widest global access the tensors' row alignment allows (IR `align`):
-// 16 bytes for 128-bit runs, 8 for 64-bit ones, else element by element.
+// 16 bytes for 128-bit runs, 8 for 64-bit ones, else element by element. f32
+// tensors that are only stored (the LSE, split-KV's partials, f32_io's output)
+// are written element by element and do not count.
 Status KernelEmitter::declare_params() {
+  const std::set<std::string> narrowed = narrowed_tensors();
+  f32_inputs_ = !narrowed.empty();
   for (const ir::TensorParam &t : p_.tensors) {
-    if (t.dtype == DType::f32) // the LSE and split-KV's partial outputs: f32 stores
+    if (t.dtype == DType::f32 && !narrowed.count(t.name))
       continue;
     const bool unit = t.stride_dim == ir::Extent::constant(1);
     if (!unit || t.row_align < 16 || t.dim % 8)
@@ -321,6 +325,58 @@ Status KernelEmitter::declare_params() {
       vec4_ok_ = false;
   }
   return Status::ok();
+}
+
+std::set<std::string> KernelEmitter::narrowed_tensors() const {
+  std::set<std::string> out;
+  std::function<void(const std::vector<Op> &)> walk = [&](const std::vector<Op> &ops) {
+    for (const Op &op : ops) {
+      if (op.kind == OpKind::Load) {
+        const ir::TensorParam &t = *p_.tensor(op.symbol_attr("tensor"));
+        if (t.dtype == DType::f32 && type(op.results[0]).dtype != DType::f32)
+          out.insert(t.name);
+      }
+      walk(op.body);
+    }
+  };
+  walk(p_.body);
+  return out;
+}
+
+// f32 tensors in memory (f32_io): overloads of the loads and the staging for
+// `const float *`, each element rounded to the operand type (fj_from_f32). 128-bit
+// runs load as two f32x4; 64-bit runs (only 8-byte aligned) element by element.
+void KernelEmitter::emit_narrowing_loads() {
+  w_.line("// ---- f32 tensors in memory: each element rounded to {} as it loads ----",
+          dtype_name(p_.operand_dtype()));
+  w_.line("FJ_DEVICE fj_bits fj_global_load1(const float *p) {{ return "
+          "fj_from_f32(fj_global_load_f32(p)); }}");
+  if (target_.is_nvidia())
+    w_.line("FJ_DEVICE fj_bits2 fj_global_load2(const float *p) {{ fj_bits2 v; v[0] = "
+            "fj_global_load1(p); v[1] = fj_global_load1(p + 1); return v; }}");
+  w_.open("FJ_DEVICE fj_bits4 fj_global_load4(const float *p) {{");
+  w_.line("fj_bits4 v;");
+  w_.line("for (int i = 0; i < 4; ++i) v[i] = fj_global_load1(p + i);");
+  w_.line("return v;");
+  w_.close();
+  w_.open("FJ_DEVICE fj_bits8 fj_global_load8(const float *p) {{");
+  w_.line("const fj_float4 a = fj_global_load_f32x4(p), b = fj_global_load_f32x4(p + 4);");
+  w_.line("fj_bits8 v;");
+  w_.line(
+      "for (int i = 0; i < 4; ++i) {{ v[i] = fj_from_f32(a[i]); v[i + 4] = fj_from_f32(b[i]); }}");
+  w_.line("return v;");
+  w_.close();
+  w_.open("FJ_DEVICE void fj_stage8(fj_bits *lds, const float *src, bool valid) {{");
+  w_.line("fj_bits8 v = {{0, 0, 0, 0, 0, 0, 0, 0}};");
+  w_.line("if (valid)");
+  w_.line("  v = fj_global_load8(src);");
+  w_.line("fj_lds_store8(lds, v);");
+  w_.close();
+  w_.open("FJ_DEVICE void fj_stage4(fj_bits *lds, const float *src, bool valid) {{");
+  w_.line("for (int e = 0; e < 4; ++e)");
+  w_.line("  fj_lds_store1(lds + e, valid ? fj_global_load1(src + e) : fj_bits(0));");
+  w_.close();
+  w_.blank();
 }
 
 void KernelEmitter::emit_constants() {
@@ -427,18 +483,19 @@ Expected<Lowered> KernelEmitter::run() {
   FJ_RETURN_IF_ERROR(emit_ops(p_.body));
   std::swap(w_, body);
 
-  const ir::TensorParam &q = *p_.tensor("Q");
+  const DType dtype = p_.operand_dtype();
   // The kernel text: everything but the target prelude and the matrix wrapper,
   // so the emulator can run the same text under its own prelude.
   HipWriter kernel;
   std::swap(w_, kernel);
-  w_.line("// ---- the element type ({}) ----", dtype_name(q.dtype));
-  w_.line("FJ_DEVICE float fj_to_f32(fj_bits x) {{ return fj_{}_to_f32(x); }}",
-          dtype_name(q.dtype));
+  w_.line("// ---- the element type ({}) ----", dtype_name(dtype));
+  w_.line("FJ_DEVICE float fj_to_f32(fj_bits x) {{ return fj_{}_to_f32(x); }}", dtype_name(dtype));
   w_.line("FJ_DEVICE fj_bits fj_from_f32(float x) {{ return fj_f32_to_{}(x); }}",
-          dtype_name(q.dtype));
+          dtype_name(dtype));
   w_.blank();
   rules_.emit_staging_helpers(w_);
+  if (f32_inputs_)
+    emit_narrowing_loads();
   w_.line("// ---- the spec and config, as named constants ----");
   for (const auto &[decl, comment] : constants_)
     w_.line("{}{}", decl, comment.empty() ? "" : " // " + comment);
@@ -467,7 +524,7 @@ Expected<Lowered> KernelEmitter::run() {
   find_stores(p_.body);
   for (const ir::TensorParam &t : p_.tensors) {
     const bool output = stored.count(t.name) > 0;
-    const char *element = t.dtype == DType::f32 ? "float" : "fj_bits";
+    const char *element = element_type(t);
     params.push_back({t.name, KernelParam::Kind::tensor, ir::ScalarType::i64,
                       fmt::format("{}{} *", output ? "" : "const ", element)});
   }
@@ -529,7 +586,7 @@ Expected<Lowered> KernelEmitter::run() {
   w_.blank();
   w_.line("// ---- the matrix instruction ----");
   if (mi_)
-    rules_.emit_mma_wrapper(w_, *mi_, q.dtype);
+    rules_.emit_mma_wrapper(w_, *mi_, dtype);
   else
     w_.line("// none: the {} rules multiply with FMAs in the kernel text", rules_.name());
   for (const auto &[helper, text] : helpers_)
@@ -551,7 +608,8 @@ Expected<Lowered> KernelEmitter::run() {
   out.rules = std::string(rules_.name());
   out.compile_arch = rules_.compile_arch(target_);
   out.rules_note = note_;
-  out.pointer_alignment = vec_ok_ ? 16 : vec4_ok_ ? 8 : 2;
+  // f32 inputs are read as floats: at least 4-byte aligned.
+  out.pointer_alignment = vec_ok_ ? 16 : vec4_ok_ ? 8 : f32_inputs_ ? 4 : 2;
   // Rows are addressed by a 32-bit offset within a block (row_offset).
   out.max_row_stride = int64_t(UINT32_MAX) / std::max(block_m_, block_n_);
   return out;

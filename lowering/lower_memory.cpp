@@ -6,6 +6,12 @@
 
 namespace flashjit::lowering::emit {
 
+// A tensor's element in global memory: a bf16/f16 bit pattern, or f32 (the LSE,
+// split-KV's partials, and every tensor of an f32_io kernel, whose loads round).
+const char *KernelEmitter::element_type(const ir::TensorParam &t) {
+  return t.dtype == DType::f32 ? "float" : "fj_bits";
+}
+
 Status KernelEmitter::emit_load(const Op &op) {
   const ir::TensorParam &t = *p_.tensor(op.symbol_attr("tensor"));
   const Type &ty = type(op.results[0]);
@@ -27,8 +33,9 @@ Status KernelEmitter::emit_load(const Op &op) {
     // `len` consecutive head-dim entries of one query row.
     const int len = rules_.operand_run_len();
     const std::vector<FragmentRun> runs = rules_.operand_runs();
+    const char *elem = element_type(t);
     w_.line("{};", declare(op.results[0]));
-    w_.line("const fj_bits *{}_base = {};", name(op.results[0]),
+    w_.line("const {} *{}_base = {};", elem, name(op.results[0]),
             block_base(t, base, idx, "kBlockM"));
     w_.line("#pragma unroll");
     w_.open("for (int qt = 0; qt < kQTiles; ++qt) {{");
@@ -40,7 +47,7 @@ Status KernelEmitter::emit_load(const Op &op) {
       w_.open("{{");
       w_.line("const int row = query_row(qt, {});", runs[r].row);
       w_.line("const int d0 = c * 16 + {};", runs[r].col);
-      w_.line("const fj_bits *src = {}_base + {};", name(op.results[0]),
+      w_.line("const {} *src = {}_base + {};", elem, name(op.results[0]),
               row_offset(t, fmt::format("local_row(qt, {})", runs[r].row)));
       w_.open("if (row < {}) {{", seq_const(t));
       emit_run_load("frag", int(r) * len, len, runs.size() == 1, dim_const(t), dim_stride(t));
@@ -323,10 +330,11 @@ void KernelEmitter::emit_stage_issue(const Op &op, const std::string &idx) {
                                               : fmt::format("r * {} + d0", lds_strides_.at(buf));
   w_.line("// IR: stage block {} of @{} into {}", idx, t.name, buf);
   w_.open("{{");
+  const char *elem = element_type(t);
   if (paged(t))
-    w_.line("const fj_bits *head_rows = {}; // rows found through the page table", head_base(t));
+    w_.line("const {} *head_rows = {}; // rows found through the page table", elem, head_base(t));
   else
-    w_.line("const fj_bits *tile = {};", block_base(t, head_base(t), "(" + idx + ")", rows_name));
+    w_.line("const {} *tile = {};", elem, block_base(t, head_base(t), "(" + idx + ")", rows_name));
   // Work-item t copies chunks t, t + kThreads, ... On NVIDIA a loop of a fixed
   // trip count, unrolled: the copies are asynchronous and their addresses then
   // differ by constants (the H100 forward at head dim 128 ran ~15% faster).
@@ -357,9 +365,9 @@ void KernelEmitter::emit_stage_issue(const Op &op, const std::string &idx) {
   }
   w_.line("const int row = ({}) * {} + r;", idx, rows_name);
   if (paged(t))
-    w_.line("const fj_bits *src = head_rows + {};", page_row_offset(t, "row"));
+    w_.line("const {} *src = head_rows + {};", elem, page_row_offset(t, "row"));
   else
-    w_.line("const fj_bits *src = tile + {};", row_offset(t, "r"));
+    w_.line("const {} *src = tile + {};", elem, row_offset(t, "r"));
   if (!transposed) {
     w_.open("if (kVecLoads && d0 + 8 <= {}) {{", dim_const(t));
     w_.line("fj_stage8(&{}[{}], src + d0, row < {}); // zeros past the last row", buf, at,
@@ -443,7 +451,7 @@ Status KernelEmitter::emit_store(const Op &op) {
     w_.open("if (row < {}) {{", seq_const(t));
     const int first = int(r) * len;
     const std::string element = first ? fmt::format("{} + i", first) : "i";
-    if (f32) { // split-KV's f32 partial results in the workspace, element by element
+    if (f32) { // split-KV's f32 partials, or f32 outputs (f32_io): element by element
       w_.line("for (int i = 0; i < {}; ++i)", len);
       w_.line("  if (d0 + i < {}) fj_global_store_f32(dst + long(d0 + i){}, {}[qt][c][{}]);",
               dim_const(t), dim_stride(t), v, element);

@@ -208,7 +208,7 @@ Status check_launch(const Lowered &k, const AttentionSpec &shape) {
 
 Expected<Lowered> lower(const ir::Program &program, const Target &target, RulesChoice choice) {
   FJ_RETURN_IF_ERROR(ir::verify(program));
-  auto chosen = choose_rules(target, program.tensor("Q")->dtype, choice, want_for(program));
+  auto chosen = choose_rules(target, program.operand_dtype(), choice, want_for(program));
   if (!chosen)
     return chosen.status();
   return emit::KernelEmitter(program, target, *chosen->rules, chosen->mi, chosen->note).run();

@@ -37,8 +37,8 @@ constexpr int kThreads = 256, kColThreads = 32, kNarrowColThreads = 8;
 constexpr int64_t kNarrowFromSplits = 256;
 
 std::string combine_name(const KernelSignature &sig) {
-  return fmt::format("fa_combine_{}_d{}{}{}", dtype_name(sig.dtype), sig.head_dim_v,
-                     sig.lse ? "_lse" : "", sig.unit_dim[3] ? "" : "_strided");
+  return fmt::format("fa_combine_{}_d{}{}{}", sig.f32_io ? "f32" : dtype_name(sig.dtype),
+                     sig.head_dim_v, sig.lse ? "_lse" : "", sig.unit_dim[3] ? "" : "_strided");
 }
 
 } // namespace
@@ -65,7 +65,8 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
   out.params = {
       {"O_partial", KernelParam::Kind::tensor, ir::ScalarType::i64, "const float *"},
       {"LSE_partial", KernelParam::Kind::tensor, ir::ScalarType::i64, "const float *"},
-      {"O", KernelParam::Kind::tensor, ir::ScalarType::i64, "fj_bits *"},
+      // f32 outputs (f32_io) are written unrounded.
+      {"O", KernelParam::Kind::tensor, ir::ScalarType::i64, sig.f32_io ? "float *" : "fj_bits *"},
   };
   if (sig.lse)
     out.params.push_back({"LSE", KernelParam::Kind::tensor, ir::ScalarType::i64, "float *"});
@@ -166,10 +167,12 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
     w.line("#pragma unroll");
     w.line("for (int g = 0; g < kGroups; ++g)");
     w.line("  total += lds_acc[g * kCols + tid];");
-    w.line("fj_bits *dst = O + batch * o_batch_stride + head * o_head_stride + long(query) * "
-           "o_seq_stride;");
-    w.line("fj_global_store1(dst + long(col){}, fj_from_f32(sum > 0.0f ? total / sum : 0.0f));",
-           sig.unit_dim[3] ? "" : " * o_dim_stride");
+    w.line("{} *dst = O + batch * o_batch_stride + head * o_head_stride + long(query) * "
+           "o_seq_stride;",
+           sig.f32_io ? "float" : "fj_bits");
+    w.line("{}(dst + long(col){}, {}(sum > 0.0f ? total / sum : 0.0f));",
+           sig.f32_io ? "fj_global_store_f32" : "fj_global_store1",
+           sig.unit_dim[3] ? "" : " * o_dim_stride", sig.f32_io ? "" : "fj_from_f32");
     w.close();
   }
   w.close();

@@ -68,11 +68,12 @@ struct TensorShape {
 std::vector<float> to_floats(const void *buffer, const AttentionSpec &spec, const TensorShape &s) {
   std::vector<float> out(size_t(s.extent), std::numeric_limits<float>::quiet_NaN());
   const auto *bytes = static_cast<const uint8_t *>(buffer);
-  const int size = dtype_bytes(spec.dtype);
+  const DType type = spec.io_dtype();
+  const int size = dtype_bytes(type);
   for_each_element(*s.strides, s.batch, s.heads, s.seq, s.dim, [&](int64_t i) {
     uint32_t bits = 0;
     std::memcpy(&bits, bytes + i * size, size_t(size)); // little-endian hosts only
-    out[size_t(i)] = from_bits(spec.dtype, bits);
+    out[size_t(i)] = from_bits(type, bits);
   });
   return out;
 }
@@ -81,9 +82,10 @@ std::vector<float> to_floats(const void *buffer, const AttentionSpec &spec, cons
 void from_floats(const std::vector<float> &values, const AttentionSpec &spec, const TensorShape &s,
                  void *buffer) {
   auto *bytes = static_cast<uint8_t *>(buffer);
-  const int size = dtype_bytes(spec.dtype);
+  const DType type = spec.io_dtype();
+  const int size = dtype_bytes(type);
   for_each_element(*s.strides, s.batch, s.heads, s.seq, s.dim, [&](int64_t i) {
-    const uint32_t bits = to_bits(spec.dtype, values[size_t(i)]);
+    const uint32_t bits = to_bits(type, values[size_t(i)]);
     std::memcpy(bytes + i * size, &bits, size_t(size));
   });
 }
@@ -533,7 +535,7 @@ Status Attention::Impl::check_arguments(const AttentionSpec &shape,
   const float *lse = t.lse;
   const bool generated_kernel = executor != Executor::interpreter;
   const int align =
-      generated_kernel ? generated->lowered.pointer_alignment : dtype_bytes(spec.dtype);
+      generated_kernel ? generated->lowered.pointer_alignment : dtype_bytes(spec.io_dtype());
   const struct {
     const char *name;
     const void *pointer;
@@ -810,7 +812,7 @@ Status Attention::Impl::run_backward(const Backward &b, const AttentionSpec &sha
 Status Attention::Impl::check_device_buffers(const AttentionSpec &shape, const AttentionTensors &t,
                                              void *stream) const {
   FJ_RETURN_IF_ERROR(driver->check_stream(device.index, stream).with_context("forward"));
-  const int64_t element = dtype_bytes(spec.dtype);
+  const int64_t element = dtype_bytes(spec.io_dtype());
   std::vector<std::tuple<const char *, const void *, int64_t>> buffers = {
       {"q", t.q, shape.q_elements() * element},
       {"k", t.k, shape.k_elements() * element},
@@ -895,7 +897,7 @@ Status Attention::Impl::run_interpreter(const AttentionSpec &shape, const Attent
   // A GPU: wait for the stream, copy the buffers to the host, interpret, copy
   // O (with its gaps as they were) and the LSE back.
   const Shapes sh = shapes_of(shape);
-  const size_t element = size_t(dtype_bytes(shape.dtype));
+  const size_t element = size_t(dtype_bytes(shape.io_dtype()));
   auto fetch = [&](const void *device_pointer, int64_t elements) -> Expected<std::vector<uint8_t>> {
     std::vector<uint8_t> host(size_t(elements) * element);
     FJ_RETURN_IF_ERROR(

@@ -126,6 +126,12 @@ namespace detail {
 struct AttentionAccess;
 }
 
+/// Thread safety: create() may run on many threads at once (each kernel is
+/// compiled once per process, the disk cache is shared by processes). One
+/// Attention may run forward() and backward() from several threads at once:
+/// workspaces are allocated per call on its stream, kernels built on first use
+/// are built once (tests/kernel_cache_test.cpp, AttentionThreads, also under
+/// ThreadSanitizer). Destroying or moving it must not race with its calls.
 class Attention {
 public:
   /// Generates, compiles and loads the kernel for `spec` on `device`.

@@ -2,9 +2,12 @@
 // point catches what C++ could throw, so no exception crosses into C.
 #include "flashjit/flashjit.h"
 
+#include "compiler/code_object.h"
 #include "runtime/attention.h"
 #include "runtime/attention_detail.h"
 #include "runtime/device.h"
+
+#include <nlohmann/json.hpp>
 
 #include <cstddef>
 #include <cstdlib>
@@ -74,6 +77,7 @@ fj_error null_argument(const char *function, const char *name) {
 // it passes that size, and the fields added since read as their defaults.
 template <typename T> constexpr size_t kFirstSize = sizeof(T);
 template <> constexpr size_t kFirstSize<fj_backward_tensors> = offsetof(fj_backward_tensors, sinks);
+template <> constexpr size_t kFirstSize<fj_spec> = offsetof(fj_spec, f32_io);
 
 template <typename T> fj_error check_size(const char *function, const char *type, const T *in) {
   if (in->struct_size == sizeof(T) || in->struct_size == kFirstSize<T>)
@@ -190,6 +194,7 @@ void from_spec(const flashjit::AttentionSpec &s, fj_spec *out) {
   out->dropout_p = s.dropout_p;
   out->dropout_seed = s.dropout_seed;
   out->dropout_offset = s.dropout_offset;
+  out->f32_io = s.f32_io ? 1 : 0;
   out->page_size = s.seqs.page_size;
   out->num_pages = s.seqs.num_pages;
   out->pages_per_seq = s.seqs.pages_per_seq;
@@ -208,9 +213,12 @@ fj_error to_spec(const char *function, const fj_spec *in, flashjit::AttentionSpe
     return e;
   if (fj_error e = to_layout(in->layout, &out->layout); e != FJ_OK)
     return e;
+  // A caller's older, shorter struct lacks the fields added since: their defaults.
+  const int32_t f32_io = in->struct_size > offsetof(fj_spec, f32_io) ? in->f32_io : 0;
   const std::pair<const char *, int32_t> flags[] = {
       {"causal", in->causal},     {"lse", in->lse},       {"packed_q", in->packed_q},
-      {"packed_k", in->packed_k}, {"used_k", in->used_k}, {"sinks", in->sinks}};
+      {"packed_k", in->packed_k}, {"used_k", in->used_k}, {"sinks", in->sinks},
+      {"f32_io", f32_io}};
   for (const auto &[name, value] : flags)
     if (value != 0 && value != 1)
       return fail(FJ_ERROR_INVALID_SPEC,
@@ -249,6 +257,7 @@ fj_error to_spec(const char *function, const fj_spec *in, flashjit::AttentionSpe
   out->dropout_p = in->dropout_p;
   out->dropout_seed = in->dropout_seed;
   out->dropout_offset = in->dropout_offset;
+  out->f32_io = f32_io != 0;
   out->q = to_strides(in->q);
   out->k = to_strides(in->k);
   out->v = to_strides(in->v);
@@ -300,19 +309,6 @@ fj_error give_string(const std::string &text, char **out) {
   std::memcpy(copy, text.c_str(), text.size() + 1);
   *out = copy;
   return FJ_OK;
-}
-
-std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\')
-      out += {'\\', c};
-    else if (static_cast<unsigned char>(c) < 0x20)
-      out += fmt::format("\\u{:04x}", int(c));
-    else
-      out += c;
-  }
-  return out + "\"";
 }
 
 } // namespace
@@ -433,15 +429,14 @@ fj_error fj_list_devices(char **json) {
     auto devices = flashjit::list_devices();
     if (!devices)
       return fail(FJ_ERROR_DEVICE, devices.status().message());
-    std::string out = "[";
-    for (const flashjit::DeviceInfo &d : *devices) {
-      out +=
-          fmt::format("{}{{\"id\": {}, \"kind\": {}, \"index\": {}, \"name\": {}, \"arch\": {}}}",
-                      out.size() > 1 ? ", " : "", json_string(d.id()),
-                      json_string(flashjit::device_kind_name(d.kind)), d.index, json_string(d.name),
-                      json_string(d.arch));
-    }
-    return give_string(out + "]", json);
+    nlohmann::ordered_json list = nlohmann::ordered_json::array();
+    for (const flashjit::DeviceInfo &d : *devices)
+      list.push_back({{"id", d.id()},
+                      {"kind", flashjit::device_kind_name(d.kind)},
+                      {"index", d.index},
+                      {"name", d.name},
+                      {"arch", d.arch}});
+    return give_string(flashjit::compiler::json_line(list), json);
   });
 }
 

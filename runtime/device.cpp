@@ -36,8 +36,7 @@ constexpr std::string_view kDeviceForms =
     "expected hip:N, cuda:N or emulator:ARCH (e.g. hip:0, cuda:0, emulator:gfx1201)";
 
 Status emulator_missing() {
-  return Status::error("this flashjit was built without LLVM, so it has no CPU emulator: rebuild "
-                       "with -DFLASHJIT_WITH_LLVM=ON or use a hip: or cuda: device");
+  return Status::error("{}; or use a hip: or cuda: device", runtime::emulator_status().message());
 }
 
 Expected<DeviceInfo> find_gpu(DeviceKind kind, std::string_view id, std::string_view index_text) {
@@ -146,9 +145,9 @@ std::string backends_report() {
                     : fmt::format("{}: {}: {}\n", device_kind_name(kind), (*driver)->library_path(),
                                   count.status().message());
   }
-  report += runtime::emulator_available()
-                ? "emulator: available (any AMD arch: emulator:ARCH, e.g. emulator:gfx1201)\n"
-                : "emulator: not in this build (built without LLVM)\n";
+  const Status emulator = runtime::emulator_status();
+  report += emulator ? "emulator: available (any AMD arch: emulator:ARCH, e.g. emulator:gfx1201)\n"
+                     : fmt::format("emulator: not available: {}\n", emulator.message());
   return report;
 }
 

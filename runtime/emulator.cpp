@@ -23,8 +23,9 @@
 // workgroup stops there.
 #include "runtime/emulator.h"
 
+#include "compiler/host_jit.h"
+#include "compiler/llvm_plugin.h"
 #include "runtime/emulator_fiber.h"
-#include "runtime/emulator_jit.h"
 #include "runtime/kernel_args.h"
 #include "templates/templates.h"
 
@@ -129,7 +130,7 @@ struct AlignedBytes {
 /// Everything the workers share, read-only while they run.
 struct Launch {
   std::string_view kernel;
-  emu::KernelEntry entry = nullptr;
+  compiler::KernelEntry entry = nullptr;
   const lowering::Target *target = nullptr;
   const lowering::Lowered *lowered = nullptr;
   const LaneLayout *layout = nullptr;
@@ -708,8 +709,8 @@ __attribute__((noinline)) void hook_out_of_bounds(void *data, uintptr_t index) {
 float hook_exp2(float x) { return std::exp2(x); }
 float hook_log2(float x) { return std::log2(x); }
 
-const std::vector<emu::HostSymbol> &host_symbols() {
-  static const std::vector<emu::HostSymbol> symbols = {
+const std::vector<compiler::HostSymbol> &host_symbols() {
+  static const std::vector<compiler::HostSymbol> symbols = {
       {"fj_emu_thread_id", reinterpret_cast<void *>(&hook_thread_id)},
       {"fj_emu_group_id", reinterpret_cast<void *>(&hook_group_id)},
       {"fj_emu_lds_alloc", reinterpret_cast<void *>(&hook_lds_alloc)},
@@ -769,6 +770,10 @@ Status flatten_lane_maps(const LaneLayout &l, int wave, Launch &out) {
 
 /// Host floats -> 16-bit device elements, checking each is representable.
 Status to_device(std::string_view name, const std::vector<float> &in, DType t, uint8_t *out) {
+  if (t == DType::f32) { // f32 tensors (f32_io): the floats as they are, NaN poison included
+    std::memcpy(out, in.data(), in.size() * sizeof(float));
+    return Status::ok();
+  }
   auto *bits = reinterpret_cast<uint16_t *>(out);
   for (size_t i = 0; i < in.size(); ++i) {
     const float x = in[i];
@@ -782,7 +787,12 @@ Status to_device(std::string_view name, const std::vector<float> &in, DType t, u
 
 } // namespace
 
-bool emulator_available() { return true; }
+Status emulator_status() {
+  auto plugin = compiler::llvm_plugin();
+  return plugin ? Status::ok() : plugin.status().with_context("the CPU emulator");
+}
+
+bool emulator_available() { return emulator_status().is_ok(); }
 
 namespace {
 
@@ -793,7 +803,7 @@ std::string launcher_text(const lowering::Lowered &k) {
   for (size_t i = 0; i < k.params.size(); ++i)
     call += fmt::format("{}*static_cast<{} *>(args[{}])", i ? ", " : "", k.params[i].c_type, i);
   return fmt::format("\nextern \"C\" void {}(void *const *args) {{ {}({}); }}\n",
-                     emu::kLauncherName, k.kernel_name, call);
+                     compiler::kLauncherName, k.kernel_name, call);
 }
 
 } // namespace
@@ -836,8 +846,8 @@ Status emulate_kernel(const lowering::Lowered &k, const lowering::Target &target
       launch.decode[b] = from_bits(k.mma->ab_dtype, b);
   }
 
-  auto compiled = emu::compile_for_host(templates::emulator_prelude,
-                                        k.kernel_text + launcher_text(k), host_symbols());
+  auto compiled = compiler::compile_for_host(templates::emulator_prelude,
+                                             k.kernel_text + launcher_text(k), host_symbols());
   if (!compiled)
     return compiled.status();
   launch.entry = (*compiled)->entry;
@@ -942,23 +952,29 @@ Status check_attention(const lowering::Lowered &k, const AttentionSpec &spec,
 }
 
 Status to_device_tensors(const AttentionSpec &spec, const HostTensors &tensors, DeviceTensors &d) {
-  // Device buffers: 16-bit elements (f32 for LSE), poison wherever the host has NaN.
-  const DType t = spec.dtype;
-  d.q = AlignedBytes(tensors.q.size() * 2);
-  d.k = AlignedBytes(tensors.k.size() * 2);
-  d.v = AlignedBytes(tensors.v.size() * 2);
-  d.o = AlignedBytes(tensors.o.size() * 2);
+  // Device buffers: 16-bit elements (f32 for LSE, and for Q/K/V/O with f32_io),
+  // poison wherever the host has NaN.
+  const DType t = spec.io_dtype();
+  const size_t e = size_t(dtype_bytes(t));
+  d.q = AlignedBytes(tensors.q.size() * e);
+  d.k = AlignedBytes(tensors.k.size() * e);
+  d.v = AlignedBytes(tensors.v.size() * e);
+  d.o = AlignedBytes(tensors.o.size() * e);
   d.lse = AlignedBytes(spec.lse ? tensors.lse.size() * 4 : 0);
   FJ_RETURN_IF_ERROR(to_device("Q", tensors.q, t, d.q.data));
   FJ_RETURN_IF_ERROR(to_device("K", tensors.k, t, d.k.data));
   FJ_RETURN_IF_ERROR(to_device("V", tensors.v, t, d.v.data));
-  std::fill_n(reinterpret_cast<uint16_t *>(d.o.data), tensors.o.size(), uint16_t(0x7fff));
+  if (t == DType::f32)
+    std::fill_n(reinterpret_cast<float *>(d.o.data), tensors.o.size(),
+                std::numeric_limits<float>::quiet_NaN());
+  else
+    std::fill_n(reinterpret_cast<uint16_t *>(d.o.data), tensors.o.size(), uint16_t(0x7fff));
   std::fill_n(reinterpret_cast<float *>(d.lse.data), spec.lse ? tensors.lse.size() : 0,
               std::numeric_limits<float>::quiet_NaN());
-  d.buffers = {{"Q", d.q.data, tensors.q.size() * 2, 2, false},
-               {"K", d.k.data, tensors.k.size() * 2, 2, false},
-               {"V", d.v.data, tensors.v.size() * 2, 2, false},
-               {"O", d.o.data, tensors.o.size() * 2, 2, true},
+  d.buffers = {{"Q", d.q.data, tensors.q.size() * e, int(e), false},
+               {"K", d.k.data, tensors.k.size() * e, int(e), false},
+               {"V", d.v.data, tensors.v.size() * e, int(e), false},
+               {"O", d.o.data, tensors.o.size() * e, int(e), true},
                {"LSE", d.lse.data, spec.lse ? tensors.lse.size() * 4 : 0, 4, true}};
   // The index arrays (Sequences), read as they are; after the five tensors.
   for (const auto &[name, array] : {std::pair{"cu_seqlens_q", &tensors.cu_seqlens_q},
@@ -985,8 +1001,11 @@ Status to_device_tensors(const AttentionSpec &spec, const HostTensors &tensors, 
 }
 
 void from_device_tensors(const AttentionSpec &spec, const DeviceTensors &d, HostTensors &tensors) {
-  for (size_t i = 0; i < tensors.o.size(); ++i)
-    tensors.o[i] = from_bits(spec.dtype, reinterpret_cast<const uint16_t *>(d.o.data)[i]);
+  if (spec.f32_io)
+    std::copy_n(reinterpret_cast<const float *>(d.o.data), tensors.o.size(), tensors.o.begin());
+  else
+    for (size_t i = 0; i < tensors.o.size(); ++i)
+      tensors.o[i] = from_bits(spec.dtype, reinterpret_cast<const uint16_t *>(d.o.data)[i]);
   if (spec.lse)
     std::copy_n(reinterpret_cast<const float *>(d.lse.data), tensors.lse.size(),
                 tensors.lse.begin());

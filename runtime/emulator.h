@@ -73,7 +73,10 @@ Status emulate_kernel(const lowering::Lowered &k, const lowering::Target &target
                       const ir::Bindings &shapes, std::span<const EmulatorBuffer> buffers,
                       const EmulatorOptions &options = {});
 
-/// Whether this build can emulate (it has the in-process Clang and LLVM JIT).
+/// Ok when this process can emulate: the LLVM plugin, whose host JIT compiles
+/// the kernels for the CPU, loads (compiler/llvm_plugin.h). Else why not.
+Status emulator_status();
+/// emulator_status() is ok.
 bool emulator_available();
 
 } // namespace flashjit::runtime

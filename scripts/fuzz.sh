@@ -20,7 +20,7 @@ fi
 
 # clang 22 with libFuzzer and the sanitizer run-times (libclang-rt-22-dev), and
 # llvm-22 for llvm-symbolizer (readable stacks).
-packages=(cmake ninja-build g++ libfmt-dev clang-22 libclang-rt-22-dev llvm-22)
+packages=(cmake ninja-build g++ libfmt-dev nlohmann-json3-dev clang-22 libclang-rt-22-dev llvm-22)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -12,7 +12,7 @@ sanitizers=${SANITIZERS:-asan tsan}
 
 # What scripts/setup.sh installs for an LLVM build, and the sanitizer run-times:
 # g++'s libasan/libubsan come with it, clang's with libclang-rt-22-dev.
-packages=(cmake ninja-build g++ libfmt-dev googletest libgtest-dev
+packages=(cmake ninja-build g++ libfmt-dev nlohmann-json3-dev googletest libgtest-dev
           clang-22 libclang-rt-22-dev llvm-22 lld-22 llvm-22-dev libclang-22-dev libclang-cpp22-dev
           liblld-22-dev)
 missing=()

@@ -4,9 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(cmake ninja-build g++ libfmt-dev googletest libgtest-dev
+packages=(cmake ninja-build g++ libfmt-dev nlohmann-json3-dev googletest libgtest-dev
           clang-22 clang-format-22 lld-22 llvm-22-dev libclang-22-dev libclang-cpp22-dev liblld-22-dev
-          python3-numpy python3-pytest libamd-comgr2)
+          python3-numpy python3-pytest python3-venv pkgconf binutils libamd-comgr2)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -96,6 +96,7 @@ FJ_DEVICE void fj_global_store2(fj_bits *p, fj_bits a, fj_bits b) { *(fj_bits2 *
 FJ_DEVICE void fj_global_store1(fj_bits *p, fj_bits v) { *p = v; }
 FJ_DEVICE void fj_global_store_f32(float *p, float v) { *p = v; }
 FJ_DEVICE float fj_global_load_f32(const float *p) { return *p; }
+FJ_DEVICE fj_float4 fj_global_load_f32x4(const float *p) { return *(const fj_float4 *)p; } // 16-byte aligned
 
 // ---- shared memory (LDS) ----
 FJ_DEVICE fj_bits8 fj_lds_load8(const fj_bits *p) { return *(const fj_bits8 *)p; }

@@ -141,6 +141,11 @@ FJ_DEVICE float fj_global_load_f32(const float *p) {
   fj_emu_global_load(&v, p, 4, 1);
   return v;
 }
+FJ_DEVICE fj_float4 fj_global_load_f32x4(const float *p) {
+  fj_float4 v;
+  fj_emu_global_load(&v, p, 4, 4);
+  return v;
+}
 
 // ---- LDS (bounds and reads of bytes never written in this workgroup are checked) ----
 FJ_DEVICE fj_bits8 fj_lds_load8(const fj_bits *p) {

@@ -241,6 +241,14 @@ static void test_errors(void) {
   CHECK_ERROR(fj_spec_validate(&spec), FJ_ERROR_INVALID_ARGUMENT, "built against a newer");
   fj_spec_init(&spec);
   CHECK(fj_spec_validate(&spec) == FJ_OK);
+  /* A caller built before f32_io passes ABI 1's first, shorter fj_spec: valid, and
+   * f32_io reads as 0 whatever lies past its end. */
+  CHECK(spec.f32_io == 0);
+  spec.f32_io = 7;
+  CHECK_ERROR(fj_spec_validate(&spec), FJ_ERROR_INVALID_SPEC, "spec.f32_io is 7: it is a flag");
+  spec.struct_size = (uint32_t)offsetof(fj_spec, f32_io);
+  CHECK(fj_spec_validate(&spec) == FJ_OK);
+  fj_spec_init(&spec);
   {
     fj_options options;
     fj_tensors tensors;
@@ -519,12 +527,66 @@ static void test_backward_sinks(void) {
 #endif
 }
 
+/* f32 tensors in memory (fj_spec.f32_io): float32 q, k, v of fresh random values,
+ * rounded to bf16 in the kernel, and a float32 out (NaN until written), against a
+ * float64 reference; tolerance 3e-2 (bf16 operands, inputs in [-1, 1)). */
+static void test_f32_io(void) {
+#ifdef FLASHJIT_TEST_WITH_LLVM
+  enum { B = 1, H = 2, SQ = 9, SK = 13, D = 40 };
+  static float q[B * SQ * H * D], k[B * SK * H * D], v[B * SK * H * D], o[B * SQ * H * D];
+  fj_spec spec;
+  fj_attention *attn = NULL;
+  double worst = 0;
+  size_t i;
+  int h, s, t, d;
+  for (i = 0; i < sizeof q / sizeof *q; ++i)
+    q[i] = uniform();
+  for (i = 0; i < sizeof k / sizeof *k; ++i) {
+    k[i] = uniform();
+    v[i] = uniform();
+  }
+  for (i = 0; i < sizeof o / sizeof *o; ++i)
+    o[i] = NAN;
+  fj_spec_init_bshd(&spec, B, H, H, SQ, SK, D, D, FJ_DTYPE_BF16);
+  spec.f32_io = 1;
+  CHECK(fj_attention_create(&spec, "emulator:gfx1201", NULL, &attn) == FJ_OK);
+  if (attn == NULL)
+    return;
+  CHECK(fj_attention_forward(attn, q, k, v, o, NULL, NULL) == FJ_OK);
+  for (h = 0; h < H; ++h)
+    for (s = 0; s < SQ; ++s) {
+      double p[SK], max = -INFINITY, sum = 0;
+      for (t = 0; t < SK; ++t) {
+        double dot = 0;
+        for (d = 0; d < D; ++d)
+          dot += (double)q[(s * H + h) * D + d] * (double)k[(t * H + h) * D + d];
+        p[t] = dot / sqrt((double)D);
+        if (p[t] > max)
+          max = p[t];
+      }
+      for (t = 0; t < SK; ++t)
+        sum += (p[t] = exp(p[t] - max));
+      for (d = 0; d < D; ++d) {
+        double ref = 0, err;
+        for (t = 0; t < SK; ++t)
+          ref += p[t] / sum * (double)v[(t * H + h) * D + d];
+        err = fabs((double)o[(s * H + h) * D + d] - ref);
+        if (!(err <= worst)) /* NaN too */
+          worst = err;
+      }
+    }
+  CHECK(worst <= 3e-2);
+  fj_attention_destroy(attn);
+#endif
+}
+
 int main(void) {
   test_basics();
   test_errors();
   test_emulator();
   test_varlen();
   test_backward_sinks();
+  test_f32_io();
   if (failures)
     fprintf(stderr, "c_api_test: %d check(s) failed\n", failures);
   else

@@ -17,6 +17,7 @@
 // so no fork can copy a lock another thread holds inside LLVM.
 #include "compiler/code_object.h"
 #include "compiler/llvm_compiler.h"
+#include "compiler/llvm_plugin.h"
 #include "lowering/lower.h"
 
 #include <fmt/format.h>
@@ -133,7 +134,9 @@ TEST_P(CompileRegression, DefaultConfigsCompileCleanlyWithTheExpectedMatrixCount
   Expected<Target> parsed = lowering::parse_target(GetParam().arch);
   ASSERT_TRUE(parsed) << parsed.status().message();
   const Target &t = *parsed;
-  compiler::initialize_amdgpu_target(); // once, before any thread forks
+  // Loading the LLVM plugin registers its targets: once, before any thread forks.
+  auto plugin = compiler::llvm_plugin();
+  ASSERT_TRUE(plugin) << plugin.status().message();
 
   // Lower every case here; only the compiles run in parallel.
   const std::vector<Case> cases = all_cases();

@@ -25,6 +25,7 @@
 #include <fstream>
 #include <latch>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -994,6 +995,64 @@ TEST(AttentionThreads, EightThreadsSharingOneCacheDirCompileEachKernelOnce) {
   EXPECT_EQ(entries, 2);
 }
 
+/// Attentions run from many threads at once (the thread-safety contract of
+/// flashjit.h and attention.h): four threads share one Attention and four have
+/// their own, each running forward on its own inputs (fresh random values, the
+/// output poisoned) with its own shapes, and every output matches the float64
+/// reference within the dtype's tolerance. ThreadSanitizer runs this too.
+TEST(AttentionThreads, ForwardFromEightThreadsSharedAndOwnAttentions) {
+  if (!runtime::emulator_available())
+    GTEST_SKIP() << "this build has no emulator (FLASHJIT_WITH_LLVM=OFF)";
+  const AttentionSpec base = make_spec(1, 2, 1, 16, 16, 32, 32, DType::bf16);
+  Options options;
+  options.compiler = "llvm";
+  options.cpu_threads = 1;
+  auto shared = Attention::create(base, "emulator:gfx1201", options);
+  ASSERT_TRUE(shared) << shared.status().message();
+  constexpr int kThreads = 8;
+  std::latch start(kThreads);
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      // Other lengths each: one signature, shapes at run time.
+      AttentionSpec spec = base;
+      spec.seqlen_q = 5 + 7 * t;
+      spec.seqlen_k = 9 + 5 * t;
+      start.arrive_and_wait();
+      std::optional<Attention> own;
+      if (t % 2 == 1) {
+        auto a = Attention::create(base, "emulator:gfx1201", options);
+        if (!a) {
+          errors[t] = a.status().message();
+          return;
+        }
+        own.emplace(a.take());
+      }
+      Attention &attn = own ? *own : *shared;
+      HostTensors h = make_random_inputs(spec, 100 + t);
+      std::vector<uint16_t> q(h.q.size()), k(h.k.size()), v(h.v.size()), o(h.o.size(), 0x7fff);
+      for (auto [from, to] : {std::pair{&h.q, &q}, std::pair{&h.k, &k}, std::pair{&h.v, &v}})
+        for (size_t i = 0; i < from->size(); ++i)
+          (*to)[i] = uint16_t(to_bits(spec.dtype, (*from)[i]));
+      if (Status s = attn.forward(spec, q.data(), k.data(), v.data(), o.data(), nullptr); !s) {
+        errors[t] = s.message();
+        return;
+      }
+      for (size_t i = 0; i < o.size(); ++i)
+        h.o[i] = from_bits(spec.dtype, o[i]);
+      const Tolerance tol = tolerance_for(spec.dtype);
+      const ErrorStats err = compare(spec, h, reference_attention(spec, h));
+      if (!err.within(tol.abs, tol.rel))
+        errors[t] = fmt::format("max_abs {} rel_l2 {} nonfinite {}", err.max_abs, err.rel_l2,
+                                err.nonfinite);
+    });
+  for (std::thread &t : threads)
+    t.join();
+  for (int t = 0; t < kThreads; ++t)
+    EXPECT_EQ(errors[t], "") << "thread " << t;
+}
+
 /// A plan's kernels compile together (pipeline::compile_all): split-KV's two
 /// on the first decode call that splits, one of them on a thread of its own
 /// (ThreadSanitizer runs this too). The cache counts both compiles; the output
@@ -1124,10 +1183,10 @@ TEST(Knobs, TableDocumentsEveryKnob) {
     EXPECT_FALSE(k.fallback.empty()) << k.name;
     names.insert(k.name);
   }
-  EXPECT_EQ(names,
-            (std::set<std::string_view>{"FLASHJIT_DEBUG", "FLASHJIT_DUMP_DIR",
-                                        "FLASHJIT_OVERRIDE_DIR", "FLASHJIT_CACHE_DIR",
-                                        "FLASHJIT_CACHE_MAX_BYTES", "FLASHJIT_ALWAYS_COMPILE"}));
+  EXPECT_EQ(names, (std::set<std::string_view>{"FLASHJIT_DEBUG", "FLASHJIT_DUMP_DIR",
+                                               "FLASHJIT_OVERRIDE_DIR", "FLASHJIT_CACHE_DIR",
+                                               "FLASHJIT_CACHE_MAX_BYTES",
+                                               "FLASHJIT_ALWAYS_COMPILE", "FLASHJIT_LLVM_PLUGIN"}));
 }
 
 TEST(Knobs, SourceOverride) {

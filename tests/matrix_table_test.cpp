@@ -47,6 +47,14 @@ std::optional<std::string> read_file(const std::string &path) {
   return s.str();
 }
 
+/// The member `key` of `v`, or nullptr (also when `v` is not an object).
+const json::Value *member(const json::Value &v, const std::string &key) {
+  if (!v.is_object())
+    return nullptr;
+  auto it = v.find(key);
+  return it == v.end() ? nullptr : &*it;
+}
+
 const json::Value &calculator() {
   static const json::Value data = [] {
     std::optional<std::string> text = read_file(kCalculatorPath);
@@ -66,7 +74,7 @@ const json::Value &calculator() {
 }
 
 const json::Value *calculator_instructions() {
-  const json::Value *instrs = calculator().find("instructions");
+  const json::Value *instrs = member(calculator(), "instructions");
   EXPECT_TRUE(instrs && instrs->is_object()) << kCalculatorPath << " has no 'instructions' object";
   return instrs;
 }
@@ -94,16 +102,15 @@ std::multiset<Slot> slots_of(LaneMap map, int lanes, int elems) {
 
 std::multiset<Slot> slots_of(const json::Value &operand) {
   std::multiset<Slot> slots;
-  const json::Value *list = operand.find("slots");
+  const json::Value *list = member(operand, "slots");
   if (!list || !list->is_array())
     return slots;
-  for (const json::Value &s : list->items) {
-    if (s.items.size() != 4) {
-      ADD_FAILURE() << "slot with " << s.items.size() << " numbers";
+  for (const json::Value &s : *list) {
+    if (!s.is_array() || s.size() != 4) {
+      ADD_FAILURE() << "slot " << s.dump() << " is not 4 numbers";
       continue;
     }
-    slots.insert(
-        {s.items[0].as_int(), s.items[1].as_int(), s.items[2].as_int(), s.items[3].as_int()});
+    slots.insert({s[0].get<int>(), s[1].get<int>(), s[2].get<int>(), s[3].get<int>()});
   }
   return slots;
 }
@@ -117,11 +124,11 @@ std::string show(const Slot &s) {
 void expect_operand_matches(const MatrixInstr &row, const json::Value &instr,
                             std::string_view operand, LaneMap map, int elems, int rows, int cols) {
   SCOPED_TRACE(calculator_key(row) + " operand " + std::string(operand));
-  const json::Value *json_operand = instr.find(operand);
+  const json::Value *json_operand = member(instr, std::string(operand));
   ASSERT_TRUE(json_operand != nullptr) << "calculator entry lacks operand " << operand;
-  ASSERT_TRUE(json_operand->find("rows") && json_operand->find("cols"));
-  EXPECT_EQ(json_operand->find("rows")->as_int(), rows);
-  EXPECT_EQ(json_operand->find("cols")->as_int(), cols);
+  ASSERT_TRUE(member(*json_operand, "rows") && member(*json_operand, "cols"));
+  EXPECT_EQ(json_operand->at("rows").get<int>(), rows);
+  EXPECT_EQ(json_operand->at("cols").get<int>(), cols);
 
   std::multiset<Slot> ours = slots_of(map, row.layout->wave_size, elems);
   std::multiset<Slot> theirs = slots_of(*json_operand);
@@ -143,21 +150,21 @@ TEST(JsonReader, ParsesTheValueKinds) {
       R"( {"a": [1, -2.5e1, true, false, null], "s": "x\"y\\n\u0041", "o": {}} )", &error);
   ASSERT_TRUE(v) << error;
   ASSERT_TRUE(v->is_object());
-  const json::Value *a = v->find("a");
+  const json::Value *a = member(*v, "a");
   ASSERT_TRUE(a && a->is_array());
-  ASSERT_EQ(a->items.size(), 5u);
-  EXPECT_EQ(a->items[0].as_int(), 1);
-  EXPECT_EQ(a->items[1].number, -25.0);
-  EXPECT_TRUE(a->items[2].boolean);
-  EXPECT_EQ(a->items[3].kind, json::Value::Kind::boolean);
-  EXPECT_FALSE(a->items[3].boolean);
-  EXPECT_EQ(a->items[4].kind, json::Value::Kind::null);
-  EXPECT_EQ(v->find("s")->string, "x\"y\\nA");
-  EXPECT_TRUE(v->find("o")->is_object());
-  EXPECT_EQ(v->find("missing"), nullptr);
+  ASSERT_EQ(a->size(), 5u);
+  EXPECT_EQ(json::integer((*a)[0]), 1);
+  EXPECT_EQ((*a)[1].get<double>(), -25.0);
+  EXPECT_FALSE(json::integer((*a)[1]));
+  EXPECT_TRUE((*a)[2].is_boolean() && (*a)[2].get<bool>());
+  EXPECT_TRUE((*a)[3].is_boolean() && !(*a)[3].get<bool>());
+  EXPECT_TRUE((*a)[4].is_null());
+  EXPECT_EQ(v->at("s"), "x\"y\\nA");
+  EXPECT_TRUE(v->at("o").is_object());
+  EXPECT_EQ(member(*v, "missing"), nullptr);
 
   EXPECT_FALSE(json::parse("[1, 2", &error));
-  EXPECT_NE(error.find("offset"), std::string::npos) << error;
+  EXPECT_NE(error.find("line 1, column 6"), std::string::npos) << error;
   EXPECT_FALSE(json::parse("{\"a\" 1}"));
   EXPECT_FALSE(json::parse("[1] x"));
   EXPECT_FALSE(json::parse("[tru]"));
@@ -180,7 +187,7 @@ TEST(MatrixTable, CalculatorRowsMatchSlotBySlot) {
   ASSERT_TRUE(instrs);
   int checked = 0;
   for (const MatrixInstr &row : matrix_table()) {
-    const json::Value *instr = instrs->find(calculator_key(row));
+    const json::Value *instr = member(*instrs, calculator_key(row));
     EXPECT_EQ(instr != nullptr, row.layout_source == LayoutSource::calculator)
         << row_name(row) << ": layout_source must say 'calculator' exactly when the calculator "
         << "data has the instruction";
@@ -188,9 +195,9 @@ TEST(MatrixTable, CalculatorRowsMatchSlotBySlot) {
       continue;
     SCOPED_TRACE(row_name(row));
     const LaneLayout &l = *row.layout;
-    EXPECT_EQ(instr->find("wave")->as_int(), l.wave_size);
-    EXPECT_EQ(instr->find("ab_bits")->as_int(), 8 * dtype_bytes(row.ab_dtype));
-    EXPECT_EQ(instr->find("cd_bits")->as_int(), 8 * dtype_bytes(row.acc_dtype));
+    EXPECT_EQ(instr->at("wave").get<int>(), l.wave_size);
+    EXPECT_EQ(instr->at("ab_bits").get<int>(), 8 * dtype_bytes(row.ab_dtype));
+    EXPECT_EQ(instr->at("cd_bits").get<int>(), 8 * dtype_bytes(row.acc_dtype));
     expect_operand_matches(row, *instr, "A", l.a, l.a_elems, l.m, l.k);
     expect_operand_matches(row, *instr, "B", l.b, l.b_elems, l.k, l.n);
     expect_operand_matches(row, *instr, "D", l.d, l.cd_elems, l.m, l.n);
@@ -208,7 +215,8 @@ TEST(MatrixTable, EveryCalculatorInstructionHasARowOrAReason) {
   std::set<std::string> row_keys;
   for (const MatrixInstr &row : matrix_table())
     row_keys.insert(calculator_key(row));
-  for (const std::string &key : instrs->keys) {
+  for (const auto &entry : instrs->items()) {
+    const std::string &key = entry.key();
     if (row_keys.count(key))
       continue;
     auto unused = kUnusedCalculatorKeys.find(key);
@@ -219,7 +227,8 @@ TEST(MatrixTable, EveryCalculatorInstructionHasARowOrAReason) {
       std::cout << "[unused] " << key << ": " << unused->second << "\n";
   }
   for (const auto &[key, reason] : kUnusedCalculatorKeys)
-    EXPECT_TRUE(instrs->find(key)) << key << " is listed as unused but not in the calculator data";
+    EXPECT_TRUE(instrs->contains(key))
+        << key << " is listed as unused but not in the calculator data";
 }
 
 // Rows the calculator snapshot does not cover ([sources]-only, doc §5.2-5.3): named

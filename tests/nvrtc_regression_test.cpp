@@ -20,6 +20,7 @@ struct Case {
   int64_t dqk, dv;
   DType dtype;
   bool causal;
+  bool f32_io = false; // f32 tensors in memory, rounded to dtype in the kernel
 };
 
 std::vector<Case> cases() {
@@ -32,6 +33,9 @@ std::vector<Case> cases() {
       out.push_back({"sm_90", dqk, dv, causal ? DType::bf16 : DType::f16, causal});
   for (auto [dqk, dv] : {std::pair<int64_t, int64_t>{80, 80}, {128, 128}})
     out.push_back({"sm_80", dqk, dv, DType::bf16, true});
+  for (int64_t d : {64, 100, 256}) // f32 tensors: cp.async's place taken by rounding loads
+    for (const char *arch : {"sm_80", "sm_90"})
+      out.push_back({arch, d, d, d == 100 ? DType::f16 : DType::bf16, d != 256, true});
   return out;
 }
 
@@ -47,6 +51,7 @@ TEST(NvrtcRegression, EveryHeadDimCompiles) {
         return target.status().message();
       AttentionSpec spec = make_spec(2, 8, 2, 300, 517, c.dqk, c.dv, c.dtype);
       spec.causal = c.causal;
+      spec.f32_io = c.f32_io;
       spec.lse = true;
       const ir::Config config = lowering::default_config(spec, *target);
       auto k = lowering::generate(spec, config, *target);
@@ -67,8 +72,9 @@ TEST(NvrtcRegression, EveryHeadDimCompiles) {
       if (bytes.find(k->kernel_name) == std::string::npos)
         return "the cubin does not export " + k->kernel_name;
       std::cout << options.arch << " d" << c.dqk << "/" << c.dv << " " << dtype_name(c.dtype)
-                << (c.causal ? " causal" : "") << ": " << k->rules << " rules, " << config.summary()
-                << ", " << code->bytes.size() << " bytes, LDS " << k->lds_bytes << "\n";
+                << (c.causal ? " causal" : "") << (c.f32_io ? " f32io" : "") << ": " << k->rules
+                << " rules, " << config.summary() << ", " << code->bytes.size() << " bytes, LDS "
+                << k->lds_bytes << "\n";
       return "";
     }));
   for (size_t i = 0; i < results.size(); ++i) {
@@ -86,6 +92,19 @@ TEST(NvrtcRegression, EveryKernelKindCompiles) {
   if (!nvrtc)
     GTEST_SKIP() << "nvrtc is not installed here: " << nvrtc.status().message();
   using pipeline::KernelKind;
+  // f32 tensors (f32_io): the forward's three kernels.
+  for (KernelKind kind :
+       {KernelKind::attention, KernelKind::split_partial, KernelKind::split_combine}) {
+    AttentionSpec s = make_spec(2, 8, 2, 1, 300, 128, 128, DType::bf16);
+    s.f32_io = true;
+    s.lse = true;
+    SCOPED_TRACE(fmt::format("{} kind {}", s.summary(), int(kind)));
+    auto g = pipeline::generate(s, "sm_90", Options{}, nullptr, kind);
+    ASSERT_TRUE(g) << g.status().message();
+    auto code = (*nvrtc)->compile(g->lowered.source,
+                                  pipeline::compile_options(g->target, Options{}, &g->lowered));
+    ASSERT_TRUE(code) << code.status().message();
+  }
   for (bool varlen : {false, true}) {
     AttentionSpec spec = make_spec(2, 8, 2, 100, 300, 64, 64, DType::bf16);
     spec.causal = true;

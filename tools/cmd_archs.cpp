@@ -3,15 +3,13 @@
 // processors, through lowering/target.cpp; lowering/matrix_table.cpp for the
 // instructions, lowering/rules.cpp for the rule sets), so the listing cannot
 // drift from what `emit` does; then the compilers and devices this machine has.
-#include "compiler/code_object.h"
+#include "compiler/llvm_plugin.h"
 #include "compiler/rtc_compiler.h"
 #include "lowering/lower.h"
 #include "lowering/rules.h"
 #include "runtime/device.h"
 #include "tools/commands.h"
-#ifdef FLASHJIT_HAVE_LLVM
-#include "compiler/llvm_compiler.h"
-#endif
+#include "tools/json.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -27,15 +25,6 @@ namespace {
 int fail(const Status &s) {
   fmt::print(stderr, "flashjit: error: {}\n", s.message());
   return 1;
-}
-
-using compiler::json_string;
-
-std::string json_list(const std::vector<std::string> &items) {
-  std::string out;
-  for (const std::string &item : items)
-    out += (out.empty() ? "" : ", ") + json_string(item);
-  return "[" + out + "]";
 }
 
 /// One processor as `flashjit archs` shows it.
@@ -86,13 +75,12 @@ struct CompilerRow {
 
 std::vector<CompilerRow> compilers() {
   std::vector<CompilerRow> rows;
-#ifdef FLASHJIT_HAVE_LLVM
-  rows.push_back(
-      {"llvm", true,
-       fmt::format("{}, in process (AMD targets)", compiler::LlvmCompiler().identity())});
-#else
-  rows.push_back({"llvm", false, "not in this build (FLASHJIT_WITH_LLVM=OFF)"});
-#endif
+  if (auto plugin = compiler::loaded_llvm_plugin())
+    rows.push_back({"llvm", true,
+                    fmt::format("{}, in process (AMD targets; the emulator), plugin {}",
+                                plugin->table->identity(), plugin->path)});
+  else
+    rows.push_back({"llvm", false, plugin.status().message()});
   for (auto [kind, name, targets] :
        {std::tuple{compiler::RtcKind::hiprtc, "hiprtc", "AMD targets"},
         std::tuple{compiler::RtcKind::nvrtc, "nvrtc", "NVIDIA targets"}}) {
@@ -123,38 +111,33 @@ int cmd_archs(const Args &a) {
   auto devices = list_devices();
 
   if (a.has("--json")) {
-    std::string out = "{\"archs\": [";
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const ArchRow &r = rows[i];
-      std::string instrs;
+    json::Value doc = {{"archs", json::Value::array()},
+                       {"compilers", json::Value::array()},
+                       {"devices", json::Value::array()}};
+    for (const ArchRow &r : rows) {
+      json::Value instrs = json::Value::array();
       for (const auto &[mi, used] : r.instructions)
-        instrs += fmt::format("{}{{\"mnemonic\": {}, \"builtin\": {}, \"shape\": \"{}x{}x{}\", "
-                              "\"ab_dtype\": {}, \"lowered_with\": {}}}",
-                              instrs.empty() ? "" : ", ", json_string(mi->mnemonic),
-                              json_string(mi->builtin), mi->m(), mi->n(), mi->k(),
-                              json_string(dtype_name(mi->ab_dtype)), used ? "true" : "false");
-      out += fmt::format(
-          "{}\n  {{\"arch\": {}, \"family\": {}, \"wave_size\": {}, \"lds_bytes\": {}, "
-          "\"max_vgprs\": {}, \"rules\": {}, \"matrix_instructions\": {}, \"lowered_with\": {}}}",
-          i ? "," : "", json_string(r.target.arch), json_string(r.target.family_name()),
-          r.target.wave_size, r.target.lds_bytes, r.target.max_vgprs, json_list(r.rules),
-          "[" + instrs + "]", json_list(r.lowered_with));
+        instrs.push_back({{"mnemonic", mi->mnemonic},
+                          {"builtin", mi->builtin},
+                          {"shape", fmt::format("{}x{}x{}", mi->m(), mi->n(), mi->k())},
+                          {"ab_dtype", dtype_name(mi->ab_dtype)},
+                          {"lowered_with", used}});
+      doc["archs"].push_back({{"arch", r.target.arch},
+                              {"family", r.target.family_name()},
+                              {"wave_size", r.target.wave_size},
+                              {"lds_bytes", r.target.lds_bytes},
+                              {"max_vgprs", r.target.max_vgprs},
+                              {"rules", r.rules},
+                              {"matrix_instructions", instrs},
+                              {"lowered_with", r.lowered_with}});
     }
-    out += "],\n \"compilers\": [";
-    for (size_t i = 0; i < compiler_rows.size(); ++i)
-      out += fmt::format("{}\n  {{\"name\": {}, \"available\": {}, \"detail\": {}}}", i ? "," : "",
-                         json_string(compiler_rows[i].name),
-                         compiler_rows[i].available ? "true" : "false",
-                         json_string(compiler_rows[i].detail));
-    out += "],\n \"devices\": [";
+    for (const CompilerRow &c : compiler_rows)
+      doc["compilers"].push_back(
+          {{"name", c.name}, {"available", c.available}, {"detail", c.detail}});
     if (devices)
-      for (size_t i = 0; i < devices->size(); ++i) {
-        const DeviceInfo &d = (*devices)[i];
-        out += fmt::format("{}\n  {{\"id\": {}, \"name\": {}, \"arch\": {}}}", i ? "," : "",
-                           json_string(d.id()), json_string(d.name), json_string(d.arch));
-      }
-    out += "]}\n";
-    fmt::print("{}", out);
+      for (const DeviceInfo &d : *devices)
+        doc["devices"].push_back({{"id", d.id()}, {"name", d.name}, {"arch", d.arch}});
+    fmt::print("{}", json::print(doc));
     return devices ? 0 : fail(devices.status());
   }
 

@@ -15,6 +15,7 @@
 #include "runtime/pipeline.h"
 #include "templates/templates.h"
 #include "tools/commands.h"
+#include "tools/json.h"
 #include "tools/manifest.h"
 
 #include <fmt/format.h>
@@ -46,8 +47,6 @@ std::string human_bytes(int64_t n) {
   return fmt::format("{:.1f} GiB", double(n) / double(int64_t(1) << 30));
 }
 
-using compiler::json_string;
-
 /// The cache directory: --dir, else the knobs' (FLASHJIT_CACHE_DIR, XDG, HOME).
 Expected<std::string> cache_dir(const Args &a) {
   std::string dir = a.get("--dir", compiler::knobs().cache_dir);
@@ -68,7 +67,7 @@ int cmd_cache(const Args &a) {
     return fail(dir.status());
   compiler::KernelCache cache(*dir);
   cache.set_disk_limit(compiler::knobs().cache_max_bytes);
-  const bool json = a.has("--json");
+  const bool as_json = a.has("--json");
 
   if (a.has("clear")) {
     auto cleared = cache.clear();
@@ -98,10 +97,13 @@ int cmd_cache(const Args &a) {
         ++by_target[e.target_id + " (" + e.compiler_identity + ")"];
     }
     const int64_t limit = cache.disk_limit();
-    if (json) {
-      fmt::print("{{\"directory\": {}, \"entries\": {}, \"bytes\": {}, \"corrupt\": {}, "
-                 "\"max_bytes\": {}}}\n",
-                 json_string(*dir), entries->size(), bytes, bad, limit);
+    if (as_json) {
+      const json::Value stats = {{"directory", *dir},
+                                 {"entries", entries->size()},
+                                 {"bytes", bytes},
+                                 {"corrupt", bad},
+                                 {"max_bytes", limit}};
+      fmt::print("{}\n", compiler::json_line(stats));
       return 0;
     }
     fmt::print("cache directory: {}\nentries:         {} ({}){}\nsize limit:      {} "
@@ -114,18 +116,21 @@ int cmd_cache(const Args &a) {
     return 0;
   }
   // list
-  if (json) {
-    fmt::print("[");
-    for (size_t i = 0; i < entries->size(); ++i) {
-      const auto &e = (*entries)[i];
-      fmt::print("{}\n  {{\"key\": {}, \"target\": {}, \"arch\": {}, \"compiler\": {}, \"bytes\": "
-                 "{}, \"file_bytes\": {}, \"kernel\": {}, \"path\": {}, \"problem\": {}}}",
-                 i ? "," : "", json_string(e.key), json_string(e.target_id), json_string(e.arch),
-                 json_string(e.compiler_identity), e.bytes, e.file_bytes,
-                 e.label.empty() ? "null" : json_string(e.label), json_string(e.path),
-                 e.problem.empty() ? "null" : json_string(e.problem));
-    }
-    fmt::print("{}]\n", entries->empty() ? "" : "\n");
+  if (as_json) {
+    // An empty kernel label or problem is null.
+    auto or_null = [](const std::string &s) { return s.empty() ? json::Value() : json::Value(s); };
+    json::Value list = json::Value::array();
+    for (const auto &e : *entries)
+      list.push_back({{"key", e.key},
+                      {"target", e.target_id},
+                      {"arch", e.arch},
+                      {"compiler", e.compiler_identity},
+                      {"bytes", e.bytes},
+                      {"file_bytes", e.file_bytes},
+                      {"kernel", or_null(e.label)},
+                      {"path", e.path},
+                      {"problem", or_null(e.problem)}});
+    fmt::print("{}", json::print(list));
     return 0;
   }
   if (entries->empty()) {
@@ -267,22 +272,28 @@ int cmd_warmup(const Args &a) {
       }
   int failed = 0;
   if (a.has("--json")) { // one object per item, in the manifest's order
-    fmt::print("{{\"directory\": {}, \"kernels\": [", json_string(*dir));
-    for (size_t i = 0; i < results.size(); ++i) {
-      const WarmupResult &r = results[i];
+    json::Value kernels = json::Value::array();
+    for (const WarmupResult &r : results) {
       failed += !r.status;
-      fmt::print("{}\n  {{\"target\": {}, \"signature\": {}, \"ready\": {}, ", i ? "," : "",
-                 json_string(r.target), json_string(r.signature), r.status ? "true" : "false");
-      if (r.status)
-        fmt::print("\"kernel\": {}, \"config\": {}, \"outcome\": {}, \"seconds\": {:.6f}, "
-                   "\"compiler\": {}, \"bytes\": {}, \"key\": {}}}",
-                   json_string(r.kernel), json_string(r.config), json_string(r.outcome), r.seconds,
-                   json_string(r.compiler), r.bytes, json_string(r.key));
-      else
-        fmt::print("\"error\": {}}}", json_string(r.status.message()));
+      json::Value k = {{"target", r.target}, {"signature", r.signature}, {"ready", bool(r.status)}};
+      if (r.status) {
+        k["kernel"] = r.kernel;
+        k["config"] = r.config;
+        k["outcome"] = r.outcome;
+        k["seconds"] = std::round(r.seconds * 1e6) / 1e6; // to the microsecond
+        k["compiler"] = r.compiler;
+        k["bytes"] = r.bytes;
+        k["key"] = r.key;
+      } else {
+        k["error"] = r.status.message();
+      }
+      kernels.push_back(std::move(k));
     }
-    fmt::print("{}], \"ready\": {}, \"failed\": {}}}\n", results.empty() ? "" : "\n",
-               results.size() - size_t(failed), failed);
+    const json::Value doc = {{"directory", *dir},
+                             {"kernels", kernels},
+                             {"ready", results.size() - size_t(failed)},
+                             {"failed", failed}};
+    fmt::print("{}", json::print(doc));
     return failed ? 1 : 0;
   }
   for (size_t i = 0; i < results.size(); ++i) {

@@ -1,6 +1,7 @@
 // The flashjit command line: emit, run (and, as the backends land, compile, archs).
 #include "compiler/code_object.h"
 #include "compiler/comgr.h"
+#include "compiler/llvm_plugin.h"
 #include "compiler/select.h"
 #include "ir/build.h"
 #include "ir/interpreter.h"
@@ -14,12 +15,15 @@
 #include "runtime/pipeline.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "tools/json.h"
 #include "tools/run_estimate.h"
 #include "tools/safe_write.h"
 #include "tools/spec_flags.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -202,18 +206,15 @@ int cmd_compile(const cli::Args &a) {
                  code->bytes.size());
     return 0;
   }
-  // In-process LLVM where built with it, else ROCm's comgr (loaded at run time).
-#ifdef FLASHJIT_HAVE_LLVM
-  auto disassemble = [](const compiler::CodeObject &c) { return compiler::disassemble(c); };
-  auto resources = [](const compiler::CodeObject &c, int v, int w, int l) {
-    return compiler::read_resources(c, v, w, l);
+  // The LLVM plugin's readers where it loads, else ROCm's comgr (both loaded at
+  // run time).
+  const bool llvm = bool(compiler::llvm_plugin());
+  auto disassemble = [llvm](const compiler::CodeObject &c) {
+    return llvm ? compiler::disassemble(c) : compiler::comgr_disassemble(c);
   };
-#else
-  auto disassemble = [](const compiler::CodeObject &c) { return compiler::comgr_disassemble(c); };
-  auto resources = [](const compiler::CodeObject &c, int v, int w, int l) {
-    return compiler::comgr_read_resources(c, v, w, l);
+  auto resources = [llvm](const compiler::CodeObject &c, int v, int w, int l) {
+    return llvm ? compiler::read_resources(c, v, w, l) : compiler::comgr_read_resources(c, v, w, l);
   };
-#endif
   if (a.has("--isa")) {
     auto isa = disassemble(*code);
     if (!isa)
@@ -250,8 +251,8 @@ Status load_inputs(const std::string &dir, const AttentionSpec &s, HostTensors &
     auto arr = npy::read(path);
     if (!arr)
       return arr.status();
-    FJ_RETURN_IF_ERROR(
-        npy::scatter(*arr, *in.buf, *in.st, s.layout, s.dtype, s.batch, in.h, in.n, in.d, path));
+    FJ_RETURN_IF_ERROR(npy::scatter(*arr, *in.buf, *in.st, s.layout, s.io_dtype(), s.batch, in.h,
+                                    in.n, in.d, path));
   }
   return Status::ok();
 }
@@ -281,9 +282,9 @@ Status save_tensors(const std::string &dir, const AttentionSpec &s, const HostTe
               {"out.npy", &t.o, &s.o, s.heads, s.seqlen_q, s.head_dim_v}};
   FJ_RETURN_IF_ERROR(cli::check_outputs_absent(dir, saved_files(s), force));
   for (const Out &o : outs)
-    FJ_RETURN_IF_ERROR(
-        npy::write((fs::path(dir) / o.file).string(),
-                   npy::gather(*o.buf, *o.st, s.layout, s.dtype, s.batch, o.h, o.n, o.d), force));
+    FJ_RETURN_IF_ERROR(npy::write(
+        (fs::path(dir) / o.file).string(),
+        npy::gather(*o.buf, *o.st, s.layout, s.io_dtype(), s.batch, o.h, o.n, o.d), force));
   if (s.lse) {
     npy::Array lse{{s.batch, s.heads, s.seqlen_q}, "<f4", {t.lse.begin(), t.lse.end()}};
     FJ_RETURN_IF_ERROR(npy::write((fs::path(dir) / "lse.npy").string(), lse, force));
@@ -308,14 +309,19 @@ Status run_on_device(const std::string &device, const Job &job, bool config_give
   auto attn = Attention::create(spec, device, options);
   if (!attn)
     return attn.status();
-  auto bits = [&](const std::vector<float> &x) {
-    std::vector<uint16_t> out(x.size());
-    for (size_t i = 0; i < x.size(); ++i)
-      out[i] = uint16_t(to_bits(spec.dtype, x[i]));
+  // The tensors' bytes in their type in memory (f32 with --f32-io).
+  const DType io = spec.io_dtype();
+  const size_t width = size_t(dtype_bytes(io));
+  auto bytes = [&](const std::vector<float> &x) {
+    std::vector<uint8_t> out(x.size() * width);
+    for (size_t i = 0; i < x.size(); ++i) {
+      const uint32_t b = to_bits(io, x[i]);
+      std::memcpy(out.data() + i * width, &b, width); // little-endian hosts only
+    }
     return out;
   };
-  const std::vector<uint16_t> q = bits(t.q), k = bits(t.k), v = bits(t.v);
-  std::vector<uint16_t> o(t.o.size(), 0x7fc1); // NaN until written
+  const std::vector<uint8_t> q = bytes(t.q), k = bytes(t.k), v = bytes(t.v);
+  std::vector<uint8_t> o = bytes(std::vector<float>(t.o.size(), std::nanf(""))); // until written
   std::vector<float> lse(t.lse.size(), std::numeric_limits<float>::quiet_NaN());
   std::vector<uint32_t> mask(t.attn_mask.size()); // 4 bytes per element: room for any type
   mask_storage(spec.mask, t.attn_mask, mask.data());
@@ -327,10 +333,10 @@ Status run_on_device(const std::string &device, const Job &job, bool config_give
     void *device = nullptr;
   };
   std::vector<Buffer> buffers = {
-      {const_cast<uint16_t *>(q.data()), q.size() * 2, false},
-      {const_cast<uint16_t *>(k.data()), k.size() * 2, false},
-      {const_cast<uint16_t *>(v.data()), v.size() * 2, false},
-      {o.data(), o.size() * 2, true},
+      {const_cast<uint8_t *>(q.data()), q.size(), false},
+      {const_cast<uint8_t *>(k.data()), k.size(), false},
+      {const_cast<uint8_t *>(v.data()), v.size(), false},
+      {o.data(), o.size(), true},
       {lse.data(), lse.size() * 4, true},
       {t.alibi_slopes.data(), t.alibi_slopes.size() * 4, false},
       {t.sinks.data(), t.sinks.size() * 4, false},
@@ -374,8 +380,11 @@ Status run_on_device(const std::string &device, const Job &job, bool config_give
       s = released;
   }
   FJ_RETURN_IF_ERROR(s);
-  for (size_t i = 0; i < o.size(); ++i)
-    t.o[i] = from_bits(spec.dtype, o[i]);
+  for (size_t i = 0; i < t.o.size(); ++i) {
+    uint32_t b = 0;
+    std::memcpy(&b, o.data() + i * width, width);
+    t.o[i] = from_bits(io, b);
+  }
   t.lse = lse;
   // The device line: the device, then the explain() lines that say what ran.
   std::string lines;
@@ -494,16 +503,20 @@ int cmd_run(const cli::Args &a) {
   const Tolerance tol = tolerance_for(spec.dtype);
   const bool ok = err.within(tol.abs, tol.rel);
   if (a.has("--json")) {
-    fmt::print(
-        "{{\"spec\": {}, \"signature\": {}, \"device\": {}, \"max_abs\": {:.6e}, "
-        "\"rel_l2\": {:.6e}, \"nonfinite\": {}, \"tolerance\": {{\"dtype\": {}, "
-        "\"abs\": {}, \"rel\": {}}}, \"pass\": {}}}\n",
-        compiler::json_string(spec.summary()), compiler::json_string(spec.signature().summary()),
-        compiler::json_string(attention_device ? device
-                              : kernel ? fmt::format("emulator:{}", job->target->target_id())
-                                       : device),
-        err.max_abs, err.rel_l2, err.nonfinite, compiler::json_string(dtype_name(spec.dtype)),
-        tol.abs, tol.rel, ok ? "true" : "false");
+    // The errors rounded to 7 significant digits; NaN and infinities print as null.
+    auto digits7 = [](double x) { return std::strtod(fmt::format("{:.6e}", x).c_str(), nullptr); };
+    const cli::json::Value result = {
+        {"spec", spec.summary()},
+        {"signature", spec.signature().summary()},
+        {"device", attention_device ? device
+                   : kernel         ? fmt::format("emulator:{}", job->target->target_id())
+                                    : device},
+        {"max_abs", digits7(err.max_abs)},
+        {"rel_l2", digits7(err.rel_l2)},
+        {"nonfinite", err.nonfinite},
+        {"tolerance", {{"dtype", dtype_name(spec.dtype)}, {"abs", tol.abs}, {"rel", tol.rel}}},
+        {"pass", ok}};
+    fmt::print("{}\n", compiler::json_line(result));
   } else {
     fmt::print("spec:   {}\ndevice: {}\nerror vs float64 reference: max_abs {:.3e}  rel_l2 {:.3e}  "
                "nonfinite {}  (tolerance {}: abs {:.0e}, rel {:.0e}) -> {}\n",

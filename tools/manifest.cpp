@@ -11,13 +11,15 @@ namespace flashjit::cli {
 namespace {
 
 Expected<int64_t> integer(const json::Value &v, std::string_view field) {
-  if (v.kind != json::Value::Kind::number)
+  if (!v.is_number())
     return Status::error("'{}' must be an integer, like 128", field);
-  auto i = json::integer_text(v.text);
-  if (!i)
-    return Status::error(
-        "'{}' must be an integer written in digits, like 128; got {}{}", field, v.text,
-        v.text.find_first_of(".eE") == std::string::npos ? " (past the 64-bit range)" : "");
+  auto i = json::integer(v);
+  if (!i) {
+    // Digits past int64 are read as unsigned or, past uint64, as a double.
+    const bool huge = v.is_number_unsigned() || std::fabs(v.get<double>()) >= 0x1p63;
+    return Status::error("'{}' must be an integer written in digits, like 128; got {}{}", field,
+                         v.dump(), huge ? " (past the 64-bit range)" : "");
+  }
   return *i;
 }
 
@@ -29,8 +31,9 @@ Expected<WarmupItem> parse_item(const json::Value &item) {
       "arch",     "compiler",   "batch",   "heads",  "kv_heads", "seqlen_q", "seqlen_k",
       "head_dim", "head_dim_v", "dtype",   "layout", "causal",   "window",   "scale",
       "lse",      "block_m",    "block_n", "waves",  "mma_m"};
-  for (const std::string &key : item.keys)
-    if (std::find(known.begin(), known.end(), key) == known.end()) {
+  for (const auto &member : item.items())
+    if (const std::string &key = member.key();
+        std::find(known.begin(), known.end(), key) == known.end()) {
       std::string list;
       for (std::string_view k : known)
         list += (list.empty() ? "" : ", ") + std::string(k);
@@ -38,22 +41,22 @@ Expected<WarmupItem> parse_item(const json::Value &item) {
     }
   WarmupItem w;
   auto str = [&](const char *field, std::string &out) -> Status {
-    if (const json::Value *v = item.find(field)) {
-      if (v->kind != json::Value::Kind::string)
+    if (auto v = item.find(field); v != item.end()) {
+      if (!v->is_string())
         return Status::error("'{}' must be a string", field);
-      out = v->string;
+      out = v->get<std::string>();
     }
     return Status::ok();
   };
   auto num = [&](const char *field, int64_t fallback) -> Expected<int64_t> {
-    const json::Value *v = item.find(field);
-    return v ? integer(*v, field) : Expected<int64_t>(fallback);
+    auto v = item.find(field);
+    return v != item.end() ? integer(*v, field) : Expected<int64_t>(fallback);
   };
   auto boolean = [&](const char *field, bool &out) -> Status {
-    if (const json::Value *v = item.find(field)) {
-      if (v->kind != json::Value::Kind::boolean)
+    if (auto v = item.find(field); v != item.end()) {
+      if (!v->is_boolean())
         return Status::error("'{}' must be true or false", field);
-      out = v->boolean;
+      out = v->get<bool>();
     }
     return Status::ok();
   };
@@ -94,15 +97,15 @@ Expected<WarmupItem> parse_item(const json::Value &item) {
     return lay.status().with_context("'layout'");
   FJ_RETURN_IF_ERROR(boolean("causal", s.causal));
   FJ_RETURN_IF_ERROR(boolean("lse", s.lse));
-  if (const json::Value *v = item.find("scale")) {
-    if (v->kind != json::Value::Kind::number || !(v->number > 0) || !std::isfinite(v->number))
+  if (auto v = item.find("scale"); v != item.end()) {
+    if (!v->is_number() || !(v->get<double>() > 0) || !std::isfinite(v->get<double>()))
       return Status::error("'scale' must be a finite positive number, like 0.125");
-    s.scale = v->number;
+    s.scale = v->get<double>();
   }
-  if (const json::Value *v = item.find("window")) {
-    if (!v->is_array() || v->items.size() != 2)
+  if (auto v = item.find("window"); v != item.end()) {
+    if (!v->is_array() || v->size() != 2)
       return Status::error("'window' must be [left, right] (-1 = unbounded)");
-    auto l = integer(v->items[0], "window[0]"), r = integer(v->items[1], "window[1]");
+    auto l = integer((*v)[0], "window[0]"), r = integer((*v)[1], "window[1]");
     if (!l)
       return l.status();
     if (!r)
@@ -113,7 +116,7 @@ Expected<WarmupItem> parse_item(const json::Value &item) {
   FJ_RETURN_IF_ERROR(s.validate());
   for (auto [field, out] : {std::pair{"block_m", &w.block_m}, std::pair{"block_n", &w.block_n},
                             std::pair{"waves", &w.waves}, std::pair{"mma_m", &w.mma_m}})
-    if (item.find(field)) {
+    if (item.contains(field)) {
       auto v = num(field, 0);
       if (!v)
         return v.status();
@@ -129,8 +132,8 @@ Expected<std::vector<WarmupItem>> manifest_items(const json::Value &root, const 
                          "\"gfx1201\", \"head_dim\": 128}}]",
                          path);
   std::vector<WarmupItem> items;
-  for (size_t i = 0; i < root.items.size(); ++i) {
-    auto item = parse_item(root.items[i]);
+  for (size_t i = 0; i < root.size(); ++i) {
+    auto item = parse_item(root[i]);
     if (!item)
       return item.status().with_context(fmt::format("{}: item {}", path, i));
     items.push_back(item.take());

@@ -12,6 +12,10 @@ std::vector<FlagSpec> spec_flags() {
       {"--head-dim", "N", "head dim of Q and K (1..512)", "64"},
       {"--head-dim-v", "N", "head dim of V and O (1..512)", "same as --head-dim"},
       {"--dtype", "bf16|f16", "element type of Q, K, V and O (f32 accumulation)", "bf16"},
+      {"--f32-io", "",
+       "Q, K, V and O are f32 in memory: Q, K, V rounded to --dtype in the kernel for the "
+       "products, O written as f32",
+       ""},
       {"--layout", "bshd|bhsd|interleaved", "memory layout of Q/K/V/O", "bshd"},
       {"--causal", "", "causal mask, bottom-right aligned when seqlen-q != seqlen-k", ""},
       {"--window", "L,R", "sliding window: keys in [i-L, i+R] around the diagonal; -1 = unbounded",
@@ -118,6 +122,7 @@ Expected<AttentionSpec> spec_from(const Args &a) {
   auto layout = parse_layout(a.get("--layout", "bshd"));
   if (!layout)
     return layout.status().with_context("--layout");
+  s.f32_io = a.has("--f32-io");
   s.causal = a.has("--causal");
   s.lse = a.has("--lse");
   auto scale = a.get_double("--scale", 0.0);

@@ -12,6 +12,16 @@
  * destroyed) or malloc'd for the caller (release them with fj_free); each
  * function says which.
  *
+ * Threads: every function may be called from any thread, concurrently.
+ * fj_attention_create from several threads compiles each kernel once per
+ * process (the others wait for it; the disk cache is shared by processes too).
+ * One fj_attention may run forward and backward calls from several threads at
+ * once: the workspaces a call needs are allocated per call, on its stream, and
+ * kernels built on first use (split-KV, the backward) are built once. Calls on
+ * one stream run in the order they are made; order calls on different streams
+ * yourself. fj_attention_destroy must not race with other calls on the same
+ * handle.
+ *
  *   fj_spec spec;
  *   fj_spec_init_bshd(&spec, 1, 16, 4, 1024, 1024, 128, 128, FJ_DTYPE_BF16);
  *   spec.causal = 1;
@@ -178,6 +188,13 @@ typedef struct fj_spec {
    * kv_idx), both below 2^53, so the backward with the same values drops the same. */
   double dropout_p;
   uint64_t dropout_seed, dropout_offset;
+  /* 1: q, k, v and out are float32 in memory (engines that keep activations in
+   * f32). The kernel rounds q, k and v to `dtype` (FJ_DTYPE_BF16 or
+   * FJ_DTYPE_F16, nearest even) as it loads them, for the matrix products
+   * (accumulation stays f32), and writes out as float32, unrounded. Forward
+   * only: the backward refuses it. 0 (the default): they are `dtype`. Added
+   * after ABI 1's first layout; a caller built before it reads as 0. */
+  int32_t f32_io;
 } fj_spec;
 
 /* The defaults of flashjit::AttentionSpec: all sizes 1, head dims 64, bf16, BSHD. */

@@ -59,6 +59,8 @@ class Spec(_Sized):
         # Dropout: probability, and the seed and offset of its Philox draws.
         ("dropout_p", ctypes.c_double), ("dropout_seed", ctypes.c_uint64),
         ("dropout_offset", ctypes.c_uint64),
+        # 1: q, k, v and out are float32 in memory, rounded to dtype in the kernel.
+        ("f32_io", ctypes.c_int32),
     ]
 
 

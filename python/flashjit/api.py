@@ -107,6 +107,33 @@ def _refuse_grad(tensors, grad_enabled, what="varlen and KV-cache calls"):
 
 # ---- inputs ---------------------------------------------------------------------------
 
+_NATIVE_MODULES = ("torch", "cupy", "numpy")
+
+
+def _from_dlpack(x):
+    """An array of another framework (JAX, TensorFlow, MLX, PaddlePaddle, ...) as a native
+    one through DLPack, without a copy: NumPy for CPU memory (the emulator), torch (else
+    CuPy) for CUDA and ROCm memory. Torch tensors, CuPy and NumPy arrays, None and
+    anything without __dlpack__ come back as they are."""
+    if x is None or type(x).__module__.partition(".")[0] in _NATIVE_MODULES or \
+            not hasattr(x, "__dlpack__"):
+        return x
+    device_type, _ = x.__dlpack_device__()
+    if device_type == 1:  # kDLCPU
+        import numpy as np
+        return np.from_dlpack(x)
+    if device_type in (2, 10):  # kDLCUDA, kDLROCM
+        try:
+            import torch
+        except ImportError:
+            import cupy
+            return cupy.from_dlpack(x)
+        return torch.from_dlpack(x)
+    raise TypeError(f"flashjit: {type(x).__name__} lives on DLPack device type {device_type}; "
+                    "flashjit takes CPU memory (run on the emulator with arch=) or CUDA/ROCm "
+                    "GPU memory")
+
+
 def _kind(x):
     mod = type(x).__module__
     if mod.startswith("torch"):
@@ -115,8 +142,8 @@ def _kind(x):
         return "cupy"
     if mod.startswith("numpy"):
         return "numpy"
-    raise TypeError(f"flashjit: q, k and v must be torch tensors, CuPy arrays or NumPy arrays, "
-                    f"got {type(x).__name__}")
+    raise TypeError(f"flashjit: q, k and v must be torch tensors, CuPy arrays, NumPy arrays "
+                    f"or DLPack arrays (__dlpack__), got {type(x).__name__}")
 
 
 def _dtype_name(x, kind):
@@ -184,13 +211,14 @@ def _spec(b, sq, sk, hq, hkv, d, dv, dtype, scale, causal, window, lse, strides)
     # Every field set in one constructor call (this runs on every forward). Every
     # integer is in range: sizes and strides come from real arrays or were checked
     # by _spec_from_args, the window by _window; `scale` comes from _scale.
+    # dtype "f32": f32 tensors in memory, rounded to bf16 in the kernel (fj_spec.f32_io).
     q, k, v, o = (_lib.Strides(sb, sh, ss, sd) for sb, ss, sh, sd in strides)  # BSHD -> BHSD order
     return _lib.Spec(batch=b, heads=hq, kv_heads=hkv, seqlen_q=sq, seqlen_k=sk, head_dim_qk=d,
-                     head_dim_v=dv, dtype=_lib.DTYPE_BF16 if dtype == "bf16" else _lib.DTYPE_F16,
+                     head_dim_v=dv, dtype=_lib.DTYPE_F16 if dtype == "f16" else _lib.DTYPE_BF16,
                      layout=_lib.LAYOUT_BSHD,
                      scale=scale, causal=int(bool(causal)), lse=int(bool(lse)),
                      window_left=window[0], window_right=window[1],
-                     q=q, k=k, v=v, o=o)
+                     q=q, k=k, v=v, o=o, f32_io=int(dtype == "f32"))
 
 
 def _modifiers(spec, kind, device_of, batch, heads, softcap, alibi_slopes, score_mod, mask_mod,
@@ -348,7 +376,10 @@ def _signature(dtype, d, dv, causal, window, lse, strides):
     bits = d | dv  # every row start and length is a multiple of what all of these are
     for sb, ss, sh, _ in strides:
         bits |= sb | ss | sh
-    align = 2 if not all(unit) else 16 if bits % 8 == 0 else 8 if bits % 4 == 0 else 2  # bytes
+    if dtype == "f32":  # f32 tensors (f32_io): 4-byte elements
+        align = 4 if not all(unit) else 16 if bits % 4 == 0 else 8 if bits % 2 == 0 else 4
+    else:
+        align = 2 if not all(unit) else 16 if bits % 8 == 0 else 8 if bits % 4 == 0 else 2
     local = window[0] >= 0 or window[1] >= 0
     return (dtype, d, dv, bool(causal), local, bool(lse), unit, align)
 
@@ -421,8 +452,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     v: [batch, seqlen_k, kv_heads, head_dim_v]; heads a multiple of kv_heads (GQA/MQA).
     Torch CUDA tensors (bf16/f16) run on their GPU, on torch's current stream; CuPy
     arrays (float16) on theirs; NumPy arrays on the CPU emulator of the AMD GPU
-    `arch` (float16 as f16; float32 as bf16, rounded to nearest even, with a float32
-    result). Any strides work. softmax_scale None means 1/sqrt(head_dim). causal is
+    `arch` (float16 as f16). float32 inputs (torch, CuPy, NumPy) are read as float32
+    and rounded to bf16 in the kernel (nearest even) for the matrix products; out is
+    float32, not rounded (forward only: float32 inputs have no backward). Any strides
+    work. softmax_scale None means 1/sqrt(head_dim). causal is
     bottom-right aligned when seqlen_q != seqlen_k; window_size = (left, right), -1
     unbounded. softcap > 0 caps the scaled scores (cap * tanh(score / cap));
     alibi_slopes, float32 [heads] or [batch, heads], adds FlashAttention's ALiBi bias.
@@ -464,6 +497,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     scores (-inf hides a key); it gets no gradient (one that requires grad raises
     NotImplementedError).
     """
+    # Arrays of other frameworks, through DLPack (_from_dlpack).
+    q, k, v, alibi_slopes, sinks, attn_mask = map(_from_dlpack, (q, k, v, alibi_slopes, sinks,
+                                                                 attn_mask))
     if return_attn_probs and return_lse:
         raise ValueError("flashjit: return_attn_probs and return_lse both ask for the LSE: pass "
                          "one (return_attn_probs gives FlashAttention's (out, softmax_lse, None))")
@@ -490,6 +526,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
             out, lse = torch_ops.attention(q, k, v, *args, seed_given=dropout_seed is not None)
         elif torch.is_grad_enabled() and any(getattr(x, "requires_grad", False)
                                              for x in (q, k, v, sinks)):
+            if str(getattr(q, "dtype", "")) == "torch.float32":
+                raise NotImplementedError(
+                    "flashjit: float32 q, k and v run forward only (rounded to bf16 in the "
+                    "kernel); the backward pass takes bfloat16 or float16. Pass bf16/f16 "
+                    "tensors to train, or call under torch.no_grad() for inference")
             from .backward import attention_with_grad
             out, lse = attention_with_grad(q, k, v, *args)
         else:
@@ -615,10 +656,15 @@ def _attention_forward(q, k, v, want_lse, softmax_scale, causal, window_size, so
     if len(kinds) != 1:
         raise TypeError(f"flashjit: q, k and v must be of one kind, got {sorted(kinds)}")
     kind = kinds.pop()
-    b, sq, sk, hq, hkv, d, dv, dtype = _check_qkv(q, k, v, kind)
+    b, sq, sk, hq, hkv, d, dv, dtype = _check_qkv(q, k, v, kind, f32=True)
     device, stream = _device(q, kind, arch)
 
-    if kind == "numpy":
+    if kind == "numpy" and dtype == "f32":  # read as they are; out float32, NaN until written
+        import numpy as np
+        out16 = np.full((b, sq, hq, dv), np.nan, dtype=np.float32)
+        lse = np.full((b, hq, sq), np.nan, dtype=np.float32) if want_lse else None
+        ins = (q, k, v)
+    elif kind == "numpy":
         import numpy as np
         if dtype == "bf16":
             q16, k16, v16 = (_bf16_bits(x) for x in (q, k, v))
@@ -670,9 +716,11 @@ def _attention_forward(q, k, v, want_lse, softmax_scale, causal, window_size, so
     return out, lse
 
 
-def _check_qkv(q, k, v, kind):
+def _check_qkv(q, k, v, kind, f32=False):
     """(batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim, head_dim_v, dtype name) of
-    FlashAttention's BSHD q, k, v, or an error naming what does not fit."""
+    FlashAttention's BSHD q, k, v, or an error naming what does not fit. `f32`: float32
+    inputs are "f32" (f32 tensors in memory, the forward's f32_io), else NumPy's float32
+    is "bf16" (converted on the host) and other float32 inputs are refused."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if len(x.shape) != 4:
             raise ValueError(f"flashjit: {name} must be 4-D [batch, seqlen, heads, head_dim], got "
@@ -689,10 +737,13 @@ def _check_qkv(q, k, v, kind):
         raise ValueError(f"flashjit: q and k head dims differ ({d} vs {dk})")
     if hkv == 0 or hq % hkv:
         raise ValueError(f"flashjit: q heads ({hq}) must be a multiple of k/v heads ({hkv})")
-    dtypes = {_dtype_name(x, kind) for x in (q, k, v)}
+    dtypes = {"f32" if f32 and str(x.dtype).endswith("float32") else _dtype_name(x, kind)
+              for x in (q, k, v)}
     if None in dtypes or len(dtypes) != 1:
         allowed = {"torch": "torch.bfloat16 or torch.float16", "cupy": "float16",
                    "numpy": "float16 or float32 (as bf16)"}[kind]
+        if f32:
+            allowed += " (or all float32)"
         raise TypeError(f"flashjit: q, k and v must all be {allowed}; got "
                         f"{[str(x.dtype) for x in (q, k, v)]}")
     if kind != "numpy":

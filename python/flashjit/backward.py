@@ -5,7 +5,8 @@ import ctypes
 
 from . import _lib
 from .api import (_attention, _attention_forward, _bf16_bits, _check_qkv, _device, _dropout,
-                  _kind, _mask_tensor, _modifiers, _scale, _signature, _spec, _strides, _window)
+                  _from_dlpack, _kind, _mask_tensor, _modifiers, _scale, _signature, _spec,
+                  _strides, _window)
 
 
 def flash_attn_backward(dout, q, k, v, out, softmax_lse, dropout_p=0.0, softmax_scale=None,
@@ -27,6 +28,9 @@ def flash_attn_backward(dout, q, k, v, out, softmax_lse, dropout_p=0.0, softmax_
     so `deterministic` changes nothing. With dropout_p > 0, dropout_seed must be the
     forward's (pass one to flash_attn_func), so the backward drops the same weights.
     """
+    # Arrays of other frameworks, through DLPack (api._from_dlpack).
+    (dout, q, k, v, out, softmax_lse, alibi_slopes, attn_mask, sinks) = map(_from_dlpack, (
+        dout, q, k, v, out, softmax_lse, alibi_slopes, attn_mask, sinks))
     if dropout_p != 0.0 and dropout_seed is None:
         raise ValueError("flashjit: dropout_p > 0 needs the forward's dropout_seed: pass "
                          "dropout_seed=S to both flash_attn_func and flash_attn_backward (or let "

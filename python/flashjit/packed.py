@@ -5,7 +5,7 @@ flash_attn_func or flash_attn_varlen_func, so everything those take works here t
 and gradients flow back into the packed tensor through torch's autograd of the views.
 """
 
-from .api import flash_attn_func
+from .api import _from_dlpack, flash_attn_func
 from .sequences import flash_attn_varlen_func
 
 
@@ -28,7 +28,7 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
                               deterministic=False, return_attn_probs=False, **extras):
     """FlashAttention's flash_attn_qkvpacked_func: qkv [batch, seqlen, 3, heads, head_dim].
     flash_attn_func's keyword-only extras (return_lse, arch, config, ...) pass through."""
-    q, k, v = _unpack(qkv, "qkv", 3, "[batch, seqlen, 3, heads, head_dim]")
+    q, k, v = _unpack(_from_dlpack(qkv), "qkv", 3, "[batch, seqlen, 3, heads, head_dim]")
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                            alibi_slopes, deterministic, return_attn_probs, **extras)
 
@@ -38,7 +38,7 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
                              deterministic=False, return_attn_probs=False, **extras):
     """FlashAttention's flash_attn_kvpacked_func: q [batch, seqlen_q, heads, head_dim], kv
     [batch, seqlen_k, 2, kv_heads, head_dim] (GQA/MQA from the head counts)."""
-    k, v = _unpack(kv, "kv", 2, "[batch, seqlen_k, 2, kv_heads, head_dim]")
+    k, v = _unpack(_from_dlpack(kv), "kv", 2, "[batch, seqlen_k, 2, kv_heads, head_dim]")
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                            alibi_slopes, deterministic, return_attn_probs, **extras)
 
@@ -49,7 +49,7 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                      return_attn_probs=False, **extras):
     """FlashAttention's flash_attn_varlen_qkvpacked_func: qkv [total, 3, heads, head_dim],
     cu_seqlens int32 [batch + 1] for queries and keys alike."""
-    q, k, v = _unpack(qkv, "qkv", 3, "[total, 3, heads, head_dim]")
+    q, k, v = _unpack(_from_dlpack(qkv), "qkv", 3, "[total, 3, heads, head_dim]")
     return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                                   dropout_p, softmax_scale, causal, window_size, softcap,
                                   alibi_slopes, deterministic, return_attn_probs, **extras)
@@ -62,7 +62,7 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
                                     return_attn_probs=False, **extras):
     """FlashAttention's flash_attn_varlen_kvpacked_func: q [total_q, heads, head_dim], kv
     [total_k, 2, kv_heads, head_dim]."""
-    k, v = _unpack(kv, "kv", 2, "[total_k, 2, kv_heads, head_dim]")
+    k, v = _unpack(_from_dlpack(kv), "kv", 2, "[total_k, 2, kv_heads, head_dim]")
     return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                   max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
                                   softcap, alibi_slopes, deterministic, return_attn_probs,

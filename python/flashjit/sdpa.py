@@ -1,6 +1,6 @@
 """scaled_dot_product_attention: PyTorch's SDPA signature over flash_attn_func."""
 
-from .api import _kind, flash_attn_func
+from .api import _from_dlpack, _kind, flash_attn_func
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
@@ -24,6 +24,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     dropout_seed, None: a new seed per call from torch's or NumPy's generator), not
     with PyTorch's random stream: the same probability, another pattern.
     """
+    query, key, value, attn_mask = map(_from_dlpack, (query, key, value, attn_mask))
     ndim = len(query.shape)
     if ndim not in (3, 4) or len(key.shape) != ndim or len(value.shape) != ndim:
         raise ValueError(f"flashjit: query, key and value must all be 4-D [batch, heads, seqlen, "

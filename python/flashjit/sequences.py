@@ -6,7 +6,8 @@ import sys
 
 from . import torch_ops
 from .api import (_ATTENTIONS, MAX_REPEATS, _attention, _bf16_bits, _device, _dropout,
-                  _dtype_name, _fast_call, _forward, _handle_key, _int, _kind, _modifiers,
+                  _dtype_name, _fast_call, _forward, _from_dlpack, _handle_key, _int, _kind,
+                  _modifiers,
                   _refuse_grad, _s_dmask_scale, _scale, _signature, _spec, _strides, _window)
 
 # A plain torch decode step's repeat -> what its first call built (_kv_fast_forward):
@@ -204,6 +205,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     an error naming it). Torch inputs that require grad (grad mode on) run through
     autograd: flash_attn_varlen_backward gives dq, dk, dv, and sinks that require grad get
     theirs (not with a block_table or seqused_k: those raise NotImplementedError)."""
+    # Arrays of other frameworks, through DLPack (api._from_dlpack).
+    (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_table, seqused_k,
+     sinks) = map(_from_dlpack, (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, block_table,
+                                 seqused_k, sinks))
     if dropout_p and dropout_seed is None and _kind(q) == "torch" and torch_ops.compiling():
         raise NotImplementedError("flashjit: under torch.compile, dropout needs dropout_seed")
     p_drop, seed = _dropout(dropout_p, dropout_seed, _kind(q))
@@ -354,6 +359,10 @@ def flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu
     dq when it is allocated here. With sinks (the forward's, [heads]): (dq, dk, dv,
     dsinks), dsinks float32 [heads]. Deterministic (no atomics). dropout_p and
     dropout_seed must be the forward's (the seed it was given or drew)."""
+    # Arrays of other frameworks, through DLPack (api._from_dlpack).
+    (dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
+     sinks) = map(_from_dlpack, (dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,
+                                 alibi_slopes, sinks))
     p_drop, seed = _dropout(dropout_p, dropout_seed if dropout_p else 0, _kind(q))
     window, scale = _window(window_size), _scale(softmax_scale)
     kind, dtype, device, stream = _common(dout, q, k, {"v": v, "out": out,
@@ -518,6 +527,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache_leftpad, slopes or sinks, repeated with the same shapes, strides and arguments,
     reuses what its first call built and runs only the append (when k and v are given)
     and the kernel (the host's time per call: bench/host_probe.py)."""
+    # Arrays of other frameworks, through DLPack (api._from_dlpack).
+    (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+     cache_leftpad, block_table, alibi_slopes, sinks) = map(_from_dlpack, (
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+        cache_leftpad, block_table, alibi_slopes, sinks))
     repeat = None
     if (k is None) == (v is None) and rotary_cos is None and rotary_sin is None and \
             cache_leftpad is None and alibi_slopes is None and sinks is None:

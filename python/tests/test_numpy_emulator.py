@@ -58,6 +58,49 @@ def test_non_contiguous_inputs_work_through_strides():
     assert np.abs(out.astype(np.float64) - ref).max() <= TOL["f16"]
 
 
+def test_float32_inputs_round_in_the_kernel_and_return_float32():
+    """f32 tensors in memory (fj_spec.f32_io): fresh float32 values that bf16 cannot hold
+    are rounded by the kernel; the output is float32 and not rounded to bf16."""
+    rng = np.random.default_rng()
+    q, k, v = (rng.uniform(-1, 1, size=s).astype(np.float32)
+               for s in ((2, 45, 4, 72), (2, 60, 2, 72), (2, 60, 2, 72)))
+    assert (bf16_round(k) != k).mean() > 0.5
+    out, lse = flashjit.flash_attn_func(q, k, v, causal=True, return_lse=True, arch=ARCH)
+    assert out.dtype == np.float32 and not np.isnan(out).any()
+    ref, ref_lse = attention(q, k, v, causal=True)
+    assert np.abs(out.astype(np.float64) - ref).max() <= TOL["bf16"]
+    assert np.abs(lse - ref_lse).max() <= 1e-2
+    assert (bf16_round(out) != out).any(), "the output was rounded to bf16"
+
+
+class Foreign:
+    """An array of another framework: nothing but the DLPack protocol."""
+
+    def __init__(self, array):
+        self._array = array
+
+    def __dlpack__(self, stream=None):
+        return self._array.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self._array.__dlpack_device__()
+
+
+def test_dlpack_arrays_of_other_frameworks_run():
+    rng = np.random.default_rng()
+    q, k, v = inputs(rng, 1, 29, 41, 2, 1, 56, 56, "f16")
+    out = flashjit.flash_attn_func(Foreign(q), Foreign(k), Foreign(v), causal=True, arch=ARCH)
+    assert isinstance(out, np.ndarray) and not np.isnan(out).any()
+    ref, _ = attention(q, k, v, causal=True)
+    assert np.abs(out.astype(np.float64) - ref).max() <= TOL["f16"]
+    # SDPA's layout through DLPack too: [batch, heads, seqlen, head_dim].
+    qt, kt, vt = (np.ascontiguousarray(x.transpose(0, 2, 1, 3)) for x in (q, k, v))
+    sdpa = flashjit.scaled_dot_product_attention(Foreign(qt), Foreign(kt), Foreign(vt),
+                                                 enable_gqa=True, arch=ARCH)
+    ref_sdpa, _ = attention(q, k, v)
+    assert np.abs(sdpa.transpose(0, 2, 1, 3).astype(np.float64) - ref_sdpa).max() <= TOL["f16"]
+
+
 def test_bad_inputs_raise_clear_errors():
     q = np.zeros((1, 8, 2, 16), dtype=np.float16)
     with pytest.raises(ValueError, match="dropout_p"):

@@ -53,6 +53,50 @@ def test_matches_sdpa_in_float64(b, sq, sk, hq, hkv, d, dtype, causal, window):
     assert (out.double() - ref).abs().max().item() <= TOL[dtype]
 
 
+def test_float32_tensors_round_in_the_kernel():
+    """float32 q, k, v (fj_spec.f32_io): rounded to bf16 in the kernel, out float32 and
+    unrounded; the backward refuses them by name."""
+    torch.manual_seed(9)
+    q = torch.rand(2, 300, 8, 128, device="cuda") * 2 - 1
+    k = torch.rand(2, 517, 2, 128, device="cuda") * 2 - 1
+    v = torch.rand(2, 517, 2, 128, device="cuda") * 2 - 1
+    out = flashjit.flash_attn_func(q, k, v, causal=True)
+    torch.cuda.synchronize()
+    assert out.dtype == torch.float32
+    ref = reference(q, k, v, True, (-1, -1))
+    assert (out.double() - ref).abs().max().item() <= TOL[torch.bfloat16]
+    assert (out.bfloat16().float() != out).any(), "the output was rounded to bf16"
+    decode = flashjit.flash_attn_func(q[:, :1], k, v, num_splits=4)  # split-KV's combine
+    ref = reference(q[:, :1], k, v, False, (-1, -1))
+    assert (decode.double() - ref).abs().max().item() <= TOL[torch.bfloat16]
+    with pytest.raises(NotImplementedError, match="float32 q, k and v run forward only"):
+        flashjit.flash_attn_func(q.requires_grad_(), k, v)
+
+
+class Foreign:
+    """A GPU array of another framework: nothing but the DLPack protocol."""
+
+    def __init__(self, tensor):
+        self._tensor = tensor
+
+    def __dlpack__(self, stream=None):
+        return self._tensor.__dlpack__(stream=stream)
+
+    def __dlpack_device__(self):
+        return self._tensor.__dlpack_device__()
+
+
+def test_dlpack_gpu_arrays_of_other_frameworks_run():
+    torch.manual_seed(5)
+    q, k, v = ((torch.rand(2, 77, 4, 80, device="cuda") * 2 - 1).to(torch.bfloat16)
+               for _ in range(3))
+    out = flashjit.flash_attn_func(Foreign(q), Foreign(k), Foreign(v), causal=True)
+    torch.cuda.synchronize()
+    assert isinstance(out, torch.Tensor) and out.is_cuda
+    ref = reference(q, k, v, True, (-1, -1))
+    assert (out.double() - ref).abs().max().item() <= TOL[torch.bfloat16]
+
+
 def test_non_contiguous_torch_tensors():
     q = torch.rand(1, 4, 100, 64, device="cuda", dtype=torch.float16).transpose(1, 2)
     out = flashjit.flash_attn_func(q, q, q, causal=True)

@@ -1,6 +1,6 @@
-// libFuzzer: the warmup manifest reader (tools/manifest.h: the JSON reader of
-// tools/json.h, then the items and their specs) on any text. It may refuse
-// it, never crash; every item it accepts has a valid spec.
+// libFuzzer: the warmup manifest reader (tools/manifest.h: nlohmann::json within
+// the limits of tools/json.h, then the items and their specs) on any text. It may
+// refuse it, never crash or throw; every item it accepts has a valid spec.
 #include "tools/manifest.h"
 
 #include <cstdint>

@@ -29,4 +29,27 @@ run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/build -G ${GENERATOR}
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${WORK_DIR}/build/consumer_c)
 run(${WORK_DIR}/build/consumer_cxx)
+
+# pkg-config: the C consumer built from flashjit.pc's flags alone.
+find_program(PKG_CONFIG pkg-config)
+if(PKG_CONFIG)
+  file(GLOB_RECURSE pc ${prefix}/*/pkgconfig/flashjit.pc)
+  if(NOT pc)
+    message(FATAL_ERROR "not installed: pkgconfig/flashjit.pc under ${prefix}")
+  endif()
+  get_filename_component(pc_dir ${pc} DIRECTORY)
+  set(ENV{PKG_CONFIG_PATH} ${pc_dir})
+  execute_process(COMMAND ${PKG_CONFIG} --cflags --libs flashjit OUTPUT_VARIABLE flags
+                  RESULT_VARIABLE rc OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "pkg-config --cflags --libs flashjit failed (${rc})")
+  endif()
+  separate_arguments(flags UNIX_COMMAND "${flags}")
+  get_filename_component(libdir ${pc_dir} DIRECTORY)
+  run(${C_COMPILER} -std=c99 ${SOURCE_DIR}/consumer.c ${flags} -lm -Wl,-rpath,${libdir}
+      -o ${WORK_DIR}/consumer_pkg_config)
+  run(${WORK_DIR}/consumer_pkg_config)
+else()
+  message(WARNING "pkg-config not found: flashjit.pc is installed but not tried")
+endif()
 file(REMOVE_RECURSE ${WORK_DIR})

@@ -1,8 +1,10 @@
-// Clang -> llvm::Module -> ORC LLJIT, for the emulator. One process-wide LLJIT;
+// The LLVM plugin's host JIT (host_jit.h): Clang -> llvm::Module -> ORC LLJIT,
+// for the emulator. One process-wide LLJIT;
 // each distinct kernel text gets its own JITDylib (kernels share names), with
 // the emulator's hooks defined there as absolute symbols, so nothing is looked
 // up in the process's dynamic symbol table.
-#include "runtime/emulator_jit.h"
+#include "compiler/host_jit.h"
+#include "compiler/llvm_impl.h"
 
 #include <clang/Basic/Diagnostic.h>
 #include <clang/Basic/DiagnosticOptions.h>
@@ -31,10 +33,10 @@
 #include <mutex>
 
 #ifndef FLASHJIT_CLANG_EXECUTABLE
-#error "FLASHJIT_CLANG_EXECUTABLE must name clang in the LLVM install (runtime/CMakeLists.txt)"
+#error "FLASHJIT_CLANG_EXECUTABLE must name clang in the LLVM install (compiler/CMakeLists.txt)"
 #endif
 
-namespace flashjit::runtime::emu {
+namespace flashjit::compiler {
 namespace {
 
 /// Name of the source buffer in diagnostics.
@@ -166,9 +168,9 @@ public:
     return *jit;
   }
 
-  Expected<std::shared_ptr<const CompiledKernel>> get(std::string_view prelude,
-                                                      std::string_view kernel_text,
-                                                      const std::vector<HostSymbol> &symbols) {
+  Expected<std::shared_ptr<const HostKernel>> get(std::string_view prelude,
+                                                  std::string_view kernel_text,
+                                                  const std::vector<HostSymbol> &symbols) {
     std::string source;
     source.reserve(prelude.size() + kernel_text.size() + 64);
     // Diagnostics and the bounds checks name lines of the kernel text itself.
@@ -200,8 +202,8 @@ private:
       jit_ = std::move(*jit);
   }
 
-  Expected<std::shared_ptr<const CompiledKernel>> compile(const std::string &source,
-                                                          const std::vector<HostSymbol> &symbols) {
+  Expected<std::shared_ptr<const HostKernel>> compile(const std::string &source,
+                                                      const std::vector<HostSymbol> &symbols) {
     const auto start = std::chrono::steady_clock::now();
     auto compiled = clang_compile(source);
     if (!compiled)
@@ -210,7 +212,7 @@ private:
     llvm::Function *fn = compiled->module->getFunction(name);
     if (!fn || fn->isDeclaration())
       return Status::error("emulator: the kernel text defines no launcher {}", kLauncherName);
-    auto kernel = std::make_shared<CompiledKernel>();
+    auto kernel = std::make_shared<HostKernel>();
     kernel->workgroup_size = take_workgroup_size(*compiled->module);
     if (compiled->module->getNamedGlobal("llvm.global_ctors"))
       return Status::error("emulator: the kernel needs dynamic initialization of globals, which "
@@ -237,22 +239,22 @@ private:
     kernel->entry = address->toPtr<KernelEntry>();
     kernel->compile_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    return std::shared_ptr<const CompiledKernel>(std::move(kernel));
+    return std::shared_ptr<const HostKernel>(std::move(kernel));
   }
 
   std::mutex mutex_;
   std::unique_ptr<llvm::orc::LLJIT> jit_;
   std::string jit_error_;
-  std::map<std::string, std::shared_ptr<const CompiledKernel>> cache_;
+  std::map<std::string, std::shared_ptr<const HostKernel>> cache_;
   int dylibs_ = 0;
 };
 
 } // namespace
 
-Expected<std::shared_ptr<const CompiledKernel>>
-compile_for_host(std::string_view prelude, std::string_view kernel_text,
-                 const std::vector<HostSymbol> &symbols) {
+Expected<std::shared_ptr<const HostKernel>>
+llvm_impl::compile_for_host(std::string_view prelude, std::string_view kernel_text,
+                            const std::vector<HostSymbol> &symbols) {
   return Jit::instance().get(prelude, kernel_text, symbols);
 }
 
-} // namespace flashjit::runtime::emu
+} // namespace flashjit::compiler
