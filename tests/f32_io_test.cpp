@@ -149,14 +149,14 @@ constexpr auto bshd = Layout::bshd, bhsd = Layout::bhsd;
 
 INSTANTIATE_TEST_SUITE_P(
     Families, F32IoEmulator,
-    ::testing::Values(
-        Row{"gfx1201", 1, 4, 1, 70, 133, 64, bf16, bshd, true, kNoWindow, true, 1},
-        Row{"gfx1201", 2, 2, 2, 33, 47, 72, f16, bhsd, false, {16, 4}, false, 1},
-        Row{"gfx1201", 1, 8, 2, 1, 700, 128, bf16, bshd, true, kNoWindow, true, 4}, // decode
-        Row{"gfx1100", 1, 2, 1, 45, 61, 80, f16, bshd, true, kNoWindow, false, 1},
-        Row{"gfx942", 1, 2, 2, 40, 90, 96, bf16, bshd, false, kNoWindow, true, 1},
-        Row{"gfx90a", 1, 3, 1, 29, 29, 100, f16, bshd, true, kNoWindow, false, 1},
-        Row{"gfx950", 1, 2, 1, 64, 64, 256, bf16, bshd, false, kNoWindow, false, 1}),
+    ::testing::Values(Row{"gfx1201", 1, 4, 1, 70, 133, 64, bf16, bshd, true, kNoWindow, true, 1},
+                      Row{"gfx1201", 2, 2, 2, 33, 47, 72, f16, bhsd, false, {16, 4}, false, 1},
+                      Row{"gfx1201", 1, 8, 2, 1, 700, 128, bf16, bshd, true, kNoWindow, true,
+                          4}, // decode
+                      Row{"gfx1100", 1, 2, 1, 45, 61, 80, f16, bshd, true, kNoWindow, false, 1},
+                      Row{"gfx942", 1, 2, 2, 40, 90, 96, bf16, bshd, false, kNoWindow, true, 1},
+                      Row{"gfx90a", 1, 3, 1, 29, 29, 100, f16, bshd, true, kNoWindow, false, 1},
+                      Row{"gfx950", 1, 2, 1, 64, 64, 256, bf16, bshd, false, kNoWindow, false, 1}),
     row_name);
 
 TEST(F32Io, TheBackwardRefusesF32Tensors) {

@@ -265,7 +265,8 @@ FJ_API fj_error fj_attention_create_ex(const fj_spec *spec, const char *device,
  * has lse = 1, else it must be NULL. On hip/cuda devices the pointers are
  * device pointers laid out by the spec's strides and the kernel is queued on
  * `stream` (hipStream_t / CUstream; NULL: the default stream). On the emulator
- * they are host pointers to the 16-bit element bits (bf16 / f16). */
+ * they are host pointers to the 16-bit element bits (bf16 / f16), or to floats
+ * with f32_io. */
 FJ_API fj_error fj_attention_forward(fj_attention *attention, const void *q, const void *k,
                                      const void *v, void *out, float *lse, void *stream);
 /* The same with the shapes of `shape`: batch, heads, kv_heads, seqlens,
