@@ -273,11 +273,15 @@ Expected<std::vector<Section>> decode(const CodeObject &code, const Opened &open
   return sections;
 }
 
-} // namespace
+/// A code object opened, its instructions decoded and its function symbols
+/// listed: what both readers start from.
+struct Decoded {
+  Opened opened;
+  std::vector<Section> sections;
+  std::vector<Symbol> symbols;
+};
 
-namespace llvm_impl {
-
-Expected<std::string> disassemble(const CodeObject &code) {
+Expected<Decoded> open_and_decode(const CodeObject &code) {
   auto opened = open(code);
   if (!opened)
     return opened.status();
@@ -288,11 +292,24 @@ Expected<std::string> disassemble(const CodeObject &code) {
   if (!sections)
     return sections.status();
   std::vector<Symbol> symbols = function_symbols(*opened);
+  return Decoded{opened.take(), sections.take(), std::move(symbols)};
+}
+
+} // namespace
+
+namespace llvm_impl {
+
+Expected<std::string> disassemble(const CodeObject &code) {
+  auto decoded = open_and_decode(code);
+  if (!decoded)
+    return decoded.status();
+  const std::vector<Section> &sections = decoded->sections;
+  const std::vector<Symbol> &symbols = decoded->symbols;
 
   // The layout of llvm-objdump -d for AMDGPU: the instruction left-justified in
   // 60 columns (tab included), then its address and encoding as a comment.
   std::string out;
-  for (const Section &section : *sections) {
+  for (const Section &section : sections) {
     out += fmt::format("Disassembly of section {}:\n", section.name);
     for (const Instruction &inst : section.instructions) {
       for (const Symbol &symbol : symbols)
@@ -316,24 +333,20 @@ Expected<std::string> disassemble(const CodeObject &code) {
 Expected<std::vector<ResourceReport>> read_resources(const CodeObject &code, int vgpr_file_per_simd,
                                                      int max_waves_per_simd,
                                                      int lds_bytes_per_cu_or_wgp) {
-  auto opened = open(code);
-  if (!opened)
-    return opened.status();
-  auto mc = make_mc(code, *opened);
-  if (!mc)
-    return mc.status();
-  auto sections = decode(code, *opened, **mc);
-  if (!sections)
-    return sections.status();
-  std::vector<Symbol> symbols = function_symbols(*opened);
+  auto decoded = open_and_decode(code);
+  if (!decoded)
+    return decoded.status();
+  const Opened &opened = decoded->opened;
+  const std::vector<Section> &sections = decoded->sections;
+  const std::vector<Symbol> &symbols = decoded->symbols;
 
   // The VGPR granule and the SGPR rule are the processor's row of the arch facts.
-  const target::Arch *arch = target::find_arch(target::processor_of(opened->cpu));
+  const target::Arch *arch = target::find_arch(target::processor_of(opened.cpu));
   if (arch == nullptr)
-    return bad(code, fmt::format("no arch facts for processor '{}': supported are {}", opened->cpu,
+    return bad(code, fmt::format("no arch facts for processor '{}': supported are {}", opened.cpu,
                                  target::arch_list()));
   const bool sgprs_limit = arch->facts().sgprs_limit_occupancy;
-  std::vector<ResourceReport> reports = opened->kernels;
+  std::vector<ResourceReport> reports = opened.kernels;
   for (ResourceReport &r : reports) {
     // The kernel's code is the function symbol named like its descriptor without ".kd".
     std::string function = r.symbol.size() > 3 && r.symbol.ends_with(".kd")
@@ -342,7 +355,7 @@ Expected<std::vector<ResourceReport>> read_resources(const CodeObject &code, int
     for (const Symbol &symbol : symbols) {
       if (symbol.name != function)
         continue;
-      for (const Section &section : *sections)
+      for (const Section &section : sections)
         for (const Instruction &inst : section.instructions)
           if (inst.address >= symbol.address && inst.address < symbol.address + symbol.size &&
               is_matrix_instruction(inst.text))

@@ -78,7 +78,6 @@ LLD_HAS_DRIVER(elf)
 namespace flashjit::compiler {
 namespace {
 
-constexpr const char *kSourceName = LlvmCompiler::kSourceName;
 /// Frame tags on the child's result pipe.
 constexpr char kTagObject = 'O';
 constexpr char kTagError = 'E';
@@ -205,9 +204,10 @@ Expected<llvm::SmallVector<char, 0>> compile_to_object(std::string_view source,
   invocation->getCodeGenOpts().DisableFree = false;
   invocation->getDiagnosticOpts().ShowColors = false;
   invocation->getPreprocessorOpts().addRemappedFile(
-      kSourceName, llvm::MemoryBuffer::getMemBufferCopy(
-                       llvm::StringRef(source.data(), source.size()), kSourceName)
-                       .release());
+      LlvmCompiler::kSourceName,
+      llvm::MemoryBuffer::getMemBufferCopy(llvm::StringRef(source.data(), source.size()),
+                                           LlvmCompiler::kSourceName)
+          .release());
   invocation->getPreprocessorOpts().RetainRemappedFileBuffers = false;
   FJ_RETURN_IF_ERROR(parse_llvm_args(invocation->getFrontendOpts().LLVMArgs));
 

@@ -7,8 +7,8 @@
 #include <dlfcn.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstring>
-#include <mutex>
 
 namespace flashjit::compiler {
 namespace {
@@ -111,7 +111,7 @@ Expected<const LlvmPlugin *> load_llvm_plugin(const std::string &path) {
   return table;
 }
 
-Expected<LoadedLlvmPlugin> loaded_llvm_plugin() {
+const Expected<LoadedLlvmPlugin> &loaded_llvm_plugin() {
   static const Expected<LoadedLlvmPlugin> plugin = [] {
     auto p = load_once();
     if (p)
@@ -122,7 +122,7 @@ Expected<LoadedLlvmPlugin> loaded_llvm_plugin() {
 }
 
 Expected<const LlvmPlugin *> llvm_plugin() {
-  auto p = loaded_llvm_plugin();
+  const Expected<LoadedLlvmPlugin> &p = loaded_llvm_plugin();
   if (!p)
     return p.status();
   return p->table;

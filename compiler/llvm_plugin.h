@@ -67,7 +67,7 @@ struct LoadedLlvmPlugin {
 /// A build without LLVM (FLASHJIT_WITH_LLVM=OFF) says so and tries nothing.
 Expected<const LlvmPlugin *> llvm_plugin();
 /// As llvm_plugin(), with the path it was loaded from.
-Expected<LoadedLlvmPlugin> loaded_llvm_plugin();
+const Expected<LoadedLlvmPlugin> &loaded_llvm_plugin();
 
 /// Loads the plugin at `path` now, not cached (for tests and diagnostics): a
 /// file that is missing, cannot be loaded, lacks the entry point or comes from
