@@ -36,10 +36,12 @@ Status validate(const Config &c) {
   FJ_RETURN_IF_ERROR(positive("block_m", c.block_m));
   FJ_RETURN_IF_ERROR(positive("block_n", c.block_n));
   FJ_RETURN_IF_ERROR(positive("waves", c.waves));
-  // The rules know two loops: plain (1) and K/V tiles issued one step ahead (2).
-  if (c.stages != 1 && c.stages != 2)
+  // The rules know three loops: plain (1), K/V tiles issued one step ahead (2),
+  // and a producer warpgroup filling a ring of two K/V copies (3, the sm90 forward).
+  if (c.stages < 1 || c.stages > 3)
     return Status::error("config stages = {} is not a pipeline the kernels have: expected 1 "
-                         "(no pipelining) or 2 (each K/V tile's copy issued one step ahead)",
+                         "(no pipelining), 2 (each K/V tile's copy issued one step ahead) or 3 "
+                         "(a producer warpgroup fills a ring of two K/V copies; the sm90 forward)",
                          c.stages);
   FJ_RETURN_IF_ERROR(positive("pad_k", c.pad_k));
   if (c.mma_m != 0 && c.mma_m != 16 && c.mma_m != 32)

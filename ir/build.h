@@ -11,7 +11,7 @@ struct Config {
   int64_t block_m = 64;  // query rows per workgroup
   int64_t block_n = 64;  // keys per KV block
   int64_t waves = 4;     // waves per workgroup (query rows split across them)
-  int64_t stages = 1;    // K/V pipeline depth
+  int64_t stages = 1;    // K/V pipeline: 1 none, 2 one step ahead, 3 producer warpgroup + ring
   bool q_in_lds = false; // keep the Q tile in LDS instead of registers
   int64_t pad_k = 16;    // head dims padded (in registers only) to a multiple of this
   /// Queries per accumulator fragment, i.e. the matrix instruction's tile: 16 or

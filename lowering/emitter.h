@@ -78,10 +78,10 @@ inline int64_t staged_tile_bytes(int64_t rows, int64_t cols, bool transposed,
 
 /// Whether a staged tile of `rows` x `cols` is of a shape TMA copies (the
 /// sm90 rules; KernelEmitter::tma_tile adds what its tensor must be): whole
-/// 64-column panels of at most 256 rows, in the forward from three panels up
-/// (head dims 192, 256), in the backward any number.
-constexpr bool tma_tile_shape(int64_t rows, int64_t cols, bool forward) {
-  return rows <= 256 && cols % 64 == 0 && (!forward || cols >= 192);
+/// 64-column panels of at most 256 rows; in the forward without a producer warpgroup
+/// (config stages < 3) from three panels up (head dims 192, 256), else any number.
+constexpr bool tma_tile_shape(int64_t rows, int64_t cols, bool few_panels) {
+  return rows <= 256 && cols % 64 == 0 && (few_panels || cols >= 192);
 }
 
 class KernelEmitter {
@@ -257,6 +257,9 @@ private:
                   const std::function<std::string(const std::string &)> &names,
                   const std::string &q_idx, const std::string &kv_idx,
                   const std::function<void(int c, int e)> &element);
+  int64_t stages() const {
+    return p_.config.count("stages") ? std::get<int64_t>(p_.config.at("stages")) : 1;
+  }
   bool plan_pipeline(const Op &loop);
   // Block prefetch (config stages >= 2 where plan_pipeline does not apply: the
   // backward's loops, which read a tile again after the next one is staged):
@@ -265,7 +268,28 @@ private:
   // that completes block kb's.
   bool plan_prefetch(const Op &loop);
   void emit_prefetch_issue(const std::string &idx, const std::string &copy);
-  void emit_prefetch_views(const std::string &copy);
+  void emit_prefetch_views(const std::vector<const Op *> &loads, const std::string &copy);
+  // Warp specialization (config stages 3, the sm90 forward): a producer
+  // warpgroup past the kWaves consumer waves (its first lane) copies every block's K and V tiles
+  // with TMA into a ring of two copies; a consumer waits for a copy's fill barrier and, after the
+  // product that reads it, arrives on its free barrier, which the producer waits for before it
+  // refills the copy. No workgroup barrier in the loop; after it the producer has left, and
+  // barriers name the consumers only.
+  Expected<bool> plan_producer(const Op &loop);
+  void emit_producer(const Op &loop);
+  std::pair<int, int> producer_registers() const; // {producer, consumer} per thread
+  // After `product` has waited: this thread is done with the ring copy it read.
+  void emit_ring_release(const Op &product);
+  std::vector<const Op *> ring_loads_;  // the loop's K and V loads, body order
+  std::map<std::string, int> free_bar_; // ring buffer -> its first free barrier
+  int free_bars_ = 0;                   // free barriers (fj_free_bar)
+  int producer_threads_ = 0;            // a warpgroup's with a producer
+  bool consumers_only_ = false;         // past a warp-specialized loop
+  // The workgroup barrier: every thread, or the consumers once the producer left.
+  std::string barrier() const;
+  // The condition of the thread that issues a TMA copy: thread 0; empty in the
+  // producer warpgroup, whose first lane is already the only one there.
+  std::string tma_issuer_ = "fj_thread_id() == 0";
   std::vector<const Op *> prefetch_loads_;     // the first load of each buffer, body order
   std::set<const Op *> prefetched_;            // every load the buffers serve
   std::map<std::string, int64_t> stage_elems_; // a prefetched buffer -> elements per copy

@@ -273,7 +273,7 @@ void KernelEmitter::close_tile_elements(const Type &t) {
 
 void KernelEmitter::barrier_if_read(const std::string &buffer) {
   if (read_since_barrier_.count(buffer)) {
-    w_.line("fj_barrier(); // every wave is done reading {} before it is overwritten", buffer);
+    w_.line("{}; // every wave is done reading {} before it is overwritten", barrier(), buffer);
     read_since_barrier_.clear();
   }
 }
@@ -547,12 +547,18 @@ Expected<Lowered> KernelEmitter::run() {
   if (tma_bars_ > 0)
     declare_lds("unsigned long long", "fj_tma_bar", tma_bars_, tma_bars_ * 8, 8,
                 "the TMA copies' transaction barriers, one per buffer copy");
-  if (const int blocks = nvidia_min_blocks(); blocks > 1)
+  if (free_bars_ > 0)
+    declare_lds("unsigned long long", "fj_free_bar", free_bars_, free_bars_ * 8, 8,
+                "the ring copies' free barriers, one per copy: every consumer thread arrives");
+  const int64_t threads = waves_ * target_.wave_size + producer_threads_;
+  if (producer_threads_ > 0 && waves_ < 8) // two workgroups per SM (producer_registers)
+    w_.line("FJ_GLOBAL FJ_WORKGROUP_SIZE_MIN_BLOCKS({}, 2)", threads);
+  else if (const int blocks = nvidia_min_blocks(); blocks > 1)
     w_.line("FJ_GLOBAL FJ_WORKGROUP_SIZE_MIN_BLOCKS({}, {}) // {} blocks per SM, as without "
             "sequences",
-            waves_ * target_.wave_size, blocks, blocks);
+            threads, blocks, blocks);
   else
-    w_.line("FJ_GLOBAL FJ_WORKGROUP_SIZE({})", waves_ * target_.wave_size);
+    w_.line("FJ_GLOBAL FJ_WORKGROUP_SIZE({})", threads);
   w_.line("void {}(", p_.name);
   w_.indent(2);
   for (size_t i = 0; i < params.size(); ++i) {
@@ -566,6 +572,8 @@ Expected<Lowered> KernelEmitter::run() {
     w_.line("{}", decl);
   if (tma_bars_ > 0) {
     w_.line("unsigned fj_tma_phase = 0; // bit i: the parity of barrier i's next fill");
+    if (free_bars_ > 0)
+      w_.line("fj_mbar_init(fj_free_bar, {}, kThreads); // the consumers' arrivals", free_bars_);
     w_.line("fj_tma_init(fj_tma_bar, {});", tma_bars_);
   }
   w_.raw(body.str());
@@ -600,7 +608,7 @@ Expected<Lowered> KernelEmitter::run() {
   out.kernel_name = p_.name;
   out.params = std::move(params);
   out.grid = p_.grid;
-  out.block_threads = int(waves_ * target_.wave_size);
+  out.block_threads = int(threads);
   out.lds_bytes = lds_bytes_;
   out.lds_dynamic = rules_.dynamic_lds();
   out.mma = mi_;
@@ -813,8 +821,11 @@ Status KernelEmitter::emit_op(const Op &op) {
     auto it = lds_of_.find(op.operands[1]);
     if (it == lds_of_.end() || type(op.operands[0]).layout != TileLayout::mma_a)
       return unsupported("expects A in registers (#mma_a) and B staged in LDS");
-    if (rules_.warpgroup_products())
-      return emit_product(op, -1, /*wait=*/true);
+    if (rules_.warpgroup_products()) {
+      FJ_RETURN_IF_ERROR(emit_product(op, -1, /*wait=*/true));
+      emit_ring_release(op);
+      return Status::ok();
+    }
     const Type &t = type(op.results[0]);
     const int kt = tiles(type(op.operands[0]).cols);
     w_.line("{};", declare(op.results[0]));

@@ -73,9 +73,12 @@ struct Lowered {
 /// uses unless told otherwise): block sizes chosen so K/V tiles fit in LDS and
 /// the accumulators in VGPRs. Where the family has rules for several query
 /// tiles (CDNA: 32 and 16), those that prefer the spec, or those of `mma_m`
-/// queries when it is not 0 (then kept in the config).
+/// queries when it is not 0 (then kept in the config). `producer`: the
+/// forward's config with a producer warpgroup where the rules have a faster one
+/// (Rules::producer_config); false for split-KV's partial kernel, which has none.
 ir::Config default_config(const AttentionSpec &spec, const Target &target,
-                          RulesChoice choice = RulesChoice::automatic, int64_t mma_m = 0);
+                          RulesChoice choice = RulesChoice::automatic, int64_t mma_m = 0,
+                          bool producer = true);
 
 /// Checks that a spec and config can run on the target (LDS bytes, registers,
 /// workgroup size) with errors that name the limit and the value; the register

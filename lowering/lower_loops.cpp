@@ -21,8 +21,7 @@ void KernelEmitter::emit_copy(ValueId, const std::string &dst, ValueId src) {
 // read only between its own barrier and the next tile's, which holds when each
 // tile's consumer comes before the next tile's load; otherwise nothing is pipelined.
 bool KernelEmitter::plan_pipeline(const Op &loop) {
-  const ir::Attrs &cfg = p_.config;
-  if (!cfg.count("stages") || std::get<int64_t>(cfg.at("stages")) < 2)
+  if (stages() < 2)
     return false;
   std::vector<size_t> loads;
   for (size_t i = 0; i < loop.body.size(); ++i)
@@ -92,8 +91,7 @@ bool KernelEmitter::plan_interleave(const Op &loop, size_t &s_at, size_t &o_at) 
 }
 
 bool KernelEmitter::plan_prefetch(const Op &loop) {
-  const ir::Attrs &cfg = p_.config;
-  if (!cfg.count("stages") || std::get<int64_t>(cfg.at("stages")) < 2)
+  if (stages() < 2)
     return false;
   // Every LDS tile and column vector of the body is of the loop's block, in a
   // buffer of its own that nothing outside the loop uses.
@@ -133,7 +131,7 @@ bool KernelEmitter::plan_prefetch(const Op &loop) {
 // Starts the copies of block `idx` into copy `copy` of every prefetched buffer
 // (in a scope of the caller's: the views shadow the buffers' names).
 void KernelEmitter::emit_prefetch_issue(const std::string &idx, const std::string &copy) {
-  emit_prefetch_views(copy);
+  emit_prefetch_views(prefetch_loads_, copy);
   tma_copy_ = copy;
   for (const Op *op : prefetch_loads_) {
     if (type(op->results[0]).layout == TileLayout::cols)
@@ -144,14 +142,120 @@ void KernelEmitter::emit_prefetch_issue(const std::string &idx, const std::strin
   tma_copy_ = "0";
 }
 
-// Names each prefetched buffer's copy `copy` as the buffer (shadowing copy 0).
-void KernelEmitter::emit_prefetch_views(const std::string &copy) {
-  for (const Op *op : prefetch_loads_) {
+// Names copy `copy` of each buffer of `loads` as the buffer (shadowing copy 0).
+void KernelEmitter::emit_prefetch_views(const std::vector<const Op *> &loads,
+                                        const std::string &copy) {
+  for (const Op *op : loads) {
     const bool vector = type(op->results[0]).layout == TileLayout::cols;
     const std::string buf = lds_name(*op);
     w_.line("{0} *const {1} = {1}_x2 + {2} * {3};", vector ? "float" : "fj_bits", buf,
             copy.find(' ') == std::string::npos ? copy : "(" + copy + ")", stage_elems_.at(buf));
   }
+}
+
+Expected<bool> KernelEmitter::plan_producer(const Op &loop) {
+  if (stages() != 3)
+    return false;
+  auto refuse = [&](const std::string &why) -> Status {
+    return Status::error(
+        "config stages = 3 (a producer warpgroup filling a ring of two K/V copies) "
+        "needs {}: use stages 2",
+        why);
+  };
+  if (!rules_.warpgroup_products() || !target_.is_nvidia())
+    return refuse("the sm90 rules' warpgroup products");
+  if (p_.tensor("dO") != nullptr || loop.int_attr("transposed") != 0 || producer_threads_ > 0)
+    return refuse("the forward's one KV loop");
+  if (loop.attrs.count("range") || loop.attrs.count("splits"))
+    return refuse("a loop over every visible KV block (no mask blocks skipped, no split-KV)");
+  // Everything staged before the loop is staged by TMA too: every thread runs
+  // that code, and a copy spread over kThreads would leave the producer out.
+  for (const auto &[buf, role] : lds_role_)
+    if (!tma_.count(buf))
+      return refuse(fmt::format("every staged tile copied by TMA ({} is not)", buf));
+  std::vector<const Op *> loads;
+  std::set<std::string> tensors;
+  for (const Op &op : loop.body) {
+    if (op.kind == OpKind::For)
+      return refuse("a loop without inner loops");
+    if (op.kind != OpKind::Load)
+      continue;
+    const std::string tensor = op.symbol_attr("tensor");
+    if (type(op.results[0]).layout != TileLayout::mma_b || op.operands[0] != loop.region_args[0] ||
+        !tma_tile(op) || !tensors.insert(tensor).second)
+      return refuse(fmt::format("the loop's tiles copied by TMA, each once per block (@{} is not: "
+                                "TMA copies dense tensors with 16-byte aligned rows, in whole "
+                                "64-column panels)",
+                                tensor));
+    loads.push_back(&op);
+  }
+  if (loads.empty())
+    return refuse("K and V tiles staged in the loop");
+  ring_loads_ = loads;
+  lds_copies_ = 2;
+  for (const Op *op : ring_loads_) {
+    free_bar_[register_lds(*op)] = free_bars_;
+    free_bars_ += 2;
+  }
+  lds_copies_ = 1;
+  // A warpgroup: registers are reallocated per warpgroup (setmaxnreg), and
+  // ptxas budgets a warpgroup kernel's registers for whole warpgroups anyway.
+  producer_threads_ = 4 * target_.wave_size;
+  return true;
+}
+
+// Registers per thread of the producer warpgroup and of the consumers (config
+// stages 3): the producer keeps setmaxnreg's least, the consumers share the rest
+// of the register file among the workgroups per SM (one with two consumer
+// warpgroups or more, two with one), in setmaxnreg's steps of 8, at most 256.
+std::pair<int, int> KernelEmitter::producer_registers() const {
+  constexpr int kFile = 65536, kProducer = 24;
+  const int consumer_groups = int(waves_ / 4), blocks = consumer_groups >= 2 ? 1 : 2;
+  const int consumer = (kFile / blocks - 128 * kProducer) / (128 * consumer_groups) / 8 * 8;
+  return {kProducer, std::min(consumer, 256)};
+}
+
+// The producer warpgroup's loop (in the loop's range scope): lane 0 walks the same
+// blocks as the consumers and issues each block's tiles into copy n % 2 once the
+// consumers have freed what that copy held two blocks before.
+void KernelEmitter::emit_producer(const Op &loop) {
+  const std::string kb = name(loop.region_args[0]);
+  const auto [producer_regs, consumer_regs] = producer_registers();
+  w_.open("if (wave >= kWaves) {{ // the producer warpgroup: every block's tiles into the ring");
+  w_.line("fj_setmaxnreg_dec<{}>(); // its registers go to the consumers", producer_regs);
+  w_.open("if (wave == kWaves && lane == 0) {{");
+  w_.line("unsigned fj_free_phase = 0; // bit i: the parity of free barrier i's next completion");
+  w_.open("for (int {0} = kv_begin, fj_n = 0; {0} < kv_end; ++{0}, ++fj_n) {{", kb);
+  w_.line("const int fj_fill = fj_n & 1; // the ring copy this block goes into");
+  emit_prefetch_views(ring_loads_, "fj_fill");
+  tma_issuer_ = ""; // lane 0 of the producer, chosen above
+  tma_copy_ = "fj_fill";
+  for (const Op *op : ring_loads_) {
+    w_.line("if (fj_n >= 2) // the consumers are done with the block this copy held");
+    w_.line("  fj_tma_wait(fj_free_bar, {} + fj_fill, fj_free_phase);",
+            free_bar_.at(lds_name(*op)));
+    emit_stage_issue(*op, kb);
+  }
+  tma_issuer_ = "fj_thread_id() == 0";
+  tma_copy_ = "0";
+  w_.close();
+  w_.close();
+  w_.line("return; // its copies complete on the fill barriers; the consumers go on");
+  w_.close();
+  w_.line("fj_setmaxnreg_inc<{}>(); // the consumers' registers per thread", consumer_regs);
+}
+
+void KernelEmitter::emit_ring_release(const Op &product) {
+  auto it = lds_of_.find(product.operands[1]);
+  if (it == lds_of_.end() || !free_bar_.count(it->second))
+    return;
+  w_.line("fj_mbar_arrive(&fj_free_bar[{} + fj_copy]); // this thread is done with this copy of {}",
+          free_bar_.at(it->second), it->second);
+}
+
+std::string KernelEmitter::barrier() const {
+  return consumers_only_ ? fmt::format("fj_named_barrier({})", waves_ * target_.wave_size)
+                         : "fj_barrier()";
 }
 
 Status KernelEmitter::emit_interleaved(const Op &loop, size_t s_at, size_t o_at) {
@@ -201,6 +305,7 @@ Status KernelEmitter::emit_interleaved(const Op &loop, size_t s_at, size_t o_at)
   rules_.emit_warpgroup_wait(w_, 1, {{s_acc + "[0]", s_cols}}, {});
   FJ_RETURN_IF_ERROR(pass(0));
   rules_.emit_warpgroup_wait(w_, 0, {{s_acc + "[1]", s_cols}}, {});
+  emit_ring_release(s);
   for (const Op *op : staged) // after both S products: the next K may overwrite theirs
     FJ_RETURN_IF_ERROR(emit(*op));
   emit_ir_comment(o, ": query tile 0, left in flight");
@@ -210,6 +315,7 @@ Status KernelEmitter::emit_interleaved(const Op &loop, size_t s_at, size_t o_at)
   FJ_RETURN_IF_ERROR(emit_product(o, 1, /*wait=*/false));
   rules_.emit_warpgroup_wait(w_, 0, {{o_acc + "[0]", o_cols}, {o_acc + "[1]", o_cols}},
                              {{p + "[0]", p_tiles}, {p + "[1]", p_tiles}});
+  emit_ring_release(o);
   for (size_t i = o_at + 1; i < body.size(); ++i)
     FJ_RETURN_IF_ERROR(emit(body[i]));
   return Status::ok();
@@ -358,7 +464,13 @@ Status KernelEmitter::emit_for(const Op &op) {
     }
   }
   bool prefetch = false;
-  if (plan_pipeline(op)) {
+  auto producer = plan_producer(op);
+  if (!producer)
+    return producer.status();
+  if (*producer) {
+    emit_producer(op);
+    w_.line("int fj_copy = 0; // the ring copy that holds this iteration's block");
+  } else if (plan_pipeline(op)) {
     w_.line("// Software pipeline: the first tile is in flight before the loop starts.");
     w_.open("if (kv_begin < kv_end) {{");
     emit_stage_issue(*pipeline_order_.front(), "kv_begin");
@@ -386,8 +498,10 @@ Status KernelEmitter::emit_for(const Op &op) {
     w_.open("for (int {0} = kv_begin; {0} < kv_end; ++{0}) {{", kb);
     next_block_ = kb + " + 1";
   }
+  if (*producer)
+    emit_prefetch_views(ring_loads_, "fj_copy");
   if (prefetch) {
-    emit_prefetch_views("fj_copy");
+    emit_prefetch_views(prefetch_loads_, "fj_copy");
     // TMA tiles complete on their barriers, the rest (cp.async) on this thread's wait.
     bool async_copies = false, swizzled_copies = false;
     tma_copy_ = "fj_copy";
@@ -406,8 +520,8 @@ Status KernelEmitter::emit_for(const Op &op) {
       w_.line("fj_stage_wait();");
     if (swizzled_copies)
       w_.line("fj_fence_async_shared(); // the copies are visible to wgmma's reads");
-    w_.line("fj_barrier(); // this block's tiles are complete; every wave is done with the other "
-            "copy");
+    w_.line("{}; // this block's tiles are complete; every wave is done with the other copy",
+            barrier());
     read_since_barrier_.clear();
     w_.open("if ({} < kv_end) {{ // the next block, into the other copy", next_block_);
     emit_prefetch_issue(next_block_, "fj_copy ^ 1");
@@ -435,13 +549,14 @@ Status KernelEmitter::emit_for(const Op &op) {
   staged_.clear();
   range_loop_ = nullptr;
   const Op &y = op.body.back();
-  if (prefetch)
+  if (prefetch || *producer)
     w_.line("fj_copy ^= 1;");
   w_.line("// IR: yield");
   for (size_t i = 0; i < y.operands.size(); ++i)
     emit_copy(op.region_args[i + 1], name(op.region_args[i + 1]), y.operands[i]);
   w_.close();
   w_.close(); // the range's scope
+  consumers_only_ = consumers_only_ || *producer;
   for (size_t i = 0; i < op.results.size(); ++i) {
     const Type &t = type(op.results[i]);
     if (t.is_vector())

@@ -63,6 +63,15 @@ Status KernelEmitter::emit_load(const Op &op) {
     return Status::error("{} rules cannot lower `load` into #{}", rules_.name(),
                          tile_layout_name(ty.layout));
   const std::string buf = register_lds(op);
+  if (!buf.empty() && free_bar_.count(buf)) {
+    // A ring copy the producer warpgroup fills (emit_producer): wait for its fill.
+    tma_copy_ = "fj_copy";
+    w_.line("fj_tma_wait(fj_tma_bar, {}, fj_tma_phase); // the producer's {} tile is here",
+            tma_bar(tma_.at(buf)), t.name);
+    tma_copy_ = "0";
+    lds_of_[op.results[0]] = buf;
+    return Status::ok();
+  }
   if (!buf.empty() && prefetched_.count(&op)) {
     w_.line("// IR: block {} of @{} is in {} (prefetched)", idx, t.name, buf);
     lds_of_[op.results[0]] = buf;
@@ -136,7 +145,7 @@ Status KernelEmitter::emit_vector_load(const Op &op) {
   barrier_if_read(buf);
   emit_vector_issue(op, idx);
   w_.line("fj_stage_wait();");
-  w_.line("fj_barrier(); // the {} vector is complete before any wave reads it", t.name);
+  w_.line("{}; // the {} vector is complete before any wave reads it", barrier(), t.name);
   read_since_barrier_.clear();
   lds_of_[op.results[0]] = buf;
   return Status::ok();
@@ -207,7 +216,7 @@ void KernelEmitter::finish_stage(const Op &op, const std::string &buf) {
     if (swizzled_.count(buf))
       w_.line("fj_fence_async_shared(); // the copies are visible to wgmma's reads");
   }
-  w_.line("fj_barrier(); // the {} tile is complete before any wave reads it",
+  w_.line("{}; // the {} tile is complete before any wave reads it", barrier(),
           op.symbol_attr("tensor"));
   read_since_barrier_.clear();
   lds_of_[op.results[0]] = buf;
@@ -290,7 +299,7 @@ bool KernelEmitter::tma_tile(const Op &op) const {
   if (t.packed || paged(t) || t.dtype == DType::f32 || t.stride_dim != ir::Extent::constant(1) ||
       t.row_align < 16 || t.stride_split != ir::Extent::constant(0) ||
       !tma_tile_shape(type(op.results[0]).rows, type(op.results[0]).cols,
-                      /*forward=*/p_.tensor("dO") == nullptr))
+                      /*few_panels=*/p_.tensor("dO") != nullptr || stages() == 3))
     return false;
   return std::none_of(p_.sequences.begin(), p_.sequences.end(),
                       [&](const ir::Sequence &s) { return s.name == t.seq.param; });
@@ -320,9 +329,11 @@ void KernelEmitter::emit_stage_issue(const Op &op, const std::string &idx) {
     const TmaBuffer &b = tma->second;
     w_.line("// IR: stage block {} of @{} into {}: TMA, {} panel{} of 64 columns x {} rows", idx,
             t.name, buf, b.panels, b.panels == 1 ? "" : "s", rows);
-    w_.line("if (fj_thread_id() == 0)");
-    w_.line("  fj_tma_tile({}, {}, &fj_tma_bar[{}], {}, {}, ({}) * {}, {}, {});", b.map, buf,
-            tma_bar(b), b.panels, rows, idx, rows_name, head_index(t), name(p_.grid_arg(2)));
+    if (!tma_issuer_.empty())
+      w_.line("if ({})", tma_issuer_);
+    w_.line("{}fj_tma_tile({}, {}, &fj_tma_bar[{}], {}, {}, ({}) * {}, {}, {});",
+            tma_issuer_.empty() ? "" : "  ", b.map, buf, tma_bar(b), b.panels, rows, idx, rows_name,
+            head_index(t), name(p_.grid_arg(2)));
     return;
   }
   // The LDS element of row r, column d0 of the tile.

@@ -133,9 +133,11 @@ Expected<ChosenRules> choose_rules(const Target &t, DType dt, RulesChoice choice
 } // namespace
 
 ir::Config default_config(const AttentionSpec &spec, const Target &target, RulesChoice choice,
-                          int64_t mma_m) {
+                          int64_t mma_m, bool producer) {
   auto chosen = choose_rules(target, spec.dtype, choice, {.mma_m = mma_m, .spec = &spec});
   ir::Config c = chosen ? chosen->rules->default_config(spec) : ir::Config{};
+  if (chosen && producer)
+    c = chosen->rules->producer_config(spec).value_or(c);
   if (mma_m)
     c.mma_m = mma_m; // kept, so that generate() takes these rules (or says why not)
   return c;

@@ -185,6 +185,12 @@ public:
   /// The default tuning config for a spec (block sizes, waves, pipeline stages):
   /// 4 waves of 16 queries; block_n shrinks as the head dims grow.
   virtual ir::Config default_config(const AttentionSpec &spec) const;
+  /// The forward's default config where a producer warpgroup fills its tiles
+  /// (config stages 3) and that is faster than default_config's; none where the
+  /// rules have no producer or the spec does not fit one.
+  virtual std::optional<ir::Config> producer_config(const AttentionSpec &) const {
+    return std::nullopt;
+  }
   /// Whether these rules suit the spec when the family has several (its
   /// default config comes from the first that does, else from the last).
   virtual bool prefers(const AttentionSpec &) const { return true; }

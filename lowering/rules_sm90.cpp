@@ -66,6 +66,21 @@ public:
     return c;
   }
 
+  std::optional<ir::Config> producer_config(const AttentionSpec &spec) const override {
+    // Head dim 128 where a producer warpgroup can copy every tile: two consumer
+    // warpgroups of one tile each and 128-key blocks (H100, bench/results/
+    // README.md: faster than default_config's one warpgroup of two tiles at
+    // S = 1024-16384, causal and not). Head dims 64 and 256 measured slower or
+    // even with a producer, and the others are not whole panels.
+    if (max_dim(spec) != 128 || !producer_fits(spec))
+      return std::nullopt;
+    ir::Config c = default_config(spec);
+    c.stages = 3;
+    c.waves = 8;
+    c.block_n = 128;
+    return c;
+  }
+
   std::optional<ir::Config> backward_block(const AttentionSpec &spec, bool dkdv) const override {
     // From sweeps on an H100 (B = 4, S = 4096, the backward's time;
     // bench/results/README.md): one warpgroup of 64 rows (two warpgroups of
@@ -148,6 +163,17 @@ public:
   }
 
 private:
+  // Whether a producer warpgroup can copy every tile of the forward with TMA
+  // (KernelEmitter::plan_producer, tma_tile): dense tensors with 16-byte aligned
+  // rows and a contiguous head dim in whole 64-column panels, read once per
+  // block, over every visible block (no mask_mod block scan, no split-KV).
+  static bool producer_fits(const AttentionSpec &spec) {
+    const KernelSignature sig = spec.signature();
+    return sig.row_align >= 16 && !sig.f32_io && sig.unit_dim[0] && sig.unit_dim[1] &&
+           sig.unit_dim[2] && !sig.packed_q && !sig.packed_k && !sig.used_k && !sig.paged &&
+           sig.mask_mod.empty() && ir::padded(spec.head_dim_qk, 16) % 64 == 0 &&
+           ir::padded(spec.head_dim_v, 16) % 64 == 0;
+  }
   static int64_t max_dim(const AttentionSpec &spec) {
     return std::max(ir::padded(spec.head_dim_qk, 16), ir::padded(spec.head_dim_v, 16));
   }

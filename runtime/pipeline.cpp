@@ -50,8 +50,8 @@ Expected<Generated> generate(const AttentionSpec &spec, std::string_view arch,
   g.target = *target;
   g.rules = *choice;
   g.signature = spec.signature().summary();
-  g.config =
-      options.config.value_or(lowering::default_config(spec, g.target, *choice, options.mma_m));
+  g.config = options.config.value_or(lowering::default_config(
+      spec, g.target, *choice, options.mma_m, /*producer=*/kind != KernelKind::split_partial));
   if (Status s = ir::validate(g.config); !s)
     return failed(failure, Failure::argument, s);
   const bool backward = kind == KernelKind::backward_preprocess ||

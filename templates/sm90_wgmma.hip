@@ -71,7 +71,38 @@ FJ_DEVICE void fj_tma_init(unsigned long long *bars, int n) {
   __syncthreads();
 }
 
-// Thread 0: copies rows [row0, row0 + rows) of (head, batch) into `panels`
+// Barriers of `count` arrivals (config stages 3: a ring copy is free again when
+// every consumer thread has arrived on its barrier). Thread 0 initialises them;
+// fj_tma_init's fence and barrier publish them.
+FJ_DEVICE void fj_mbar_init(unsigned long long *bars, int n, int count) {
+  if (fj_thread_id() == 0)
+    for (int i = 0; i < n; ++i) {
+      const unsigned b = static_cast<unsigned>(__cvta_generic_to_shared(&bars[i]));
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(b), "r"(count) : "memory");
+    }
+}
+// This thread's arrival on barrier `bar` (after its last read of the copy it guards).
+FJ_DEVICE void fj_mbar_arrive(unsigned long long *bar) {
+  const unsigned b = static_cast<unsigned>(__cvta_generic_to_shared(bar));
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(b) : "memory");
+}
+// A barrier of the first `threads` threads only (named barrier 1): the consumers
+// of a kernel whose producer warpgroup has left.
+FJ_DEVICE void fj_named_barrier(int threads) {
+  asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
+}
+
+// Register reallocation between warpgroups (setmaxnreg, sm_90a): the calling
+// warpgroup's registers per thread become N. The producer warpgroup gives its
+// registers up, the consumers take them.
+template <int N> __device__ __forceinline__ void fj_setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void fj_setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
+}
+
+// One thread: copies rows [row0, row0 + rows) of (head, batch) into `panels`
 // 64-column panels of `lds`, completing on `bar`. Columns past the head dim and
 // rows past the sequence arrive as zeros (the map's bounds), as fj_stage8 fills.
 FJ_DEVICE void fj_tma_tile(const fj_tensor_map &map, fj_bits *lds, unsigned long long *bar,
@@ -91,7 +122,8 @@ FJ_DEVICE void fj_tma_tile(const fj_tensor_map &map, fj_bits *lds, unsigned long
 }
 
 // Every thread: waits for the fill of barrier i that `phase` (bit i) expects,
-// then expects the next one. A barrier's fills are waited for in order.
+// then expects the next one. A barrier's fills are waited for in order. (Any
+// mbarrier: the producer warpgroup waits on the ring's free barriers this way too.)
 FJ_DEVICE void fj_tma_wait(unsigned long long *bars, int i, unsigned &phase) {
   const unsigned b = static_cast<unsigned>(__cvta_generic_to_shared(&bars[i]));
   const unsigned parity = (phase >> i) & 1u;

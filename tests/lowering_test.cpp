@@ -275,7 +275,8 @@ TEST(Lowering, Sm90CopiesWithTmaWhatATensorMapDescribes) {
   paged.seqlen_k = 256;
   const Case cases[] = {{"dense", spec_for(256, 256, DType::bf16), 3},
                         {"whole panels of K only", spec_for(192, 96, DType::bf16), 2},
-                        {"two panels", spec_for(128, 128, DType::bf16), 0},
+                        {"one panel", spec_for(64, 64, DType::bf16), 0},
+                        {"two panels, no producer", spec_for(128, 128, DType::bf16), 0},
                         {"partial panels", spec_for(96, 96, DType::bf16), 0},
                         {"align8", spec_for(100, 100, DType::f16), 0},
                         {"packed", packed, 0},
@@ -284,7 +285,9 @@ TEST(Lowering, Sm90CopiesWithTmaWhatATensorMapDescribes) {
                         {"paged", paged, 1}};
   for (const Case &c : cases) {
     SCOPED_TRACE(c.name);
-    const ir::Config config = default_config(c.spec, sm90);
+    ir::Config config = default_config(c.spec, sm90);
+    if (c.spec.head_dim_qk == 128) // not the producer's default (Sm90ProducerWarpgroupFillsARing)
+      config = default_config(c.spec, sm90, RulesChoice::automatic, 0, /*producer=*/false);
     Expected<Lowered> l = generate(c.spec, config, sm90);
     ASSERT_TRUE(l) << l.status().message();
     ASSERT_EQ(l->rules, "sm90");
@@ -300,6 +303,77 @@ TEST(Lowering, Sm90CopiesWithTmaWhatATensorMapDescribes) {
     EXPECT_EQ(e->lds_barriers, 8 * c.tma_tiles);
     EXPECT_EQ(e->lds_bytes(), l->lds_bytes);
   }
+}
+
+// Config stages 3, the sm90 forward's default at head dim 128 where a tensor map
+// describes every tile: a producer warpgroup fills a ring of two K/V copies; the
+// consumers wait for each copy's fill and free it after the product that reads it.
+TEST(Lowering, Sm90ProducerWarpgroupFillsARing) {
+  const Target sm90 = target("sm_90");
+  const AttentionSpec spec = spec_for(128, 128, DType::bf16, /*causal=*/true);
+  const ir::Config config = default_config(spec, sm90);
+  EXPECT_EQ(config.stages, 3);
+  EXPECT_EQ(config.waves, 8);
+  EXPECT_EQ(config.block_n, 128);
+  Expected<Lowered> l = generate(spec, config, sm90);
+  ASSERT_TRUE(l) << l.status().message();
+  const std::string &k = l->kernel_text;
+  EXPECT_EQ(l->block_threads, 384) << "two consumer warpgroups and the producer's";
+  EXPECT_EQ(count(k, "FJ_WORKGROUP_SIZE(384)"), 1);
+  EXPECT_EQ(count(k, "fj_setmaxnreg_dec<24>();"), 1);
+  EXPECT_EQ(count(k, "fj_setmaxnreg_inc<240>();"), 1) << "(65536 - 128 * 24) / 256, in 8s";
+  EXPECT_EQ(count(k, "fj_mbar_init(fj_free_bar, 4, kThreads);"), 1) << "K and V, two copies";
+  EXPECT_EQ(count(k, "fj_tma_tile("), 3) << "Q before the loop, K and V in the producer";
+  EXPECT_EQ(count(k, "fj_tma_wait(fj_free_bar, "), 2) << "the producer, before each refill";
+  EXPECT_EQ(count(k, "fj_mbar_arrive(&fj_free_bar["), 2) << "the consumers, after each product";
+  const size_t producer = k.find("fj_setmaxnreg_dec");
+  ASSERT_NE(producer, std::string::npos);
+  EXPECT_EQ(k.find("fj_barrier()", producer), std::string::npos)
+      << "no workgroup barrier once the producer has its own loop";
+  EXPECT_LT(k.find("wave >= kWaves"), producer);
+  Expected<ResourceEstimate> e = estimate_resources(spec, config, sm90);
+  ASSERT_TRUE(e) << e.status().message();
+  EXPECT_EQ(l->lds_bytes, 32768 + 2 * (32768 + 32768) + 9 * 8) << "Q, two copies of K and V";
+  EXPECT_EQ(e->lds_bytes(), l->lds_bytes);
+
+  // One consumer warpgroup of two query tiles: two workgroups per SM share the registers.
+  ir::Config one = config;
+  one.waves = 4;
+  one.block_n = 64;
+  Expected<Lowered> l1 = generate(spec, one, sm90);
+  ASSERT_TRUE(l1) << l1.status().message();
+  EXPECT_EQ(l1->block_threads, 256);
+  EXPECT_EQ(count(l1->kernel_text, "FJ_WORKGROUP_SIZE_MIN_BLOCKS(256, 2)"), 1);
+  EXPECT_EQ(count(l1->kernel_text, "fj_setmaxnreg_inc<232>();"), 1);
+
+  // Split-KV's partial kernel has no producer: its default config keeps stages 2.
+  EXPECT_EQ(default_config(spec, sm90, RulesChoice::automatic, 0, /*producer=*/false).stages, 2);
+  // Where a producer cannot copy every tile, the default has none and stages 3 is
+  // refused, naming what it needs and the fix.
+  AttentionSpec masked = spec;
+  masked.mask_mod = "kv_idx <= q_idx";
+  AttentionSpec f32 = spec;
+  f32.f32_io = true;
+  for (const AttentionSpec &s : {spec_for(96, 96, DType::bf16), masked, f32}) {
+    SCOPED_TRACE(s.summary());
+    ir::Config c = default_config(s, sm90);
+    EXPECT_EQ(c.stages, 2);
+    c.stages = 3;
+    Expected<Lowered> r = generate(s, c, sm90);
+    ASSERT_FALSE(r);
+    EXPECT_NE(r.status().message().find("config stages = 3 (a producer warpgroup filling a ring of "
+                                        "two K/V copies) needs "),
+              std::string::npos)
+        << r.status().message();
+    EXPECT_NE(r.status().message().find(": use stages 2"), std::string::npos);
+  }
+  ir::Config amd = default_config(spec, target("gfx1201"));
+  amd.stages = 3;
+  Expected<Lowered> r = generate(spec, amd, target("gfx1201"));
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.status().message().find("needs the sm90 rules' warpgroup products: use stages 2"),
+            std::string::npos)
+      << r.status().message();
 }
 
 TEST(Lowering, Sm90TakesWarpgroupProductsWhereTheyFit) {
@@ -332,7 +406,9 @@ TEST(Lowering, Sm90TakesWarpgroupProductsWhereTheyFit) {
                   count(wg->kernel_text, "fj_fence_async_shared();"),
               3)
         << "Q, K and V tiles";
-    if (spec.head_dim_qk < 192 || spec.head_dim_v < 192) { // partial panels, or two
+    if (config.stages == 3) { // a producer warpgroup: Sm90ProducerWarpgroupFillsARing
+      EXPECT_EQ(count(wg->kernel_text, "fj_setmaxnreg_dec<"), 1);
+    } else if (spec.head_dim_qk < 192 || spec.head_dim_v < 192) { // partial panels, or two
       EXPECT_NE(wg->kernel_text.find("fj_swizzle128(r, d0, "), std::string::npos);
     } else {
       // Dense tensors with 16-byte aligned rows in whole panels: every tile

@@ -108,7 +108,9 @@ const Case kCases[] = {
     {.arch = "sm_80", .dqk = 64, .dv = 64, .rules = "sm80"},
     // sm_90's defaults take the sm90 rules (swizzled 64-column panels, Q in LDS);
     // a config with Q in registers the sm80 rules.
+    // Head dim 128 takes a producer warpgroup and a ring of two K/V copies.
     {.arch = "sm_90", .dqk = 128, .dv = 128, .dtype = DType::f16, .rules = "sm90"},
+    {.arch = "sm_90", .dqk = 128, .dv = 64, .rules = "sm90"},
     {.arch = "sm_90", .dqk = 256, .dv = 256, .rules = "sm90"},
     {.arch = "sm_90", .dqk = 80, .dv = 80, .block_n = 64, .rules = "sm90"},
     {.arch = "sm_90", .dqk = 192, .dv = 128, .block_n = 32, .q_in_lds = 0, .rules = "sm80"},
@@ -154,8 +156,9 @@ TEST(Resources, EstimateIsWhatTheKernelDeclares) {
           return k.lds.at(n);
       return int64_t(0);
     };
-    EXPECT_EQ(e->lds_k, lds({"lds_k"}));
-    EXPECT_EQ(e->lds_v, lds({"lds_v", "lds_vt"}));
+    // Two copies in one array under a producer warpgroup (config stages 3).
+    EXPECT_EQ(e->lds_k, lds({"lds_k", "lds_k_x2"}));
+    EXPECT_EQ(e->lds_v, lds({"lds_v", "lds_vt", "lds_v_x2"}));
     EXPECT_EQ(e->lds_q, lds({"lds_q"}));
     EXPECT_EQ(k.lds.size(), 2u + (config.q_in_lds ? 1 : 0));
     EXPECT_EQ(e->lds_bytes(), l->lds_bytes);

@@ -622,8 +622,8 @@ TEST(Verifier, FuzzConfigKnobsAreKnownAndInRange) {
   EXPECT_TRUE(has(m, "config block_n = -64 is out of range")) << m;
   m = rejection(good, "config {block_m = 64, block_n = 64, waves = 100000}");
   EXPECT_TRUE(has(m, "config waves = 100000 is out of range")) << m;
-  m = rejection(good, "config {block_m = 64, block_n = 64, stages = 3}");
-  EXPECT_TRUE(has(m, "config stages = 3 is not a pipeline the kernels have")) << m;
+  m = rejection(good, "config {block_m = 64, block_n = 64, stages = 4}");
+  EXPECT_TRUE(has(m, "config stages = 4 is not a pipeline the kernels have")) << m;
   m = rejection(good, "config {block_m = 64, block_n = 64, mma_m = 8}");
   EXPECT_TRUE(has(m, "config mma_m = 8 is not a matrix-instruction tile")) << m;
   m = rejection(good, "config {block_m = 64, block_n = 64, q_in_lds = 2}");
