@@ -280,6 +280,19 @@ private:
   std::pair<int, int> producer_registers() const; // {producer, consumer} per thread
   // After `product` has waited: this thread is done with the ring copy it read.
   void emit_ring_release(const Op &product);
+  // The ring copy the consumers' waits and releases name: "fj_copy", or the
+  // previous block's "(fj_copy ^ 1)" in the overlapped loop.
+  std::string ring_copy_ = "fj_copy";
+  // The overlapped loop (a producer loop with one query tile per wave): block
+  // kb's S product is issued beside block kb - 1's O product, so that the
+  // softmax of kb runs while the tensor cores work on kb - 1's O
+  // (FlashAttention-3's intra-warpgroup overlap). `acc_ops`: the ops between
+  // the products that read the loop's accumulator (the rescale), which wait
+  // for that O product.
+  bool plan_overlap(const Op &loop, size_t s_at, size_t o_at, std::set<size_t> &acc_ops) const;
+  Status emit_overlapped(const Op &loop, size_t s_at, size_t o_at, const std::set<size_t> &acc_ops);
+  Status emit_overlap_drain(const Op &loop);
+  const Op *overlap_o_ = nullptr;       // the O product the drain after the loop issues
   std::vector<const Op *> ring_loads_;  // the loop's K and V loads, body order
   std::map<std::string, int> free_bar_; // ring buffer -> its first free barrier
   int free_bars_ = 0;                   // free barriers (fj_free_bar)
@@ -358,9 +371,13 @@ private:
       w_.open("for (int qt = 0; qt < kQTiles; ++qt) {{");
     }
   }
+  bool find_products(const Op &loop, size_t &s_at, size_t &o_at) const;
   bool plan_interleave(const Op &loop, size_t &s_at, size_t &o_at) const;
   Status emit_interleaved(const Op &loop, size_t s_at, size_t o_at);
-  Status emit_product(const Op &op, int only_qt, bool wait, bool group_per_tile = false);
+  // `in_place`: the result accumulates where it is (it holds C already, and is
+  // declared): no copy of C and no pin before the fence (WarpgroupProduct::pin_before).
+  Status emit_product(const Op &op, int only_qt, bool wait, bool group_per_tile = false,
+                      bool in_place = false);
   std::set<std::string> swizzled_; // buffers in LdsLayout::swizzled_128b
   // TMA (sm90): a staged tile whose tensor a tensor map describes is copied by
   // one thread with cp.async.bulk.tensor, completing on a transaction barrier of

@@ -688,7 +688,8 @@ void KernelEmitter::emit_sequences() {
 // A warpgroup product (Rules::warpgroup_products): over every query tile, or
 // only tile `only_qt` (>= 0); waiting for it, or left in flight (the
 // interleaved loop waits for it later), as one group or one group per tile.
-Status KernelEmitter::emit_product(const Op &op, int only_qt, bool wait, bool group_per_tile) {
+Status KernelEmitter::emit_product(const Op &op, int only_qt, bool wait, bool group_per_tile,
+                                   bool in_place) {
   const bool s_product = op.kind == OpKind::MmaABt;
   auto it = lds_of_.find(op.operands[1]);
   const auto a_lds = lds_of_.find(op.operands[0]);
@@ -698,14 +699,16 @@ Status KernelEmitter::emit_product(const Op &op, int only_qt, bool wait, bool gr
                          rules_.name(), op_info(op.kind).name);
   const Type &t = type(op.results[0]);
   const std::string acc = name(op.results[0]);
-  w_.line("{};", declare(op.results[0]));
   const std::string tiles_of = only_qt >= 0
                                    ? fmt::format("int qt = {}; qt <= {}; ++qt", only_qt, only_qt)
                                    : "int qt = 0; qt < kQTiles; ++qt";
-  w_.line("#pragma unroll");
-  w_.line("for ({})", tiles_of);
-  w_.line("  for (int c = 0; c < {}; ++c) {}[qt][c] = {}[qt][c];", col_tiles(t.cols), acc,
-          name(op.operands[2]));
+  if (!in_place) { // the result starts as a copy of C
+    w_.line("{};", declare(op.results[0]));
+    w_.line("#pragma unroll");
+    w_.line("for ({})", tiles_of);
+    w_.line("  for (int c = 0; c < {}; ++c) {}[qt][c] = {}[qt][c];", col_tiles(t.cols), acc,
+            name(op.operands[2]));
+  }
   rules_.emit_warpgroup_product(
       w_,
       {.acc = acc,
@@ -721,7 +724,8 @@ Status KernelEmitter::emit_product(const Op &op, int only_qt, bool wait, bool gr
        .dtype = type(op.operands[0]).dtype,
        .tiles = tiles_of,
        .wait = wait,
-       .group_per_tile = group_per_tile},
+       .group_per_tile = group_per_tile,
+       .pin_before = !in_place},
       helpers_);
   read_since_barrier_.insert(it->second);
   return Status::ok();

@@ -60,9 +60,9 @@ bool KernelEmitter::plan_pipeline(const Op &loop) {
 //   softmax 1 | issue O_1 | wait both
 // It applies to a body of one S product (mma_abt), one O product (mma_ab) after
 // it, and between them elementwise ops, reductions and the staged V tile.
-bool KernelEmitter::plan_interleave(const Op &loop, size_t &s_at, size_t &o_at) const {
-  if (!rules_.warpgroup_products() || q_tiles_ != 2 || loop.int_attr("transposed") != 0)
-    return false;
+// The loop's one S product (mma_abt) and one O product (mma_ab) after it, in a
+// body without inner loops or stores.
+bool KernelEmitter::find_products(const Op &loop, size_t &s_at, size_t &o_at) const {
   s_at = o_at = loop.body.size();
   for (size_t i = 0; i < loop.body.size(); ++i) {
     const OpKind k = loop.body[i].kind;
@@ -78,7 +78,12 @@ bool KernelEmitter::plan_interleave(const Op &loop, size_t &s_at, size_t &o_at) 
       return false;
     }
   }
-  if (o_at == loop.body.size())
+  return o_at != loop.body.size();
+}
+
+bool KernelEmitter::plan_interleave(const Op &loop, size_t &s_at, size_t &o_at) const {
+  if (!rules_.warpgroup_products() || q_tiles_ != 2 || loop.int_attr("transposed") != 0 ||
+      !find_products(loop, s_at, o_at))
     return false;
   for (size_t i = s_at + 1; i < o_at; ++i) {
     const Op &op = loop.body[i];
@@ -249,8 +254,147 @@ void KernelEmitter::emit_ring_release(const Op &product) {
   auto it = lds_of_.find(product.operands[1]);
   if (it == lds_of_.end() || !free_bar_.count(it->second))
     return;
-  w_.line("fj_mbar_arrive(&fj_free_bar[{} + fj_copy]); // this thread is done with this copy of {}",
-          free_bar_.at(it->second), it->second);
+  w_.line("fj_mbar_arrive(&fj_free_bar[{} + {}]); // this thread is done with this copy of {}",
+          free_bar_.at(it->second), ring_copy_, it->second);
+}
+
+bool KernelEmitter::plan_overlap(const Op &loop, size_t s_at, size_t o_at,
+                                 std::set<size_t> &acc_ops) const {
+  if (free_bars_ == 0 || q_tiles_ != 1 || loop.body.back().kind != OpKind::Yield ||
+      o_at + 2 != loop.body.size())
+    return false;
+  const Op &o = loop.body[o_at];
+  // The accumulator: the region argument the O product's result is yielded to.
+  const Op &y = loop.body.back();
+  size_t acc = 0;
+  for (size_t i = 0; i < y.operands.size(); ++i)
+    if (y.operands[i] == o.results[0])
+      acc = i + 1;
+  if (acc == 0)
+    return false;
+  // The ops between the products that depend on it, transitively: only the O
+  // product may read what they make.
+  std::set<ValueId> tainted = {loop.region_args[acc]};
+  acc_ops.clear();
+  for (size_t i = s_at + 1; i < o_at; ++i) {
+    const Op &op = loop.body[i];
+    if (op.kind == OpKind::Load) {
+      if (consumer_of(op.results[0], loop.body) != &o)
+        return false;
+      continue;
+    }
+    bool reads = false;
+    for (ValueId v : op.operands)
+      reads = reads || tainted.count(v);
+    if (!reads)
+      continue;
+    acc_ops.insert(i);
+    for (ValueId r : op.results)
+      tainted.insert(r);
+  }
+  for (size_t i = s_at + 1; i < o_at; ++i)
+    if (!acc_ops.count(i))
+      for (ValueId v : loop.body[i].operands)
+        if (tainted.count(v) && v != loop.region_args[acc])
+          return false;
+  for (size_t i = 0; i < s_at; ++i)
+    for (ValueId v : loop.body[i].operands)
+      if (tainted.count(v))
+        return false;
+  return !acc_ops.empty() && tainted.count(o.operands[2]) && !tainted.count(o.operands[0]);
+}
+
+// The overlapped loop body (plan_overlap), for block kb:
+//   wait K, issue S(kb) | [kb > first] wait V(kb - 1), issue O(kb - 1) with the
+//   P it kept | wait S: free K | softmax of kb, P(kb) | [kb > first] wait O:
+//   free V(kb - 1), the accumulator is O | rescale it | keep P(kb) for the next
+// The O product's result lives across iterations (declared before the loop) and
+// accumulates in place: the rescale writes it back before the yield.
+Status KernelEmitter::emit_overlapped(const Op &loop, size_t s_at, size_t o_at,
+                                      const std::set<size_t> &acc_ops) {
+  const std::vector<Op> &body = loop.body;
+  const Op &s = body[s_at], &o = body[o_at];
+  auto emit = [&](const Op &op) {
+    for (ValueId r : op.results)
+      def_of_[r] = &op;
+    return emit_op(op);
+  };
+  const std::string kb = name(loop.region_args[0]);
+  const std::string out = name(o.results[0]), p = name(o.operands[0]);
+  const int64_t out_cols = type(o.results[0]).cols, s_cols = type(s.results[0]).cols;
+  const int64_t p_tiles = tiles(type(o.operands[0]).cols);
+  for (ValueId r : o.results)
+    def_of_[r] = &o;
+  for (size_t i = 0; i < s_at; ++i)
+    FJ_RETURN_IF_ERROR(emit(body[i]));
+  emit_ir_comment(s, ": left in flight");
+  FJ_RETURN_IF_ERROR(emit_product(s, -1, /*wait=*/false));
+  w_.open("if ({} > kv_begin) {{ // the previous block's O product, beside this S", kb);
+  FJ_RETURN_IF_ERROR(emit_overlap_drain(loop));
+  w_.line("fj_wgmma_wait<1>(); // S is done; O may be in flight");
+  w_.close();
+  w_.open("else {{");
+  w_.line("fj_wgmma_wait<0>(); // S is done");
+  w_.close();
+  w_.line("fj_wgmma_pin({}[0], {});", name(s.results[0]), s_cols / 8);
+  emit_ring_release(s);
+  std::vector<const Op *> before, after;
+  for (size_t i = s_at + 1; i < o_at; ++i)
+    if (body[i].kind != OpKind::Load)
+      (acc_ops.count(i) ? after : before).push_back(&body[i]);
+  for (const Op *op : before)
+    FJ_RETURN_IF_ERROR(emit(*op));
+  // The wait is unconditional (a no-op without a product in flight): ptxas
+  // does not pair the two `kb > kv_begin` branches, and would serialize the
+  // products for the path that issues O and skips its wait.
+  rules_.emit_warpgroup_wait(w_, 0, {{out + "[0]", out_cols}}, {{"fj_p_prev[0]", p_tiles}});
+  w_.open("if ({} > kv_begin) {{ // the O product is done with its V copy", kb);
+  ring_copy_ = "(fj_copy ^ 1)";
+  emit_ring_release(o);
+  ring_copy_ = "fj_copy";
+  w_.close();
+  // Unconditionally, so that only one of the two is live across the loop.
+  const size_t acc = [&] {
+    const Op &y = body.back();
+    for (size_t i = 0; i < y.operands.size(); ++i)
+      if (y.operands[i] == o.results[0])
+        return i + 1;
+    return size_t(0);
+  }();
+  emit_copy(loop.region_args[acc], name(loop.region_args[acc]), o.results[0]);
+  for (const Op *op : after)
+    FJ_RETURN_IF_ERROR(emit(*op));
+  w_.line("// The next iteration's O product accumulates onto the rescaled accumulator,");
+  w_.line("// with this block's P.");
+  emit_copy(o.results[0], out, o.operands[2]);
+  w_.line("fj_wgmma_pin({}[0], {}); // in its registers before the next S product starts", out,
+          out_cols / 8);
+  w_.line("#pragma unroll");
+  w_.line("for (int qt = 0; qt < kQTiles; ++qt)");
+  w_.line("  for (int k = 0; k < {}; ++k) fj_p_prev[qt][k] = {}[qt][k];", p_tiles, p);
+  return Status::ok();
+}
+
+// Block kb - 1's O product (in the loop) or the last block's (after it, where
+// `kb` is one past it): its V copy is the one before fj_copy; issued, not waited for.
+Status KernelEmitter::emit_overlap_drain(const Op &loop) {
+  const Op &o = *overlap_o_;
+  std::vector<const Op *> loads; // the O product's tile
+  for (const Op &op : loop.body)
+    if (op.kind == OpKind::Load && consumer_of(op.results[0], loop.body) == &o)
+      loads.push_back(&op);
+  ring_copy_ = "(fj_copy ^ 1)";
+  emit_prefetch_views(loads, "(fj_copy ^ 1)");
+  for (const Op *op : loads)
+    FJ_RETURN_IF_ERROR(emit_load(*op));
+  ring_copy_ = "fj_copy";
+  // A = the kept P; the result accumulates in place (it holds the rescaled C).
+  const std::string saved_a = printed_[o.operands[0]];
+  emit_ir_comment(o, ": the previous block's (its P kept in fj_p_prev), left in flight");
+  printed_[o.operands[0]] = "fj_p_prev";
+  Status st = emit_product(o, -1, /*wait=*/false, /*group_per_tile=*/false, /*in_place=*/true);
+  printed_[o.operands[0]] = saved_a;
+  return st;
 }
 
 std::string KernelEmitter::barrier() const {
@@ -467,15 +611,33 @@ Status KernelEmitter::emit_for(const Op &op) {
   auto producer = plan_producer(op);
   if (!producer)
     return producer.status();
+  size_t s_at = 0, o_at = 0;
+  const bool interleave = plan_interleave(op, s_at, o_at);
+  std::set<size_t> acc_ops;
+  const bool overlap = !interleave && *producer && find_products(op, s_at, o_at) &&
+                       plan_overlap(op, s_at, o_at, acc_ops);
   if (*producer) {
     emit_producer(op);
     w_.line("int fj_copy = 0; // the ring copy that holds this iteration's block");
-  } else if (plan_pipeline(op)) {
+  }
+  if (overlap) {
+    // Values that live across iterations: the O product's result and the P it reads.
+    overlap_o_ = &op.body[o_at];
+    const Op &o = op.body[o_at];
+    w_.line("{}; // the O product's accumulator, across iterations", declare(o.results[0]));
+    const Op &y = op.body.back();
+    for (size_t i = 0; i < y.operands.size(); ++i) // it starts as the loop's accumulator
+      if (y.operands[i] == o.results[0])
+        emit_copy(o.results[0], name(o.results[0]), op.operands[i + 1]);
+    w_.line("{} fj_p_prev[kQTiles][{}] = {{}}; // the P the next O product reads",
+            rules_.operand_type(), tiles(type(op.body[o_at].operands[0]).cols));
+  }
+  if (!*producer && plan_pipeline(op)) {
     w_.line("// Software pipeline: the first tile is in flight before the loop starts.");
     w_.open("if (kv_begin < kv_end) {{");
     emit_stage_issue(*pipeline_order_.front(), "kv_begin");
     w_.close();
-  } else if ((prefetch = plan_prefetch(op))) {
+  } else if (!*producer && (prefetch = plan_prefetch(op))) {
     w_.line("// Block prefetch: the first block's tiles are in flight before the loop starts;");
     w_.line("// each iteration starts the next block's into the other copy of the buffers.");
     for (const Op *l : prefetch_loads_) // an earlier loop may still read copy 0
@@ -532,10 +694,12 @@ Status KernelEmitter::emit_for(const Op &op) {
   const HipWriter saved = w_;
   const int saved_scales = scale_constants_;
   const std::set<std::string> at_entry = read_since_barrier_;
-  size_t s_at = 0, o_at = 0;
-  const bool interleave = plan_interleave(op, s_at, o_at);
   auto body = [&] {
     predeclared_.clear();
+    if (overlap) {
+      predeclared_.insert(op.body[o_at].results[0]);
+      return emit_overlapped(op, s_at, o_at, acc_ops);
+    }
     return interleave ? emit_interleaved(op, s_at, o_at) : emit_ops(op.body);
   };
   staged_.clear();
@@ -555,6 +719,23 @@ Status KernelEmitter::emit_for(const Op &op) {
   for (size_t i = 0; i < y.operands.size(); ++i)
     emit_copy(op.region_args[i + 1], name(op.region_args[i + 1]), y.operands[i]);
   w_.close();
+  if (overlap) {
+    w_.open("if (kv_begin < kv_end) {{ // the last block's O product");
+    const Op &o = op.body[o_at];
+    predeclared_.insert(o.results[0]);
+    FJ_RETURN_IF_ERROR(emit_overlap_drain(op));
+    predeclared_.clear();
+    rules_.emit_warpgroup_wait(w_, 0, {{name(o.results[0]) + "[0]", type(o.results[0]).cols}},
+                               {{"fj_p_prev[0]", tiles(type(o.operands[0]).cols)}});
+    ring_copy_ = "(fj_copy ^ 1)";
+    emit_ring_release(o);
+    ring_copy_ = "fj_copy";
+    for (size_t i = 0; i < y.operands.size(); ++i)
+      if (y.operands[i] == o.results[0])
+        emit_copy(op.region_args[i + 1], name(op.region_args[i + 1]), o.results[0]);
+    w_.close();
+    overlap_o_ = nullptr;
+  }
   w_.close(); // the range's scope
   consumers_only_ = consumers_only_ || *producer;
   for (size_t i = 0; i < op.results.size(); ++i) {

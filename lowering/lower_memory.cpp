@@ -65,7 +65,7 @@ Status KernelEmitter::emit_load(const Op &op) {
   const std::string buf = register_lds(op);
   if (!buf.empty() && free_bar_.count(buf)) {
     // A ring copy the producer warpgroup fills (emit_producer): wait for its fill.
-    tma_copy_ = "fj_copy";
+    tma_copy_ = ring_copy_;
     w_.line("fj_tma_wait(fj_tma_bar, {}, fj_tma_phase); // the producer's {} tile is here",
             tma_bar(tma_.at(buf)), t.name);
     tma_copy_ = "0";

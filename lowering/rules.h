@@ -65,6 +65,11 @@ struct WarpgroupProduct {
   /// Commit each query tile's instructions as a group of its own (in tile
   /// order), so that a wait can take the first tile's product alone.
   bool group_per_tile = false;
+  /// Pin the accumulator before the fence (its registers hold C there). False
+  /// where the product accumulates in place onto registers no instruction writes
+  /// after an earlier product has started: ptxas serializes the products when
+  /// one defines a later one's accumulator inside the earlier one's stage.
+  bool pin_before = true;
 };
 
 /// What rule choice knows of a program beside its tiles (Rules::lowers).

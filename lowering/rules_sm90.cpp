@@ -67,17 +67,19 @@ public:
   }
 
   std::optional<ir::Config> producer_config(const AttentionSpec &spec) const override {
-    // Head dim 128 where a producer warpgroup can copy every tile: two consumer
-    // warpgroups of one tile each and 128-key blocks (H100, bench/results/
-    // README.md: faster than default_config's one warpgroup of two tiles at
-    // S = 1024-16384, causal and not). Head dims 64 and 256 measured slower or
-    // even with a producer, and the others are not whole panels.
-    if (max_dim(spec) != 128 || !producer_fits(spec))
+    // Where a producer warpgroup can copy every tile (whole panels): two
+    // consumer warpgroups of one tile each, 128-key blocks at head dim 128 and
+    // 64-key blocks at 256 (the ring's two copies must fit). H100 (bench/results/
+    // README.md): faster than default_config's at S = 1024-16384, causal and
+    // not. Head dim 64 was slower at S = 1024-4096, and 192 ran its causal
+    // S = 1024 case at 0.4x (unexplained): both keep default_config's.
+    const int64_t d = max_dim(spec);
+    if ((d != 128 && d != 256) || !producer_fits(spec))
       return std::nullopt;
     ir::Config c = default_config(spec);
     c.stages = 3;
     c.waves = 8;
-    c.block_n = 128;
+    c.block_n = d == 128 ? 128 : 64;
     return c;
   }
 
@@ -113,8 +115,10 @@ public:
     const int64_t panel_bytes = p.b_rows * 128;
     const unsigned lbo = p.b_transposed ? unsigned(panel_bytes) : 16;
     const bool a_lds = !p.a_tile.empty();
-    w.line("#pragma unroll");
-    w.line("for ({}) fj_wgmma_pin({}[qt], {});", p.tiles, p.acc, p.cols / 8);
+    if (p.pin_before) {
+      w.line("#pragma unroll");
+      w.line("for ({}) fj_wgmma_pin({}[qt], {});", p.tiles, p.acc, p.cols / 8);
+    }
     w.line("fj_wgmma_fence();");
     w.line("#pragma unroll");
     w.open("for ({}) {{{}", p.tiles,

@@ -285,9 +285,9 @@ TEST(Lowering, Sm90CopiesWithTmaWhatATensorMapDescribes) {
                         {"paged", paged, 1}};
   for (const Case &c : cases) {
     SCOPED_TRACE(c.name);
-    ir::Config config = default_config(c.spec, sm90);
-    if (c.spec.head_dim_qk == 128) // not the producer's default (Sm90ProducerWarpgroupFillsARing)
-      config = default_config(c.spec, sm90, RulesChoice::automatic, 0, /*producer=*/false);
+    // Not the producer's default configs (Sm90ProducerWarpgroupFillsARing).
+    const ir::Config config =
+        default_config(c.spec, sm90, RulesChoice::automatic, 0, /*producer=*/false);
     Expected<Lowered> l = generate(c.spec, config, sm90);
     ASSERT_TRUE(l) << l.status().message();
     ASSERT_EQ(l->rules, "sm90");
@@ -325,7 +325,11 @@ TEST(Lowering, Sm90ProducerWarpgroupFillsARing) {
   EXPECT_EQ(count(k, "fj_mbar_init(fj_free_bar, 4, kThreads);"), 1) << "K and V, two copies";
   EXPECT_EQ(count(k, "fj_tma_tile("), 3) << "Q before the loop, K and V in the producer";
   EXPECT_EQ(count(k, "fj_tma_wait(fj_free_bar, "), 2) << "the producer, before each refill";
-  EXPECT_EQ(count(k, "fj_mbar_arrive(&fj_free_bar["), 2) << "the consumers, after each product";
+  EXPECT_EQ(count(k, "fj_mbar_arrive(&fj_free_bar["), 3)
+      << "the consumers: K after S, V after the O product in the loop and after it";
+  // The overlapped loop: block kb's S product in flight beside block kb - 1's O.
+  EXPECT_EQ(count(k, "fj_wgmma_wait<1>(); // S is done; O may be in flight"), 1);
+  EXPECT_EQ(count(k, "fj_p_prev[kQTiles][8] = {};"), 1);
   const size_t producer = k.find("fj_setmaxnreg_dec");
   ASSERT_NE(producer, std::string::npos);
   EXPECT_EQ(k.find("fj_barrier()", producer), std::string::npos)
@@ -404,8 +408,8 @@ TEST(Lowering, Sm90TakesWarpgroupProductsWhereTheyFit) {
     // threads' cp.async, fenced for wgmma's reads.
     EXPECT_EQ(count(wg->kernel_text, "fj_tma_wait(fj_tma_bar, ") +
                   count(wg->kernel_text, "fj_fence_async_shared();"),
-              3)
-        << "Q, K and V tiles";
+              config.stages == 3 ? 4 : 3)
+        << "Q, K and V tiles (V waited for twice in the overlapped loop: in it and after it)";
     if (config.stages == 3) { // a producer warpgroup: Sm90ProducerWarpgroupFillsARing
       EXPECT_EQ(count(wg->kernel_text, "fj_setmaxnreg_dec<"), 1);
     } else if (spec.head_dim_qk < 192 || spec.head_dim_v < 192) { // partial panels, or two

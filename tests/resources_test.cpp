@@ -126,6 +126,8 @@ ir::Config config_for(const Case &c, const AttentionSpec &spec, const Target &t)
   }
   if (c.q_in_lds >= 0)
     config.q_in_lds = c.q_in_lds;
+  if (!config.q_in_lds) // the sm80 rules: no producer warpgroup
+    config.stages = std::min<int64_t>(config.stages, 2);
   return config;
 }
 

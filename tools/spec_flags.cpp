@@ -59,7 +59,8 @@ std::vector<FlagSpec> config_flags() {
       {"--waves", "N", "waves per workgroup", "the target's choice"},
       {"--stages", "1|2|3",
        "K/V pipelining: 1 none, 2 issues each K/V tile's copy one step ahead (the backward's loops "
-       "prefetch the next block into a second copy of their LDS tiles), 3 a producer warpgroup fills a "
+       "prefetch the next block into a second copy of their LDS tiles), 3 a producer warpgroup "
+       "fills a "
        "ring of two K/V copies by TMA (the sm90 forward)",
        "the target's choice"},
       {"--q-in-lds", "", "keep the Q block in LDS instead of registers", ""},
