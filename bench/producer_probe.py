@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Candidate sm90 forward configs against the default and cuDNN, checked first.
 
-For head dims 64, 128 and 256: each candidate config (config stages 3 by default:
+For head dims 64, 128, 192 and 256: each candidate config (config stages 3 by default:
 a producer warpgroup filling a ring of two K/V copies) is checked against a float64
 reference on four shapes (GQA, ragged lengths, decode), causal and not, and must
 stay within twice the default config's error; then it is timed beside the default
@@ -32,6 +32,7 @@ def config(block_m, block_n, waves, stages=3):
 CANDIDATES = {
     64: [config(128, 128, 8), config(128, 64, 4), config(192, 128, 12), config(128, 192, 8)],
     128: [config(128, 128, 8), config(128, 64, 4), config(128, 192, 8), config(128, 64, 8)],
+    192: [config(128, 64, 8)],
     256: [config(128, 64, 8), config(128, 32, 8)],
 }
 

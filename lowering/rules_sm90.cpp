@@ -69,12 +69,12 @@ public:
   std::optional<ir::Config> producer_config(const AttentionSpec &spec) const override {
     // Where a producer warpgroup can copy every tile (whole panels): two
     // consumer warpgroups of one tile each, 128-key blocks at head dim 128 and
-    // 64-key blocks at 256 (the ring's two copies must fit). H100 (bench/results/
-    // README.md): faster than default_config's at S = 1024-16384, causal and
-    // not. Head dim 64 was slower at S = 1024-4096, and 192 ran its causal
-    // S = 1024 case at 0.4x (unexplained): both keep default_config's.
+    // 64-key blocks at 192 and 256 (the ring's two copies must fit). H100
+    // (bench/results/README.md): faster than default_config's at S =
+    // 1024-16384, causal and not. Head dim 64 was slower at S = 1024-4096, so
+    // it keeps default_config's.
     const int64_t d = max_dim(spec);
-    if ((d != 128 && d != 256) || !producer_fits(spec))
+    if (d < 128 || d > 256 || !producer_fits(spec))
       return std::nullopt;
     ir::Config c = default_config(spec);
     c.stages = 3;
