@@ -277,7 +277,11 @@ private:
   // barriers name the consumers only.
   Expected<bool> plan_producer(const Op &loop);
   void emit_producer(const Op &loop);
-  std::pair<int, int> producer_registers() const; // {producer, consumer} per thread
+  // Registers per thread and workgroups per SM under a producer warpgroup.
+  struct ProducerBudget {
+    int producer_regs = 0, consumer_regs = 0, blocks = 1;
+  };
+  ProducerBudget producer_budget() const;
   // After `product` has waited: this thread is done with the ring copy it read.
   void emit_ring_release(const Op &product);
   // The ring copy the consumers' waits and releases name: "fj_copy", or the
@@ -286,13 +290,20 @@ private:
   // The overlapped loop (a producer loop with one query tile per wave): block
   // kb's S product is issued beside block kb - 1's O product, so that the
   // softmax of kb runs while the tensor cores work on kb - 1's O
-  // (FlashAttention-3's intra-warpgroup overlap). `acc_ops`: the ops between
-  // the products that read the loop's accumulator (the rescale), which wait
-  // for that O product.
-  bool plan_overlap(const Op &loop, size_t s_at, size_t o_at, std::set<size_t> &acc_ops) const;
-  Status emit_overlapped(const Op &loop, size_t s_at, size_t o_at, const std::set<size_t> &acc_ops);
-  Status emit_overlap_drain(const Op &loop);
-  const Op *overlap_o_ = nullptr;       // the O product the drain after the loop issues
+  // (FlashAttention-3's intra-warpgroup overlap).
+  struct OverlapPlan {
+    size_t s_at = 0, o_at = 0; // the S and O products in the body
+    size_t acc = 0;            // the loop's accumulator: region argument `acc`
+    std::set<size_t> acc_ops;  // the ops between the products that read it
+  };
+  std::optional<OverlapPlan> plan_overlap(const Op &loop, size_t s_at, size_t o_at) const;
+  Status emit_overlapped(const Op &loop);
+  // Block kb - 1's O product issued (in the loop), or the last block's (after it).
+  Status emit_overlap_issue(const Op &loop);
+  // Waits for that O product; frees its V copy (where `guard` holds, "" always);
+  // the loop's accumulator is its result.
+  void emit_overlap_finish(const Op &loop, const std::string &guard);
+  std::optional<OverlapPlan> overlap_;  // the loop being written is overlapped
   std::vector<const Op *> ring_loads_;  // the loop's K and V loads, body order
   std::map<std::string, int> free_bar_; // ring buffer -> its first free barrier
   int free_bars_ = 0;                   // free barriers (fj_free_bar)

@@ -551,8 +551,8 @@ Expected<Lowered> KernelEmitter::run() {
     declare_lds("unsigned long long", "fj_free_bar", free_bars_, free_bars_ * 8, 8,
                 "the ring copies' free barriers, one per copy: every consumer thread arrives");
   const int64_t threads = waves_ * target_.wave_size + producer_threads_;
-  if (producer_threads_ > 0 && waves_ < 8) // two workgroups per SM (producer_registers)
-    w_.line("FJ_GLOBAL FJ_WORKGROUP_SIZE_MIN_BLOCKS({}, 2)", threads);
+  if (producer_threads_ > 0 && producer_budget().blocks > 1) // what setmaxnreg shares out
+    w_.line("FJ_GLOBAL FJ_WORKGROUP_SIZE_MIN_BLOCKS({}, {})", threads, producer_budget().blocks);
   else if (const int blocks = nvidia_min_blocks(); blocks > 1)
     w_.line("FJ_GLOBAL FJ_WORKGROUP_SIZE_MIN_BLOCKS({}, {}) // {} blocks per SM, as without "
             "sequences",

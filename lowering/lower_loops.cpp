@@ -213,11 +213,11 @@ Expected<bool> KernelEmitter::plan_producer(const Op &loop) {
 // stages 3): the producer keeps setmaxnreg's least, the consumers share the rest
 // of the register file among the workgroups per SM (one with two consumer
 // warpgroups or more, two with one), in setmaxnreg's steps of 8, at most 256.
-std::pair<int, int> KernelEmitter::producer_registers() const {
+KernelEmitter::ProducerBudget KernelEmitter::producer_budget() const {
   constexpr int kFile = 65536, kProducer = 24;
   const int consumer_groups = int(waves_ / 4), blocks = consumer_groups >= 2 ? 1 : 2;
   const int consumer = (kFile / blocks - 128 * kProducer) / (128 * consumer_groups) / 8 * 8;
-  return {kProducer, std::min(consumer, 256)};
+  return {.producer_regs = kProducer, .consumer_regs = std::min(consumer, 256), .blocks = blocks};
 }
 
 // The producer warpgroup's loop (in the loop's range scope): lane 0 walks the same
@@ -225,9 +225,9 @@ std::pair<int, int> KernelEmitter::producer_registers() const {
 // consumers have freed what that copy held two blocks before.
 void KernelEmitter::emit_producer(const Op &loop) {
   const std::string kb = name(loop.region_args[0]);
-  const auto [producer_regs, consumer_regs] = producer_registers();
+  const ProducerBudget budget = producer_budget();
   w_.open("if (wave >= kWaves) {{ // the producer warpgroup: every block's tiles into the ring");
-  w_.line("fj_setmaxnreg_dec<{}>(); // its registers go to the consumers", producer_regs);
+  w_.line("fj_setmaxnreg_dec<{}>(); // its registers go to the consumers", budget.producer_regs);
   w_.open("if (wave == kWaves && lane == 0) {{");
   w_.line("unsigned fj_free_phase = 0; // bit i: the parity of free barrier i's next completion");
   w_.open("for (int {0} = kv_begin, fj_n = 0; {0} < kv_end; ++{0}, ++fj_n) {{", kb);
@@ -247,7 +247,7 @@ void KernelEmitter::emit_producer(const Op &loop) {
   w_.close();
   w_.line("return; // its copies complete on the fill barriers; the consumers go on");
   w_.close();
-  w_.line("fj_setmaxnreg_inc<{}>(); // the consumers' registers per thread", consumer_regs);
+  w_.line("fj_setmaxnreg_inc<{}>(); // the consumers' registers per thread", budget.consumer_regs);
 }
 
 void KernelEmitter::emit_ring_release(const Op &product) {
@@ -258,29 +258,28 @@ void KernelEmitter::emit_ring_release(const Op &product) {
           free_bar_.at(it->second), ring_copy_, it->second);
 }
 
-bool KernelEmitter::plan_overlap(const Op &loop, size_t s_at, size_t o_at,
-                                 std::set<size_t> &acc_ops) const {
+std::optional<KernelEmitter::OverlapPlan> KernelEmitter::plan_overlap(const Op &loop, size_t s_at,
+                                                                      size_t o_at) const {
   if (free_bars_ == 0 || q_tiles_ != 1 || loop.body.back().kind != OpKind::Yield ||
       o_at + 2 != loop.body.size())
-    return false;
+    return std::nullopt;
+  OverlapPlan plan{.s_at = s_at, .o_at = o_at};
   const Op &o = loop.body[o_at];
   // The accumulator: the region argument the O product's result is yielded to.
   const Op &y = loop.body.back();
-  size_t acc = 0;
   for (size_t i = 0; i < y.operands.size(); ++i)
     if (y.operands[i] == o.results[0])
-      acc = i + 1;
-  if (acc == 0)
-    return false;
+      plan.acc = i + 1;
+  if (plan.acc == 0)
+    return std::nullopt;
   // The ops between the products that depend on it, transitively: only the O
   // product may read what they make.
-  std::set<ValueId> tainted = {loop.region_args[acc]};
-  acc_ops.clear();
+  std::set<ValueId> tainted = {loop.region_args[plan.acc]};
   for (size_t i = s_at + 1; i < o_at; ++i) {
     const Op &op = loop.body[i];
     if (op.kind == OpKind::Load) {
       if (consumer_of(op.results[0], loop.body) != &o)
-        return false;
+        return std::nullopt;
       continue;
     }
     bool reads = false;
@@ -288,20 +287,22 @@ bool KernelEmitter::plan_overlap(const Op &loop, size_t s_at, size_t o_at,
       reads = reads || tainted.count(v);
     if (!reads)
       continue;
-    acc_ops.insert(i);
+    plan.acc_ops.insert(i);
     for (ValueId r : op.results)
       tainted.insert(r);
   }
   for (size_t i = s_at + 1; i < o_at; ++i)
-    if (!acc_ops.count(i))
+    if (!plan.acc_ops.count(i))
       for (ValueId v : loop.body[i].operands)
-        if (tainted.count(v) && v != loop.region_args[acc])
-          return false;
+        if (tainted.count(v) && v != loop.region_args[plan.acc])
+          return std::nullopt;
   for (size_t i = 0; i < s_at; ++i)
     for (ValueId v : loop.body[i].operands)
       if (tainted.count(v))
-        return false;
-  return !acc_ops.empty() && tainted.count(o.operands[2]) && !tainted.count(o.operands[0]);
+        return std::nullopt;
+  if (plan.acc_ops.empty() || !tainted.count(o.operands[2]) || tainted.count(o.operands[0]))
+    return std::nullopt;
+  return plan;
 }
 
 // The overlapped loop body (plan_overlap), for block kb:
@@ -310,10 +311,10 @@ bool KernelEmitter::plan_overlap(const Op &loop, size_t s_at, size_t o_at,
 //   free V(kb - 1), the accumulator is O | rescale it | keep P(kb) for the next
 // The O product's result lives across iterations (declared before the loop) and
 // accumulates in place: the rescale writes it back before the yield.
-Status KernelEmitter::emit_overlapped(const Op &loop, size_t s_at, size_t o_at,
-                                      const std::set<size_t> &acc_ops) {
+Status KernelEmitter::emit_overlapped(const Op &loop) {
   const std::vector<Op> &body = loop.body;
-  const Op &s = body[s_at], &o = body[o_at];
+  const OverlapPlan &plan = *overlap_;
+  const Op &s = body[plan.s_at], &o = body[plan.o_at];
   auto emit = [&](const Op &op) {
     for (ValueId r : op.results)
       def_of_[r] = &op;
@@ -325,12 +326,12 @@ Status KernelEmitter::emit_overlapped(const Op &loop, size_t s_at, size_t o_at,
   const int64_t p_tiles = tiles(type(o.operands[0]).cols);
   for (ValueId r : o.results)
     def_of_[r] = &o;
-  for (size_t i = 0; i < s_at; ++i)
+  for (size_t i = 0; i < plan.s_at; ++i)
     FJ_RETURN_IF_ERROR(emit(body[i]));
   emit_ir_comment(s, ": left in flight");
   FJ_RETURN_IF_ERROR(emit_product(s, -1, /*wait=*/false));
   w_.open("if ({} > kv_begin) {{ // the previous block's O product, beside this S", kb);
-  FJ_RETURN_IF_ERROR(emit_overlap_drain(loop));
+  FJ_RETURN_IF_ERROR(emit_overlap_issue(loop));
   w_.line("fj_wgmma_wait<1>(); // S is done; O may be in flight");
   w_.close();
   w_.open("else {{");
@@ -339,29 +340,16 @@ Status KernelEmitter::emit_overlapped(const Op &loop, size_t s_at, size_t o_at,
   w_.line("fj_wgmma_pin({}[0], {});", name(s.results[0]), s_cols / 8);
   emit_ring_release(s);
   std::vector<const Op *> before, after;
-  for (size_t i = s_at + 1; i < o_at; ++i)
+  for (size_t i = plan.s_at + 1; i < plan.o_at; ++i)
     if (body[i].kind != OpKind::Load)
-      (acc_ops.count(i) ? after : before).push_back(&body[i]);
+      (plan.acc_ops.count(i) ? after : before).push_back(&body[i]);
   for (const Op *op : before)
     FJ_RETURN_IF_ERROR(emit(*op));
   // The wait is unconditional (a no-op without a product in flight): ptxas
   // does not pair the two `kb > kv_begin` branches, and would serialize the
-  // products for the path that issues O and skips its wait.
-  rules_.emit_warpgroup_wait(w_, 0, {{out + "[0]", out_cols}}, {{"fj_p_prev[0]", p_tiles}});
-  w_.open("if ({} > kv_begin) {{ // the O product is done with its V copy", kb);
-  ring_copy_ = "(fj_copy ^ 1)";
-  emit_ring_release(o);
-  ring_copy_ = "fj_copy";
-  w_.close();
-  // Unconditionally, so that only one of the two is live across the loop.
-  const size_t acc = [&] {
-    const Op &y = body.back();
-    for (size_t i = 0; i < y.operands.size(); ++i)
-      if (y.operands[i] == o.results[0])
-        return i + 1;
-    return size_t(0);
-  }();
-  emit_copy(loop.region_args[acc], name(loop.region_args[acc]), o.results[0]);
+  // products for the path that issues O and skips its wait. The copy into the
+  // accumulator too, so that only one of the two is live across the loop.
+  emit_overlap_finish(loop, kb + " > kv_begin");
   for (const Op *op : after)
     FJ_RETURN_IF_ERROR(emit(*op));
   w_.line("// The next iteration's O product accumulates onto the rescaled accumulator,");
@@ -375,10 +363,9 @@ Status KernelEmitter::emit_overlapped(const Op &loop, size_t s_at, size_t o_at,
   return Status::ok();
 }
 
-// Block kb - 1's O product (in the loop) or the last block's (after it, where
-// `kb` is one past it): its V copy is the one before fj_copy; issued, not waited for.
-Status KernelEmitter::emit_overlap_drain(const Op &loop) {
-  const Op &o = *overlap_o_;
+// Its V copy is the one before fj_copy; issued, not waited for.
+Status KernelEmitter::emit_overlap_issue(const Op &loop) {
+  const Op &o = loop.body[overlap_->o_at];
   std::vector<const Op *> loads; // the O product's tile
   for (const Op &op : loop.body)
     if (op.kind == OpKind::Load && consumer_of(op.results[0], loop.body) == &o)
@@ -395,6 +382,20 @@ Status KernelEmitter::emit_overlap_drain(const Op &loop) {
   Status st = emit_product(o, -1, /*wait=*/false, /*group_per_tile=*/false, /*in_place=*/true);
   printed_[o.operands[0]] = saved_a;
   return st;
+}
+
+void KernelEmitter::emit_overlap_finish(const Op &loop, const std::string &guard) {
+  const Op &o = loop.body[overlap_->o_at];
+  rules_.emit_warpgroup_wait(w_, 0, {{name(o.results[0]) + "[0]", type(o.results[0]).cols}},
+                             {{"fj_p_prev[0]", tiles(type(o.operands[0]).cols)}});
+  if (!guard.empty())
+    w_.open("if ({}) {{ // the O product is done with its V copy", guard);
+  ring_copy_ = "(fj_copy ^ 1)";
+  emit_ring_release(o);
+  ring_copy_ = "fj_copy";
+  if (!guard.empty())
+    w_.close();
+  emit_copy(loop.region_args[overlap_->acc], name(loop.region_args[overlap_->acc]), o.results[0]);
 }
 
 std::string KernelEmitter::barrier() const {
@@ -613,24 +614,21 @@ Status KernelEmitter::emit_for(const Op &op) {
     return producer.status();
   size_t s_at = 0, o_at = 0;
   const bool interleave = plan_interleave(op, s_at, o_at);
-  std::set<size_t> acc_ops;
-  const bool overlap = !interleave && *producer && find_products(op, s_at, o_at) &&
-                       plan_overlap(op, s_at, o_at, acc_ops);
+  overlap_.reset();
+  if (!interleave && *producer && find_products(op, s_at, o_at))
+    overlap_ = plan_overlap(op, s_at, o_at);
   if (*producer) {
     emit_producer(op);
     w_.line("int fj_copy = 0; // the ring copy that holds this iteration's block");
   }
-  if (overlap) {
-    // Values that live across iterations: the O product's result and the P it reads.
-    overlap_o_ = &op.body[o_at];
-    const Op &o = op.body[o_at];
+  if (overlap_) {
+    // Values that live across iterations: the O product's result, starting as the
+    // loop's accumulator, and the P it reads.
+    const Op &o = op.body[overlap_->o_at];
     w_.line("{}; // the O product's accumulator, across iterations", declare(o.results[0]));
-    const Op &y = op.body.back();
-    for (size_t i = 0; i < y.operands.size(); ++i) // it starts as the loop's accumulator
-      if (y.operands[i] == o.results[0])
-        emit_copy(o.results[0], name(o.results[0]), op.operands[i + 1]);
+    emit_copy(o.results[0], name(o.results[0]), op.operands[overlap_->acc]);
     w_.line("{} fj_p_prev[kQTiles][{}] = {{}}; // the P the next O product reads",
-            rules_.operand_type(), tiles(type(op.body[o_at].operands[0]).cols));
+            rules_.operand_type(), tiles(type(o.operands[0]).cols));
   }
   if (!*producer && plan_pipeline(op)) {
     w_.line("// Software pipeline: the first tile is in flight before the loop starts.");
@@ -696,9 +694,9 @@ Status KernelEmitter::emit_for(const Op &op) {
   const std::set<std::string> at_entry = read_since_barrier_;
   auto body = [&] {
     predeclared_.clear();
-    if (overlap) {
-      predeclared_.insert(op.body[o_at].results[0]);
-      return emit_overlapped(op, s_at, o_at, acc_ops);
+    if (overlap_) {
+      predeclared_.insert(op.body[overlap_->o_at].results[0]);
+      return emit_overlapped(op);
     }
     return interleave ? emit_interleaved(op, s_at, o_at) : emit_ops(op.body);
   };
@@ -719,22 +717,14 @@ Status KernelEmitter::emit_for(const Op &op) {
   for (size_t i = 0; i < y.operands.size(); ++i)
     emit_copy(op.region_args[i + 1], name(op.region_args[i + 1]), y.operands[i]);
   w_.close();
-  if (overlap) {
+  if (overlap_) {
     w_.open("if (kv_begin < kv_end) {{ // the last block's O product");
-    const Op &o = op.body[o_at];
-    predeclared_.insert(o.results[0]);
-    FJ_RETURN_IF_ERROR(emit_overlap_drain(op));
+    predeclared_.insert(op.body[overlap_->o_at].results[0]);
+    FJ_RETURN_IF_ERROR(emit_overlap_issue(op));
     predeclared_.clear();
-    rules_.emit_warpgroup_wait(w_, 0, {{name(o.results[0]) + "[0]", type(o.results[0]).cols}},
-                               {{"fj_p_prev[0]", tiles(type(o.operands[0]).cols)}});
-    ring_copy_ = "(fj_copy ^ 1)";
-    emit_ring_release(o);
-    ring_copy_ = "fj_copy";
-    for (size_t i = 0; i < y.operands.size(); ++i)
-      if (y.operands[i] == o.results[0])
-        emit_copy(op.region_args[i + 1], name(op.region_args[i + 1]), o.results[0]);
+    emit_overlap_finish(op, "");
     w_.close();
-    overlap_o_ = nullptr;
+    overlap_.reset();
   }
   w_.close(); // the range's scope
   consumers_only_ = consumers_only_ || *producer;

@@ -58,22 +58,9 @@ struct alignas(64) fj_tensor_map {
   unsigned long long bits[16];
 };
 
-// A transaction barrier (mbarrier) of one arrival, at the start of the kernel.
-// Thread 0 initialises them; the fence and barrier publish that to every thread
-// and to the copy engine.
-FJ_DEVICE void fj_tma_init(unsigned long long *bars, int n) {
-  if (fj_thread_id() == 0)
-    for (int i = 0; i < n; ++i) {
-      const unsigned b = static_cast<unsigned>(__cvta_generic_to_shared(&bars[i]));
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b) : "memory");
-    }
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  __syncthreads();
-}
-
-// Barriers of `count` arrivals (config stages 3: a ring copy is free again when
-// every consumer thread has arrived on its barrier). Thread 0 initialises them;
-// fj_tma_init's fence and barrier publish them.
+// Barriers of `count` arrivals; thread 0 initialises them (fj_tma_init's fence
+// and barrier publish them). A ring copy's free barrier (config stages 3) counts
+// every consumer thread.
 FJ_DEVICE void fj_mbar_init(unsigned long long *bars, int n, int count) {
   if (fj_thread_id() == 0)
     for (int i = 0; i < n; ++i) {
@@ -81,6 +68,16 @@ FJ_DEVICE void fj_mbar_init(unsigned long long *bars, int n, int count) {
       asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(b), "r"(count) : "memory");
     }
 }
+
+// Transaction barriers (mbarrier) of one arrival, at the start of the kernel.
+// The fence and barrier publish them (and any fj_mbar_init before) to every
+// thread and to the copy engine.
+FJ_DEVICE void fj_tma_init(unsigned long long *bars, int n) {
+  fj_mbar_init(bars, n, 1);
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  __syncthreads();
+}
+
 // This thread's arrival on barrier `bar` (after its last read of the copy it guards).
 FJ_DEVICE void fj_mbar_arrive(unsigned long long *bar) {
   const unsigned b = static_cast<unsigned>(__cvta_generic_to_shared(bar));
