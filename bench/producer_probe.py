@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Candidate sm90 forward configs against the default and cuDNN, checked first.
 
-For head dims 64, 128, 192 and 256: each candidate config (config stages 3 by default:
+For each head dim of CANDIDATES (or --head-dims): each candidate config (config stages 3 by default:
 a producer warpgroup filling a ring of two K/V copies) is checked against a float64
 reference on four shapes (GQA, ragged lengths, decode), causal and not, and must
 stay within twice the default config's error; then it is timed beside the default
@@ -9,8 +9,10 @@ and cuDNN, in one process (B*S = 16k tokens, H = 16, bf16, bench_sdpa.time_ms).
 What docs/decisions.md's "A producer warpgroup" was chosen from
 (bench/results/producer_2026-11-27_H100.log).
 
-    FLASHJIT_LIBRARY=build/runtime/libflashjit.so python3 bench/producer_probe.py [check|perf|both]
+    FLASHJIT_LIBRARY=build/runtime/libflashjit.so python3 bench/producer_probe.py \
+        [check|perf|both] [--head-dims 72,80,96]
 """
+import argparse
 import itertools
 import pathlib
 import sys
@@ -31,8 +33,13 @@ def config(block_m, block_n, waves, stages=3):
 
 CANDIDATES = {
     64: [config(128, 128, 8), config(128, 64, 4), config(192, 128, 12), config(128, 192, 8)],
+    72: [config(128, 128, 8), config(128, 64, 4), config(128, 192, 8)],
+    80: [config(128, 128, 8), config(128, 64, 4), config(128, 192, 8)],
+    96: [config(128, 128, 8), config(128, 64, 4), config(128, 192, 8)],
+    112: [config(128, 128, 8), config(128, 64, 4), config(128, 192, 8)],
+    160: [config(128, 64, 8), config(128, 96, 8), config(128, 32, 8)],
     128: [config(128, 128, 8), config(128, 64, 4), config(128, 192, 8), config(128, 64, 8)],
-    192: [config(128, 64, 8)],
+    192: [config(128, 64, 8), config(128, 96, 8)],
     256: [config(128, 64, 8), config(128, 32, 8)],
 }
 
@@ -55,10 +62,10 @@ def reference(q, k, v, causal):
     return (torch.softmax(s, -1) @ vv).transpose(1, 2)
 
 
-def check():
+def check(dims):
     shapes = ((2, 333, 517, 8, 2), (1, 1000, 1000, 4, 4), (3, 77, 1200, 6, 3), (1, 1, 700, 8, 8))
     bad = 0
-    for d, causal in itertools.product(CANDIDATES, (False, True)):
+    for d, causal in itertools.product(dims, (False, True)):
         for b, sq, sk, h, hk in shapes:
             q = torch.randn(b, sq, h, d, dtype=torch.bfloat16, device="cuda")
             k = torch.randn(b, sk, hk, d, dtype=torch.bfloat16, device="cuda")
@@ -76,9 +83,9 @@ def check():
     return bad
 
 
-def perf():
+def perf(dims):
     heads = 16
-    for s, d, causal in itertools.product((1024, 4096, 16384), CANDIDATES, (False, True)):
+    for s, d, causal in itertools.product((1024, 4096, 16384), dims, (False, True)):
         b = 16384 // s
         q, k, v = (torch.randn(b, s, heads, d, dtype=torch.bfloat16, device="cuda")
                    for _ in range(3))
@@ -97,11 +104,19 @@ def perf():
 
 
 def main():
-    mode = sys.argv[1] if len(sys.argv) > 1 else "both"
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", nargs="?", default="both", choices=("check", "perf", "both"))
+    parser.add_argument("--head-dims", default="64,128,192,256",
+                        help="comma-separated, each a key of CANDIDATES")
+    args = parser.parse_args()
+    dims = [int(d) for d in args.head_dims.split(",")]
+    unknown = [d for d in dims if d not in CANDIDATES]
+    if unknown:
+        parser.error(f"no candidates for head dims {unknown}: choose from {sorted(CANDIDATES)}")
     torch.manual_seed(0)
-    bad = check() if mode in ("both", "check") else 0
-    if mode in ("both", "perf"):
-        perf()
+    bad = check(dims) if args.mode in ("both", "check") else 0
+    if args.mode in ("both", "perf"):
+        perf(dims)
     return 1 if bad else 0
 
 

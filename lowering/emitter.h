@@ -76,12 +76,21 @@ inline int64_t staged_tile_bytes(int64_t rows, int64_t cols, bool transposed,
   return (elems * 2 + 15) / 16 * 16;
 }
 
-/// Whether a staged tile of `rows` x `cols` is of a shape TMA copies (the
-/// sm90 rules; KernelEmitter::tma_tile adds what its tensor must be): whole
-/// 64-column panels of at most 256 rows; in the forward without a producer warpgroup
-/// (config stages < 3) from three panels up (head dims 192, 256), else any number.
-constexpr bool tma_tile_shape(int64_t rows, int64_t cols, bool few_panels) {
-  return rows <= 256 && cols % 64 == 0 && (few_panels || cols >= 192);
+/// Where TMA copies a staged tile (KernelEmitter::tma_tile): the forward with
+/// a producer warpgroup (config stages 3), the backward, or the forward without one.
+enum class TmaUse { producer, backward, forward };
+
+/// Whether a staged tile of `rows` x `cols` is of a shape TMA copies for `use`
+/// (the sm90 rules; KernelEmitter::tma_tile adds what its tensor must be): at
+/// most 256 rows, in boxes of 64 columns. A producer warpgroup copies every tile,
+/// a partial last panel too (its columns past the head dim arrive as zeros);
+/// elsewhere only whole panels, in the forward from three up (head dims 192, 256).
+constexpr bool tma_tile_shape(int64_t rows, int64_t cols, TmaUse use) {
+  if (rows > 256)
+    return false;
+  if (use == TmaUse::producer)
+    return true;
+  return cols % 64 == 0 && (use == TmaUse::backward || cols >= 192);
 }
 
 class KernelEmitter {
@@ -394,6 +403,11 @@ private:
   // one thread with cp.async.bulk.tensor, completing on a transaction barrier of
   // its buffer copy; every thread waits on that barrier (fj_tma_wait).
   bool tma_tile(const Op &op) const;
+  TmaUse tma_use() const {
+    return p_.tensor("dO") != nullptr ? TmaUse::backward
+           : stages() == 3            ? TmaUse::producer
+                                      : TmaUse::forward;
+  }
   struct TmaBuffer {
     int first_bar = 0;  // its barriers: first_bar + copy
     std::string map;    // the tensor map parameter it is copied through

@@ -189,8 +189,8 @@ Expected<bool> KernelEmitter::plan_producer(const Op &loop) {
     if (type(op.results[0]).layout != TileLayout::mma_b || op.operands[0] != loop.region_args[0] ||
         !tma_tile(op) || !tensors.insert(tensor).second)
       return refuse(fmt::format("the loop's tiles copied by TMA, each once per block (@{} is not: "
-                                "TMA copies dense tensors with 16-byte aligned rows, in whole "
-                                "64-column panels)",
+                                "TMA copies dense tensors with a contiguous head dim and 16-byte "
+                                "aligned rows)",
                                 tensor));
     loads.push_back(&op);
   }
@@ -263,7 +263,9 @@ std::optional<KernelEmitter::OverlapPlan> KernelEmitter::plan_overlap(const Op &
   if (free_bars_ == 0 || q_tiles_ != 1 || loop.body.back().kind != OpKind::Yield ||
       o_at + 2 != loop.body.size())
     return std::nullopt;
-  OverlapPlan plan{.s_at = s_at, .o_at = o_at};
+  OverlapPlan plan;
+  plan.s_at = s_at;
+  plan.o_at = o_at;
   const Op &o = loop.body[o_at];
   // The accumulator: the region argument the O product's result is yielded to.
   const Op &y = loop.body.back();

@@ -287,19 +287,20 @@ std::string KernelEmitter::register_lds(const Op &op) {
 // rows are whole [batch, head, seq, dim] rows with 16-byte aligned strides (the
 // align16 class) and a sequence length the launch knows, which is what a
 // tensor map can describe. Packed, paged and per-batch sequences stay on cp.async.
-// So do tiles with a partial panel (head dims 80, 96, 160): TMA writes whole
-// 64-column boxes, and on the H100 the zeros past the head dim cost more than
-// the copy engine saves (causal D=80 and D=96 ran 3-9% slower than cp.async);
-// and the forward's tiles of one or two panels (D=64, 128), where TMA gained
-// nothing, while three and four panels gained 10-35% (bench/results/README.md).
+// Without a producer warpgroup, so do tiles with a partial panel (head dims 80,
+// 96, 160): TMA writes whole 64-column boxes, and on the H100 the zeros past the
+// head dim cost more than the copy engine saves (causal D=80 and D=96 ran 3-9%
+// slower than cp.async); and the forward's tiles of one or two panels (D=64,
+// 128), where TMA gained nothing, while three and four panels gained 10-35%
+// (bench/results/README.md). A producer warpgroup copies every tile by TMA
+// (tma_tile_shape).
 bool KernelEmitter::tma_tile(const Op &op) const {
   if (!target_.is_nvidia() || rules_.lds_layout() != LdsLayout::swizzled_128b)
     return false;
   const ir::TensorParam &t = *p_.tensor(op.symbol_attr("tensor"));
   if (t.packed || paged(t) || t.dtype == DType::f32 || t.stride_dim != ir::Extent::constant(1) ||
       t.row_align < 16 || t.stride_split != ir::Extent::constant(0) ||
-      !tma_tile_shape(type(op.results[0]).rows, type(op.results[0]).cols,
-                      /*few_panels=*/p_.tensor("dO") != nullptr || stages() == 3))
+      !tma_tile_shape(type(op.results[0]).rows, type(op.results[0]).cols, tma_use()))
     return false;
   return std::none_of(p_.sequences.begin(), p_.sequences.end(),
                       [&](const ir::Sequence &s) { return s.name == t.seq.param; });

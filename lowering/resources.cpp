@@ -25,12 +25,13 @@ ResourceEstimate estimate_resources(const AttentionSpec &spec, const ir::Config 
   const KernelSignature sig = spec.signature();
   if (r.lds_layout() == LdsLayout::swizzled_128b && sig.row_align >= 16) {
     using emit::tma_tile_shape;
-    const bool ring = c.stages == 3; // the forward's producer warpgroup: any panel count
+    const bool ring = c.stages == 3; // the forward's producer warpgroup
+    const emit::TmaUse use = ring ? emit::TmaUse::producer : emit::TmaUse::forward;
     const bool q =
-        c.q_in_lds && !sig.packed_q && sig.unit_dim[0] && tma_tile_shape(c.block_m, e.dim_qk, ring);
+        c.q_in_lds && !sig.packed_q && sig.unit_dim[0] && tma_tile_shape(c.block_m, e.dim_qk, use);
     const bool kv = !sig.packed_k && !sig.used_k && !sig.paged;
-    const bool k = kv && sig.unit_dim[1] && tma_tile_shape(c.block_n, e.dim_qk, ring),
-               v = kv && sig.unit_dim[2] && tma_tile_shape(c.block_n, e.dim_v, ring);
+    const bool k = kv && sig.unit_dim[1] && tma_tile_shape(c.block_n, e.dim_qk, use),
+               v = kv && sig.unit_dim[2] && tma_tile_shape(c.block_n, e.dim_v, use);
     e.lds_barriers = 8 * ((q ? 1 : 0) + (k ? 1 : 0) + (v ? 1 : 0));
     if (ring && k && v) { // two copies of K and V, each with a fill and a free barrier
       e.lds_k *= 2;

@@ -67,19 +67,20 @@ public:
   }
 
   std::optional<ir::Config> producer_config(const AttentionSpec &spec) const override {
-    // Where a producer warpgroup can copy every tile (whole panels): two
-    // consumer warpgroups of one tile each, 128-key blocks at head dim 128 and
-    // 64-key blocks at 192 and 256 (the ring's two copies must fit). H100
-    // (bench/results/README.md): faster than default_config's at S =
-    // 1024-16384, causal and not. Head dim 64 was slower at S = 1024-4096, so
-    // it keeps default_config's.
+    // Where a producer warpgroup can copy every tile: two consumer warpgroups
+    // of one tile each, 128-key blocks up to head dim 128, 96-key blocks up to
+    // 192 and 64-key blocks at 256 (the ring's two copies must fit). H100
+    // (bench/results/README.md, producer_*_H100.log): faster than
+    // default_config's at S = 1024-16384, causal and not, but for a few cases
+    // at S = 1024 within 3%. Head dim 64 was slower at S = 1024-4096, so it
+    // keeps default_config's.
     const int64_t d = max_dim(spec);
-    if (d < 128 || d > 256 || !producer_fits(spec))
+    if (d <= 64 || d > 256 || !producer_fits(spec))
       return std::nullopt;
     ir::Config c = default_config(spec);
     c.stages = 3;
     c.waves = 8;
-    c.block_n = d == 128 ? 128 : 64;
+    c.block_n = d <= 128 ? 128 : d <= 192 ? 96 : 64;
     return c;
   }
 
@@ -169,14 +170,13 @@ public:
 private:
   // Whether a producer warpgroup can copy every tile of the forward with TMA
   // (KernelEmitter::plan_producer, tma_tile): dense tensors with 16-byte aligned
-  // rows and a contiguous head dim in whole 64-column panels, read once per
-  // block, over every visible block (no mask_mod block scan, no split-KV).
+  // rows and a contiguous head dim, read once per block, over every visible
+  // block (no mask_mod block scan, no split-KV).
   static bool producer_fits(const AttentionSpec &spec) {
     const KernelSignature sig = spec.signature();
     return sig.row_align >= 16 && !sig.f32_io && sig.unit_dim[0] && sig.unit_dim[1] &&
            sig.unit_dim[2] && !sig.packed_q && !sig.packed_k && !sig.used_k && !sig.paged &&
-           sig.mask_mod.empty() && ir::padded(spec.head_dim_qk, 16) % 64 == 0 &&
-           ir::padded(spec.head_dim_v, 16) % 64 == 0;
+           sig.mask_mod.empty();
   }
   static int64_t max_dim(const AttentionSpec &spec) {
     return std::max(ir::padded(spec.head_dim_qk, 16), ir::padded(spec.head_dim_v, 16));

@@ -350,6 +350,23 @@ TEST(Lowering, Sm90ProducerWarpgroupFillsARing) {
   EXPECT_EQ(count(l1->kernel_text, "FJ_WORKGROUP_SIZE_MIN_BLOCKS(256, 2)"), 1);
   EXPECT_EQ(count(l1->kernel_text, "fj_setmaxnreg_inc<232>();"), 1);
 
+  // A partial last panel (head dims 72-112, 160): the producer copies whole
+  // 64-column boxes, the columns past the head dim arriving as TMA's zeros.
+  for (const int64_t d : {72, 80, 160}) {
+    const AttentionSpec partial = spec_for(d, d, DType::bf16, /*causal=*/true);
+    ir::Config c = config;
+    c.block_n = d < 128 ? 128 : 64;
+    Expected<Lowered> lp = generate(partial, c, sm90);
+    ASSERT_TRUE(lp) << lp.status().message();
+    EXPECT_EQ(lp->block_threads, 384);
+    const int64_t panels = (d + 63) / 64;
+    EXPECT_EQ(count(lp->kernel_text, fmt::format("TMA, {} panels of 64 columns", panels)), 3);
+    Expected<ResourceEstimate> ep = estimate_resources(partial, c, sm90);
+    ASSERT_TRUE(ep) << ep.status().message();
+    EXPECT_EQ(lp->lds_bytes, panels * 128 * (128 + 4 * c.block_n) + 9 * 8) << "Q, 2 K, 2 V";
+    EXPECT_EQ(ep->lds_bytes(), lp->lds_bytes);
+  }
+
   // Split-KV's partial kernel has no producer: its default config keeps stages 2.
   EXPECT_EQ(default_config(spec, sm90, RulesChoice::automatic, 0, /*producer=*/false).stages, 2);
   // Where a producer cannot copy every tile, the default has none and stages 3 is
@@ -358,7 +375,8 @@ TEST(Lowering, Sm90ProducerWarpgroupFillsARing) {
   masked.mask_mod = "kv_idx <= q_idx";
   AttentionSpec f32 = spec;
   f32.f32_io = true;
-  for (const AttentionSpec &s : {spec_for(96, 96, DType::bf16), masked, f32}) {
+  // Head dim 100: rows of 200 bytes, which a tensor map cannot stride over.
+  for (const AttentionSpec &s : {spec_for(100, 100, DType::bf16), masked, f32}) {
     SCOPED_TRACE(s.summary());
     ir::Config c = default_config(s, sm90);
     EXPECT_EQ(c.stages, 2);
