@@ -413,7 +413,10 @@ private:
     std::string map;    // the tensor map parameter it is copied through
     int64_t panels = 0; // 64-column panels
   };
-  std::map<std::string, TmaBuffer> tma_;                 // buffer -> its barriers and map
+  std::map<std::string, TmaBuffer> tma_; // buffer -> its barriers and map
+  // Tiles copied by TMA before a producer's loop whose wait the consumers do
+  // after the split (emit_producer): the load and its buffer.
+  std::vector<std::pair<const Op *, std::string>> deferred_waits_;
   std::vector<std::pair<std::string, const Op *>> maps_; // map parameter -> a load it serves
   int tma_bars_ = 0;
   std::string tma_bar(const TmaBuffer &b) const;

@@ -248,6 +248,10 @@ void KernelEmitter::emit_producer(const Op &loop) {
   w_.line("return; // its copies complete on the fill barriers; the consumers go on");
   w_.close();
   w_.line("fj_setmaxnreg_inc<{}>(); // the consumers' registers per thread", budget.consumer_regs);
+  for (const auto &[op, buf] : deferred_waits_) // each consumer thread waits for itself
+    w_.line("fj_tma_wait(fj_tma_bar, {}, fj_tma_phase); // this thread sees the {} tile",
+            tma_bar(tma_.at(buf)), op->symbol_attr("tensor"));
+  deferred_waits_.clear();
 }
 
 void KernelEmitter::emit_ring_release(const Op &product) {

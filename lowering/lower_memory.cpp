@@ -25,6 +25,14 @@ Status KernelEmitter::emit_load(const Op &op) {
     if (buf.empty())
       return Status::error("{} rules: an LDS-resident Q tile must feed mma_abt", rules_.name());
     emit_stage_issue(op, idx);
+    if (stages() == 3 && tma_.count(buf)) {
+      // With a producer warpgroup, only the consumers read Q: they wait for its
+      // copy after the split (emit_producer), so the producer's first K and V
+      // copies start beside it.
+      deferred_waits_.emplace_back(&op, buf);
+      lds_of_[op.results[0]] = buf;
+      return Status::ok();
+    }
     finish_stage(op, buf);
     return Status::ok();
   }
@@ -321,9 +329,11 @@ void KernelEmitter::emit_stage_issue(const Op &op, const std::string &idx) {
   const std::string buf = register_lds(op);
   const bool transposed = lds_role_.at(buf) == "transposed";
   const int64_t rows = ty.rows, cols = ty.cols;
-  const std::string rows_name = rows == block_n_   ? "kBlockN"
-                                : rows == block_m_ ? "kBlockM"
-                                                   : std::to_string(rows);
+  const bool query_rows = ty.layout == TileLayout::mma_a; // Q's block, not a key block
+  const std::string rows_name = rows == block_m_ && query_rows ? "kBlockM"
+                                : rows == block_n_             ? "kBlockN"
+                                : rows == block_m_             ? "kBlockM"
+                                                               : std::to_string(rows);
   if (auto tma = tma_.find(buf); tma != tma_.end()) {
     // One thread asks the copy engine for the whole tile; the barrier of this
     // copy of the buffer counts its bytes in.

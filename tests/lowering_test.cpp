@@ -335,6 +335,9 @@ TEST(Lowering, Sm90ProducerWarpgroupFillsARing) {
   EXPECT_EQ(k.find("fj_barrier()", producer), std::string::npos)
       << "no workgroup barrier once the producer has its own loop";
   EXPECT_LT(k.find("wave >= kWaves"), producer);
+  EXPECT_GT(k.find("fj_tma_wait(fj_tma_bar, 0, fj_tma_phase); // this thread sees the Q tile"),
+            k.find("fj_setmaxnreg_inc"))
+      << "only the consumers wait for Q, so the producer's first copies start beside it";
   Expected<ResourceEstimate> e = estimate_resources(spec, config, sm90);
   ASSERT_TRUE(e) << e.status().message();
   EXPECT_EQ(l->lds_bytes, 32768 + 2 * (32768 + 32768) + 9 * 8) << "Q, two copies of K and V";
