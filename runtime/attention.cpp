@@ -1020,7 +1020,7 @@ std::string Attention::explain() const {
                                g.target.family_name(), g.target.wave_size, g.target.lds_bytes));
     line("rules", fmt::format("{} ({}){}", l.rules, l.mma ? l.instruction : "no matrix instruction",
                               l.rules_note.empty() ? "" : ": " + l.rules_note));
-    line("config", g.config.summary());
+    line("config", fmt::format("{} ({})", g.config.summary(), g.config_source));
     line("signature", m.signature.summary());
     std::string grid;
     for (const ir::GridAxis &axis : l.grid)

@@ -54,9 +54,13 @@ struct Options {
   /// they can lower the spec, else the portable simt rules, with the reason in
   /// explain()), "matrix" (those rules or an error) or "simt".
   std::string rules = "auto";
-  /// The tuning config; lowering::default_config for the spec, target, rules
-  /// and mma_m if unset.
+  /// The tuning config. If unset: the forward kernel's config from the
+  /// tuned-config database (`flashjit tune`, <cache dir>/tuned.json) when it has
+  /// one for the target and signature (rules "auto", mma_m 0 and `tuned` only),
+  /// else lowering::default_config for the spec, target, rules and mma_m.
   std::optional<ir::Config> config;
+  /// Whether an unset config may come from the tuned-config database.
+  bool tuned = true;
   /// Queries per matrix-instruction tile of the default config: 16, 32 (the CDNA
   /// 32x32 MFMAs) or 0 for the lowering's choice. A given config has its own.
   int64_t mma_m = 0;

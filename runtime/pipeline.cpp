@@ -3,12 +3,15 @@
 #include "compiler/knobs.h"
 #include "compiler/select.h"
 #include "compiler/sha256.h"
+#include "runtime/tuned.h"
 #include "templates/templates.h"
 
 #include <fmt/ranges.h>
 
 #include <chrono>
 #include <future>
+#include <mutex>
+#include <set>
 #include <system_error>
 
 namespace flashjit::pipeline {
@@ -21,6 +24,43 @@ namespace {
 /// that wrote the source, as cache-key text.
 std::string compile_options_text(const compiler::CompileOptions &c, const std::string &rules) {
   return fmt::format("{} rules={}", compiler::describe(c), rules);
+}
+
+/// Warns once per process about each tuned-config problem: the default config
+/// runs instead, and explain() says why.
+void warn_once(const std::string &message) {
+  static std::mutex mutex;
+  static std::set<std::string> said;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (said.insert(message).second)
+    fmt::print(stderr, "flashjit: {}\n", message);
+}
+
+/// The tuned-config database's config for the forward kernel, if it has one
+/// that fits (pipeline::generate; Options::config).
+void take_tuned(const AttentionSpec &spec, Generated &g) {
+  auto db = runtime::TunedConfigs::current();
+  if (!db) {
+    const std::string why = db.status().message();
+    warn_once(why + "; the rules' default configs run meanwhile");
+    g.config_source = "default (" + why + ")";
+    return;
+  }
+  const runtime::TunedEntry *e = db->find(g.target.target_id(), g.signature);
+  if (e == nullptr)
+    return;
+  const std::string path = runtime::TunedConfigs::default_path();
+  if (Status s = lowering::check_fits(spec, e->config, g.target, g.rules); !s) {
+    const std::string why =
+        fmt::format("the tuned config {} of {} on {} in {} does not fit: {}", e->config.summary(),
+                    g.signature, g.target.target_id(), path, s.message());
+    warn_once(why + "; the default config runs; run flashjit tune again for this signature");
+    g.config_source = "default (" + why + ")";
+    return;
+  }
+  g.config = e->config;
+  g.config_source = fmt::format("tuned on {} ({}: {:.1f} us against the default's {:.1f} at {})",
+                                e->device, path, e->micros, e->default_micros, e->shape);
 }
 
 } // namespace
@@ -52,6 +92,10 @@ Expected<Generated> generate(const AttentionSpec &spec, std::string_view arch,
   g.signature = spec.signature().summary();
   g.config = options.config.value_or(lowering::default_config(
       spec, g.target, *choice, options.mma_m, /*producer=*/kind != KernelKind::split_partial));
+  g.config_source = options.config ? "given" : "default";
+  if (!options.config && options.tuned && kind == KernelKind::attention &&
+      *choice == lowering::RulesChoice::automatic && options.mma_m == 0)
+    take_tuned(spec, g);
   if (Status s = ir::validate(g.config); !s)
     return failed(failure, Failure::argument, s);
   const bool backward = kind == KernelKind::backward_preprocess ||

@@ -38,6 +38,9 @@ struct Generated {
   std::string ir_text;
   lowering::Lowered lowered;
   std::string signature; // AttentionSpec::signature().summary(), for the cache's label
+  /// Where the config came from, for explain(): "given", "default", or "tuned on
+  /// <device> (<path>)"; a tuned entry that was not taken says why.
+  std::string config_source;
 };
 
 /// The kernels of a signature: the attention kernel, and the two kernels of

@@ -14,6 +14,7 @@
 #include "tools/spec_flags.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -25,6 +26,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 
 namespace fs = std::filesystem;
 
@@ -585,6 +587,102 @@ TEST(Cli, RunOnALibraryDevice) {
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("block_n=32"), std::string::npos) << r.out; // the config flag reached it
   EXPECT_NE(r.out.find("-> PASS"), std::string::npos) << r.out;
+}
+
+/// `tune`: every candidate checked against float64 and timed; the fastest goes to
+/// <cache dir>/tuned.json, which create() then takes for that signature and target
+/// (explain() says so), while another signature keeps the rules' default. A
+/// database that is not one is reported, and the default runs.
+TEST(Cli, TuneSavesTheFastestConfigAndTheLibraryTakesIt) {
+  Ran r = run_tool("", "tune --device tpu:0");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("unknown device 'tpu:0'"), std::string::npos) << r.err;
+  if (!have_llvm())
+    GTEST_SKIP() << "this build has no emulator (FLASHJIT_WITH_LLVM=OFF)";
+  const std::string dir =
+      fs::temp_directory_path() / ("flashjit_tune_test_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const std::string env = "FLASHJIT_CACHE_DIR='" + dir + "'";
+  const std::string spec = "--head-dim 40 --heads 2 --seqlen-q 33 --seqlen-k 47 --causal";
+  r = run_tool(env, "tune --device emulator:gfx1100 --dry-run --max-candidates 3 " + spec);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 3) << r.out;
+  EXPECT_FALSE(fs::exists(dir + "/tuned.json"));
+  r = run_tool(env, "tune --device emulator:gfx1100 --max-candidates 3 --json " + spec);
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  std::istringstream lines(r.out);
+  std::string line, best;
+  int candidates = 0;
+  while (std::getline(lines, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("saved")) {
+      best = j.at("config").get<std::string>();
+      continue;
+    }
+    ++candidates;
+    EXPECT_TRUE(j.at("ok").get<bool>()) << line;
+    EXPECT_EQ(j.at("check").get<std::string>().rfind("ok ", 0), 0u) << line;
+    EXPECT_GT(j.at("us").get<double>(), 0) << line;
+  }
+  EXPECT_EQ(candidates, 3);
+  ASSERT_FALSE(best.empty()) << r.out;
+  const nlohmann::json db = nlohmann::json::parse(slurp(dir + "/tuned.json"));
+  ASSERT_EQ(db.at("entries").size(), 1u);
+  EXPECT_EQ(db.at("entries")[0].at("target"), "gfx1100");
+
+  // A config the rules would not choose, written as tune would: run takes it.
+  nlohmann::json edited = db;
+  edited["entries"][0]["config"]["block_n"] = 16;
+  {
+    std::ofstream out(dir + "/tuned.json");
+    out << edited.dump();
+  }
+  r = run_tool(env, "run --device emulator:gfx1100 " + spec);
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("block_n=16 "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(tuned on flashjit CPU emulator"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("-> PASS"), std::string::npos) << r.out;
+  r = run_tool(env, "run --device emulator:gfx1100 --head-dim 48 --heads 2 --seqlen-q 33");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("(default)"), std::string::npos) << r.out; // another signature
+
+  {
+    std::ofstream out(dir + "/tuned.json");
+    out << "{\"version\": 1, \"entries\": [{\"target\": 3}]}";
+  }
+  r = run_tool(env, "run --device emulator:gfx1100 " + spec);
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("is not a tuned-config database"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("run flashjit tune again"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("-> PASS"), std::string::npos) << r.out;
+  fs::remove_all(dir);
+}
+
+/// `bench`: one line per case (head dim x seqlen x causal) with its time and
+/// TFLOP/s through the library's config; bad lists are refused by name.
+TEST(Cli, BenchTimesEachCase) {
+  Ran r = run_tool("", "bench --device emulator:gfx1201 --head-dims 64,x");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("--head-dims 64,x: 'x' is not a positive integer"), std::string::npos)
+      << r.err;
+  if (!have_llvm())
+    GTEST_SKIP() << "this build has no emulator (FLASHJIT_WITH_LLVM=OFF)";
+  r = run_tool("FLASHJIT_CACHE_DIR=$(mktemp -d)",
+               "bench --device emulator:gfx1201 --head-dims 32 --seqlens 32,48 --tokens 48 "
+               "--heads 1 --json");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  std::istringstream lines(r.out);
+  std::string line;
+  int cases = 0;
+  while (std::getline(lines, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    ++cases;
+    EXPECT_EQ(j.at("head_dim"), 32);
+    EXPECT_GT(j.at("us").get<double>(), 0);
+    EXPECT_GT(j.at("tflops").get<double>(), 0);
+    EXPECT_NE(j.at("config").get<std::string>().find("block_m="), std::string::npos);
+  }
+  EXPECT_EQ(cases, 4) << r.out; // 2 seqlens x causal and not
 }
 
 /// `run --json` and `warmup --json`: one JSON object each, which the project's

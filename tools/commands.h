@@ -17,4 +17,9 @@ std::vector<Command> cache_commands();
 /// and devices on this machine (tools/cmd_archs.cpp).
 std::vector<Command> archs_commands();
 
+/// `flashjit tune` (the fastest config of a signature on a device, into the
+/// tuned-config database) and `flashjit bench` (TFLOP/s over head dims and
+/// lengths) (tools/cmd_tune.cpp).
+std::vector<Command> tune_commands();
+
 } // namespace flashjit::cli

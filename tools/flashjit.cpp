@@ -15,6 +15,7 @@
 #include "runtime/pipeline.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "tools/device_tensors.h"
 #include "tools/json.h"
 #include "tools/run_estimate.h"
 #include "tools/safe_write.h"
@@ -309,83 +310,12 @@ Status run_on_device(const std::string &device, const Job &job, bool config_give
   auto attn = Attention::create(spec, device, options);
   if (!attn)
     return attn.status();
-  // The tensors' bytes in their type in memory (f32 with --f32-io).
-  const DType io = spec.io_dtype();
-  const size_t width = size_t(dtype_bytes(io));
-  auto bytes = [&](const std::vector<float> &x) {
-    std::vector<uint8_t> out(x.size() * width);
-    for (size_t i = 0; i < x.size(); ++i) {
-      const uint32_t b = to_bits(io, x[i]);
-      std::memcpy(out.data() + i * width, &b, width); // little-endian hosts only
-    }
-    return out;
-  };
-  const std::vector<uint8_t> q = bytes(t.q), k = bytes(t.k), v = bytes(t.v);
-  std::vector<uint8_t> o = bytes(std::vector<float>(t.o.size(), std::nanf(""))); // until written
-  std::vector<float> lse(t.lse.size(), std::numeric_limits<float>::quiet_NaN());
-  std::vector<uint32_t> mask(t.attn_mask.size()); // 4 bytes per element: room for any type
-  mask_storage(spec.mask, t.attn_mask, mask.data());
-  // Each buffer: its host copy and, on a GPU, its device copy.
-  struct Buffer {
-    void *host;
-    size_t bytes;
-    bool output;
-    void *device = nullptr;
-  };
-  std::vector<Buffer> buffers = {
-      {const_cast<uint8_t *>(q.data()), q.size(), false},
-      {const_cast<uint8_t *>(k.data()), k.size(), false},
-      {const_cast<uint8_t *>(v.data()), v.size(), false},
-      {o.data(), o.size(), true},
-      {lse.data(), lse.size() * 4, true},
-      {t.alibi_slopes.data(), t.alibi_slopes.size() * 4, false},
-      {t.sinks.data(), t.sinks.size() * 4, false},
-      {mask.data(), size_t(spec.mask_elements()) * size_t(mask_type_bytes(spec.mask)), false}};
-  runtime::GpuDriver *driver = nullptr;
-  Status s;
-  if (info->kind != DeviceKind::emulator) {
-    auto d = runtime::gpu_driver(info->kind);
-    if (!d)
-      return d.status();
-    driver = *d;
-    for (Buffer &b : buffers) {
-      if (b.bytes == 0 || !s)
-        continue;
-      auto m = driver->allocate(info->index, b.bytes);
-      if (!m) {
-        s = m.status().with_context(fmt::format("{} bytes on {}", b.bytes, device));
-        break;
-      }
-      b.device = *m;
-      s = driver->copy_to_device(info->index, b.device, b.host, b.bytes);
-    }
-  }
-  auto at = [&](size_t i) -> void * {
-    const Buffer &b = buffers[i];
-    return b.bytes == 0 ? nullptr : driver ? b.device : b.host;
-  };
-  if (s) {
-    AttentionTensors tensors{at(0), at(1), at(2), at(3), static_cast<float *>(at(4))};
-    tensors.alibi_slopes = static_cast<const float *>(at(5));
-    tensors.sinks = static_cast<const float *>(at(6));
-    tensors.attn_mask = at(7);
-    s = attn->forward(spec, tensors);
-  }
-  for (Buffer &b : buffers) {
-    if (b.device == nullptr)
-      continue;
-    if (s && b.output)
-      s = driver->copy_to_host(info->index, b.host, b.device, b.bytes);
-    if (Status released = driver->release(info->index, b.device); s && !released)
-      s = released;
-  }
-  FJ_RETURN_IF_ERROR(s);
-  for (size_t i = 0; i < t.o.size(); ++i) {
-    uint32_t b = 0;
-    std::memcpy(&b, o.data() + i * width, width);
-    t.o[i] = from_bits(io, b);
-  }
-  t.lse = lse;
+  auto tensors = cli::DeviceTensors::create(*info, spec, t);
+  if (!tensors)
+    return tensors.status();
+  FJ_RETURN_IF_ERROR(tensors->forward(*attn));
+  FJ_RETURN_IF_ERROR(tensors->synchronize());
+  FJ_RETURN_IF_ERROR(tensors->read_outputs(t));
   // The device line: the device, then the explain() lines that say what ran.
   std::string lines;
   const std::string e = attn->explain();
@@ -605,6 +535,8 @@ std::vector<cli::Command> commands() {
   for (auto &c : cli::cache_commands())
     all.push_back(std::move(c));
   for (auto &c : cli::archs_commands())
+    all.push_back(std::move(c));
+  for (auto &c : cli::tune_commands())
     all.push_back(std::move(c));
   return all;
 }
