@@ -67,18 +67,20 @@ public:
   }
 
   std::optional<ir::Config> producer_config(const AttentionSpec &spec) const override {
-    // Where a producer warpgroup can copy every tile: two consumer warpgroups
-    // of one tile each, 128-key blocks up to head dim 128, 96-key blocks up to
-    // 192 and 64-key blocks at 256 (the ring's two copies must fit). H100
-    // (bench/results/README.md, producer_*_H100.log): faster than
-    // default_config's at S = 1024-16384, causal and not, but for a few cases
-    // at S = 1024 within 3%. Head dim 64 was slower at S = 1024-4096, so it
-    // keeps default_config's.
+    // Where a producer warpgroup can copy every tile: from head dim 72 two
+    // consumer warpgroups of one tile each, 128-key blocks up to head dim 128,
+    // 96-key blocks up to 192 and 64-key blocks at 256 (the ring's two copies
+    // must fit); at 64 default_config's one consumer warpgroup of two tiles
+    // and 128-key blocks (two workgroups per SM). H100 (bench/results/README.md,
+    // producer_*_H100.log, tune_*_H100.txt): faster than default_config's at
+    // S = 1024-16384, causal and not, but for a few cases at S = 1024 within 3%.
     const int64_t d = max_dim(spec);
-    if (d <= 64 || d > 256 || !producer_fits(spec))
+    if (d < 64 || d > 256 || !producer_fits(spec)) // below 64 unmeasured: a box is 64 columns
       return std::nullopt;
     ir::Config c = default_config(spec);
     c.stages = 3;
+    if (d <= 64)
+      return c;
     c.waves = 8;
     c.block_n = d <= 128 ? 128 : d <= 192 ? 96 : 64;
     return c;

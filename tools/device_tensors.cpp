@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -92,15 +93,22 @@ Status DeviceTensors::synchronize() {
   return driver_ ? driver_->synchronize(device_.index, nullptr) : Status::ok();
 }
 
-Expected<double> DeviceTensors::seconds_per_call(Attention &attn, int iters) {
-  FJ_RETURN_IF_ERROR(forward(attn));
-  FJ_RETURN_IF_ERROR(synchronize());
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < iters; ++i)
+Expected<double> DeviceTensors::seconds_per_call(Attention &attn, int iters, int repeats,
+                                                 int warmup) {
+  for (int i = 0; i < warmup; ++i)
     FJ_RETURN_IF_ERROR(forward(attn));
   FJ_RETURN_IF_ERROR(synchronize());
-  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-  return took.count() / std::max(iters, 1);
+  std::vector<double> runs;
+  for (int r = 0; r < std::max(repeats, 1); ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i)
+      FJ_RETURN_IF_ERROR(forward(attn));
+    FJ_RETURN_IF_ERROR(synchronize());
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    runs.push_back(took.count() / std::max(iters, 1));
+  }
+  std::sort(runs.begin(), runs.end());
+  return runs[runs.size() / 2];
 }
 
 Status DeviceTensors::read_outputs(HostTensors &t) {

@@ -28,9 +28,10 @@ public:
   Status forward(Attention &attn);
   /// Waits for the device's queued work (a no-op on the emulator).
   Status synchronize();
-  /// Seconds per forward(): one call, a wait, then `iters` calls back to back
-  /// timed to the end of the last.
-  Expected<double> seconds_per_call(Attention &attn, int iters);
+  /// Seconds per forward(): `warmup` calls and a wait, then `repeats` times
+  /// `iters` calls back to back, each run timed (host clock) to the end of its
+  /// last call; the median run.
+  Expected<double> seconds_per_call(Attention &attn, int iters, int repeats = 1, int warmup = 1);
   /// The output and the LSE into t.o and t.lse (after synchronize()).
   Status read_outputs(HostTensors &t);
 
