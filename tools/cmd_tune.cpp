@@ -108,7 +108,7 @@ Measured measure(const ir::Config &config, const AttentionSpec &spec, const Atte
   Measured m{config, "", false, 0};
   Options options;
   options.config = config;
-  options.rules = "matrix";
+  options.tuned = false; // the candidate itself, whatever the database holds
   options.synchronize = !on_gpu(device);
   auto attn = Attention::create(spec, device.id(), options);
   if (!attn) {
