@@ -147,8 +147,9 @@ Measured measure(const ir::Config &config, const AttentionSpec &spec, const Atte
 
 /// Random inputs for timing: make_random_inputs's tensors with Q, K and V drawn
 /// again from a standard normal, as PyTorch's benchmarks (torch.randn) draw
-/// them: 4096 normal values (Box-Muller), picked by a xorshift per element, so
-/// that the 200 million elements of a large case take a second, not a minute.
+/// them: 4096 values of std::normal_distribution, one picked per element by a
+/// xorshift, so that the 200 million elements of a large case take a second,
+/// not a minute.
 HostTensors timing_inputs(const AttentionSpec &spec, uint64_t seed) {
   HostTensors t = make_random_inputs(spec, seed);
   const DType io = spec.io_dtype();
