@@ -48,31 +48,21 @@ std::vector<ir::Config> candidates(const AttentionSpec &spec, const lowering::Ta
       return;
     out.push_back(c);
   };
-  const std::vector<int64_t> block_m = {64, 128}, block_n = {32, 64, 96, 128}, waves = {4, 8};
-  std::vector<int64_t> stages = {1, 2};
+  // Each knob and the values tried (stages 3: the producer warpgroup, NVIDIA only).
+  std::vector<std::pair<int64_t ir::Config::*, std::vector<int64_t>>> knobs = {
+      {&ir::Config::block_m, {64, 128}},
+      {&ir::Config::block_n, {32, 64, 96, 128}},
+      {&ir::Config::waves, {4, 8}},
+      {&ir::Config::stages, {1, 2}}};
   if (target.is_nvidia())
-    stages.push_back(3);
+    knobs.back().second.push_back(3);
   auto each = [&](const ir::Config &c, auto &&visit) {
-    for (int64_t v : block_m) {
-      ir::Config d = c;
-      d.block_m = v;
-      visit(d);
-    }
-    for (int64_t v : block_n) {
-      ir::Config d = c;
-      d.block_n = v;
-      visit(d);
-    }
-    for (int64_t v : waves) {
-      ir::Config d = c;
-      d.waves = v;
-      visit(d);
-    }
-    for (int64_t v : stages) {
-      ir::Config d = c;
-      d.stages = v;
-      visit(d);
-    }
+    for (const auto &[knob, values] : knobs)
+      for (int64_t v : values) {
+        ir::Config d = c;
+        d.*knob = v;
+        visit(d);
+      }
     ir::Config d = c;
     d.q_in_lds = !c.q_in_lds;
     visit(d);
