@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numbers>
 
 namespace flashjit::ir {
@@ -635,6 +636,21 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, bool sp
 
 Expected<Program> build_attention(const AttentionSpec &spec, const Config &config) {
   return build(spec, config, false);
+}
+
+bool has_block_range(const AttentionSpec &spec, const Config &config) {
+  if (spec.mask_mod.empty())
+    return false;
+  Expected<Program> p = build_attention(spec, config);
+  if (!p)
+    return false;
+  std::function<bool(const std::vector<Op> &)> any = [&](const std::vector<Op> &ops) {
+    for (const Op &op : ops)
+      if (op.attrs.count("range") || any(op.body))
+        return true;
+    return false;
+  };
+  return any(p->body);
 }
 
 Expected<Program> build_split_kv(const AttentionSpec &spec, const Config &config) {

@@ -89,6 +89,8 @@ bool visible(int64_t i, int64_t j, int64_t seqlen_q, int64_t seqlen_k, bool caus
 /// range to the blocks the mask's interval over the block may keep
 /// (templates/block_range.hip). A float mask_mod adds nothing.
 void add_block_range(const AttentionSpec &spec, Program &p, Op &loop);
+/// Whether the forward's KV loop gets a block range (an integer mask_mod).
+bool has_block_range(const AttentionSpec &spec, const Config &config);
 /// The full-block fast path of a `score_mod` op in a loop the block-range pass
 /// narrows: `mod_attrs` get `unmasked = @score_unmasked` (the score function
 /// without the mask_mod; with `derivative`, @score_grad_unmasked, its

@@ -317,7 +317,11 @@ private:
   std::map<std::string, int> free_bar_; // ring buffer -> its first free barrier
   int free_bars_ = 0;                   // free barriers (fj_free_bar)
   int producer_threads_ = 0;            // a warpgroup's with a producer
-  bool consumers_only_ = false;         // past a warp-specialized loop
+  // Under a mask's block range, the producer passes each block's successor and
+  // full flag to the consumers in fj_ring_block (one int per ring copy), so
+  // that only the producer scans the mask; read with ring_block_load_'s fill.
+  const Op *ring_block_load_ = nullptr;
+  bool consumers_only_ = false; // past a warp-specialized loop
   // The workgroup barrier: every thread, or the consumers once the producer left.
   std::string barrier() const;
   // The condition of the thread that issues a TMA copy: thread 0; empty in the

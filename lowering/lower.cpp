@@ -557,6 +557,9 @@ Expected<Lowered> KernelEmitter::run() {
   if (free_bars_ > 0)
     declare_lds("unsigned long long", "fj_free_bar", free_bars_, free_bars_ * 8, 8,
                 "the ring copies' free barriers, one per copy: every consumer thread arrives");
+  if (ring_block_load_)
+    declare_lds("int", "fj_ring_block", 2, 8, 8,
+                "per ring copy, its block's successor * 2 + whether the mask keeps it whole");
   const int64_t threads = waves_ * target_.wave_size + producer_threads_;
   if (producer_threads_ > 0 && producer_budget().blocks > 1) // what setmaxnreg shares out
     w_.line("FJ_GLOBAL FJ_WORKGROUP_SIZE_MIN_BLOCKS({}, {})", threads, producer_budget().blocks);

@@ -171,8 +171,8 @@ Expected<bool> KernelEmitter::plan_producer(const Op &loop) {
     return refuse("the sm90 rules' warpgroup products");
   if (p_.tensor("dO") != nullptr || loop.int_attr("transposed") != 0 || producer_threads_ > 0)
     return refuse("the forward's one KV loop");
-  if (loop.attrs.count("range") || loop.attrs.count("splits"))
-    return refuse("a loop over every visible KV block (no mask blocks skipped, no split-KV)");
+  if (loop.attrs.count("splits"))
+    return refuse("a loop over all of a query block's keys (no split-KV)");
   // Everything staged before the loop is staged by TMA too: every thread runs
   // that code, and a copy spread over kThreads would leave the producer out.
   for (const auto &[buf, role] : lds_role_)
@@ -196,6 +196,12 @@ Expected<bool> KernelEmitter::plan_producer(const Op &loop) {
   }
   if (loads.empty())
     return refuse("K and V tiles staged in the loop");
+  if (loop.attrs.count("range")) {
+    // The consumers learn a block's successor with the first tile they wait for.
+    if (loads.front()->symbol_attr("tensor") != "K")
+      return refuse("K's tile first in the loop under a mask's block range");
+    ring_block_load_ = loads.front();
+  }
   ring_loads_ = loads;
   lds_copies_ = 2;
   for (const Op *op : ring_loads_) {
@@ -222,23 +228,40 @@ KernelEmitter::ProducerBudget KernelEmitter::producer_budget() const {
 
 // The producer warpgroup's loop (in the loop's range scope): lane 0 walks the same
 // blocks as the consumers and issues each block's tiles into copy n % 2 once the
-// consumers have freed what that copy held two blocks before.
+// consumers have freed what that copy held two blocks before. Under a mask's
+// block range the producer's first warp walks them, as the consumers do: the
+// scan that finds the next block the mask keeps judges 32 blocks, one per lane.
 void KernelEmitter::emit_producer(const Op &loop) {
   const std::string kb = name(loop.region_args[0]);
   const ProducerBudget budget = producer_budget();
+  const bool range = loop.attrs.count("range") != 0;
   w_.open("if (wave >= kWaves) {{ // the producer warpgroup: every block's tiles into the ring");
   w_.line("fj_setmaxnreg_dec<{}>(); // its registers go to the consumers", budget.producer_regs);
-  w_.open("if (wave == kWaves && lane == 0) {{");
+  if (range)
+    w_.open("if (wave == kWaves) {{ // a warp: the block scan takes 32 lanes");
+  else
+    w_.open("if (wave == kWaves && lane == 0) {{");
   w_.line("unsigned fj_free_phase = 0; // bit i: the parity of free barrier i's next completion");
-  w_.open("for (int {0} = kv_begin, fj_n = 0; {0} < kv_end; ++{0}, ++fj_n) {{", kb);
+  if (range) {
+    w_.open("for (int {0} = kv_begin, fj_kb_next, fj_n = 0; {0} < kv_end; {0} = fj_kb_next, "
+            "++fj_n) {{",
+            kb);
+    w_.line("const bool fj_block_full = fj_kb_full;");
+    w_.line("fj_kb_next = fj_next_seen({} + 1, &fj_kb_full); // the next block the mask may keep",
+            kb);
+  } else {
+    w_.open("for (int {0} = kv_begin, fj_n = 0; {0} < kv_end; ++{0}, ++fj_n) {{", kb);
+  }
   w_.line("const int fj_fill = fj_n & 1; // the ring copy this block goes into");
   emit_prefetch_views(ring_loads_, "fj_fill");
-  tma_issuer_ = ""; // lane 0 of the producer, chosen above
+  tma_issuer_ = range ? "lane == 0" : ""; // lane 0 of the producer
   tma_copy_ = "fj_fill";
   for (const Op *op : ring_loads_) {
     w_.line("if (fj_n >= 2) // the consumers are done with the block this copy held");
     w_.line("  fj_tma_wait(fj_free_bar, {} + fj_fill, fj_free_phase);",
             free_bar_.at(lds_name(*op)));
+    if (op == ring_block_load_) // before the fill's arrive, which releases it
+      w_.line("if (lane == 0) fj_ring_block[fj_fill] = fj_kb_next * 2 + (fj_block_full ? 1 : 0);");
     emit_stage_issue(*op, kb);
   }
   tma_issuer_ = "fj_thread_id() == 0";
@@ -653,7 +676,15 @@ Status KernelEmitter::emit_for(const Op &op) {
   }
   const std::string kb = name(op.region_args[0]);
   range_loop_ = nullptr;
-  if (op.attrs.count("range")) {
+  if (op.attrs.count("range") && *producer) {
+    w_.open("for (int {0} = kv_begin, fj_kb_next; {0} < kv_end; {0} = fj_kb_next) {{", kb);
+    w_.line("// The next block the mask may keep and whether it keeps this one whole come");
+    w_.line("// from the producer with K's tile (fj_ring_block): the blocks it empties are");
+    w_.line("// skipped.");
+    w_.line("bool fj_block_full;");
+    next_block_ = "fj_kb_next";
+    range_loop_ = &op;
+  } else if (op.attrs.count("range")) {
     w_.open("for (int {0} = kv_begin, fj_kb_next; {0} < kv_end; {0} = fj_kb_next) {{", kb);
     w_.line("// The next block the mask may keep: the blocks it empties are skipped.");
     w_.line("const bool fj_block_full = fj_kb_full;");

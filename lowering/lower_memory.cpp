@@ -77,6 +77,12 @@ Status KernelEmitter::emit_load(const Op &op) {
     w_.line("fj_tma_wait(fj_tma_bar, {}, fj_tma_phase); // the producer's {} tile is here",
             tma_bar(tma_.at(buf)), t.name);
     tma_copy_ = "0";
+    if (&op == ring_block_load_) {
+      w_.line("const int fj_block_info = fj_ring_block[{}]; // written before the fill",
+              ring_copy_);
+      w_.line("fj_kb_next = fj_block_info >> 1;");
+      w_.line("fj_block_full = (fj_block_info & 1) != 0;");
+    }
     lds_of_[op.results[0]] = buf;
     return Status::ok();
   }

@@ -1,5 +1,6 @@
 #include "lowering/resources.h"
 
+#include "ir/build.h"
 #include "lowering/emitter.h"
 
 #include <algorithm>
@@ -37,6 +38,8 @@ ResourceEstimate estimate_resources(const AttentionSpec &spec, const ir::Config 
       e.lds_k *= 2;
       e.lds_v *= 2;
       e.lds_barriers += 8 * 6;
+      if (ir::has_block_range(spec, c)) // fj_ring_block: two ints
+        e.lds_barriers += 8;
     }
   }
   // Per query tile, the arrays the emitter declares: O and S as acc_elems() f32

@@ -172,13 +172,12 @@ public:
 private:
   // Whether a producer warpgroup can copy every tile of the forward with TMA
   // (KernelEmitter::plan_producer, tma_tile): dense tensors with 16-byte aligned
-  // rows and a contiguous head dim, read once per block, over every visible
-  // block (no mask_mod block scan, no split-KV).
+  // rows and a contiguous head dim, read once per block (no split-KV). A
+  // mask_mod's block scan runs in the producer too.
   static bool producer_fits(const AttentionSpec &spec) {
     const KernelSignature sig = spec.signature();
     return sig.row_align >= 16 && !sig.f32_io && sig.unit_dim[0] && sig.unit_dim[1] &&
-           sig.unit_dim[2] && !sig.packed_q && !sig.packed_k && !sig.used_k && !sig.paged &&
-           sig.mask_mod.empty();
+           sig.unit_dim[2] && !sig.packed_q && !sig.packed_k && !sig.used_k && !sig.paged;
   }
   static int64_t max_dim(const AttentionSpec &spec) {
     return std::max(ir::padded(spec.head_dim_qk, 16), ir::padded(spec.head_dim_v, 16));

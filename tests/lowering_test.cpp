@@ -370,16 +370,44 @@ TEST(Lowering, Sm90ProducerWarpgroupFillsARing) {
     EXPECT_EQ(ep->lds_bytes(), lp->lds_bytes);
   }
 
+  // Under a mask_mod's block range the producer's first warp scans the mask and
+  // passes each block's successor and full flag with K's fill (fj_ring_block):
+  // the consumers' loop has no scan of its own.
+  AttentionSpec masked = spec;
+  masked.mask_mod = "q_idx / 256 == kv_idx / 256 || kv_idx < 64";
+  const ir::Config mc = default_config(masked, sm90);
+  EXPECT_EQ(mc.stages, 3);
+  Expected<Lowered> lm = generate(masked, mc, sm90);
+  ASSERT_TRUE(lm) << lm.status().message();
+  const std::string &km = lm->kernel_text;
+  const size_t split = km.find("fj_setmaxnreg_inc");
+  ASSERT_NE(split, std::string::npos);
+  EXPECT_EQ(count(km, "if (wave == kWaves) { // a warp: the block scan takes 32 lanes"), 1);
+  EXPECT_EQ(count(km, "fj_kb_next = fj_next_seen(kb + 1, &fj_kb_full);"), 1);
+  EXPECT_LT(km.find("fj_kb_next = fj_next_seen(kb + 1, &fj_kb_full);"), split)
+      << "the producer scans; the consumers do not";
+  const size_t write = km.find("if (lane == 0) fj_ring_block[fj_fill] = fj_kb_next * 2");
+  ASSERT_NE(write, std::string::npos);
+  EXPECT_GT(write, km.find("fj_tma_wait(fj_free_bar, ")) << "once the consumers freed the copy";
+  EXPECT_LT(write, km.find("fj_tma_tile(", km.find("fj_tma_wait(fj_free_bar, ")))
+      << "before K's copy is issued, whose arrive releases it";
+  const size_t read = km.find("const int fj_block_info = fj_ring_block[fj_copy];");
+  ASSERT_NE(read, std::string::npos);
+  EXPECT_GT(read, km.find("the producer's K tile is here", split)) << "after K's fill";
+  EXPECT_LT(read, km.find("fj_mbar_arrive(&fj_free_bar[", split)) << "before K is freed";
+  Expected<ResourceEstimate> em = estimate_resources(masked, mc, sm90);
+  ASSERT_TRUE(em) << em.status().message();
+  EXPECT_EQ(lm->lds_bytes, l->lds_bytes + 8) << "fj_ring_block: an int per ring copy";
+  EXPECT_EQ(em->lds_bytes(), lm->lds_bytes);
+
   // Split-KV's partial kernel has no producer: its default config keeps stages 2.
   EXPECT_EQ(default_config(spec, sm90, RulesChoice::automatic, 0, /*producer=*/false).stages, 2);
   // Where a producer cannot copy every tile, the default has none and stages 3 is
   // refused, naming what it needs and the fix.
-  AttentionSpec masked = spec;
-  masked.mask_mod = "kv_idx <= q_idx";
   AttentionSpec f32 = spec;
   f32.f32_io = true;
   // Head dim 100: rows of 200 bytes, which a tensor map cannot stride over.
-  for (const AttentionSpec &s : {spec_for(100, 100, DType::bf16), masked, f32}) {
+  for (const AttentionSpec &s : {spec_for(100, 100, DType::bf16), f32}) {
     SCOPED_TRACE(s.summary());
     ir::Config c = default_config(s, sm90);
     EXPECT_EQ(c.stages, 2);

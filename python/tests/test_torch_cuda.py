@@ -146,6 +146,45 @@ def test_split_kv_decode_matches_sdpa_in_float64(b, sq, sk, hq, hkv, d, causal, 
     assert torch.isfinite(lse).all()
 
 
+# Integer mask_mods, whose blocks the block-range pass skips (on the H100 the
+# producer warpgroup scans the mask and tells the consumers which block comes
+# next): holes longer than the scan's 32 blocks, blocks kept whole and in part,
+# masks of the batch and the head, fully masked rows, GQA.
+MASK_MODS = [
+    ("q_idx / 200 == kv_idx / 200", lambda b, h, i, j: i // 200 == j // 200),
+    ("q_idx / 64 == kv_idx / 64 || (7 * (q_idx / 64) + 13 * (kv_idx / 64)) % 10 == 0",
+     lambda b, h, i, j: (i // 64 == j // 64) | ((7 * (i // 64) + 13 * (j // 64)) % 10 == 0)),
+    ("kv_idx / 4608 == 1 || kv_idx >= seqlen_k - 50 + b * 7",
+     lambda b, h, i, j: (j // 4608 == 1) | (j >= SK_LONG - 50 + b * 7)),
+    ("(kv_idx + 3 * h) % 5 != 0 && kv_idx <= q_idx + 600",
+     lambda b, h, i, j: ((j + 3 * h) % 5 != 0) & (j <= i + 600)),
+    ("q_idx < 250 && kv_idx < 130", lambda b, h, i, j: (i < 250) & (j < 130)),
+]
+SK_LONG = 9000
+
+
+@pytest.mark.parametrize("d", [64, 72, 128, 256])
+@pytest.mark.parametrize("expr,keep", MASK_MODS, ids=[m[0] for m in MASK_MODS])
+def test_mask_mods_match_float64(expr, keep, d):
+    torch.manual_seed(d + len(expr))
+    b, sq, hq, hkv = 2, 300, 4, 2
+    sk = SK_LONG if "seqlen_k" in expr else 1900
+    q = (torch.rand(b, sq, hq, d, device="cuda") * 2 - 1).to(torch.bfloat16)
+    k = (torch.rand(b, sk, hkv, d, device="cuda") * 2 - 1).to(torch.bfloat16)
+    v = (torch.rand(b, sk, hkv, d, device="cuda") * 2 - 1).to(torch.bfloat16)
+    out = flashjit.flash_attn_func(q, k, v, mask_mod=expr)
+    torch.cuda.synchronize()
+    def index(n, axis):  # arange(n) along one of the four axes
+        return torch.arange(n, device="cuda").view([n if a == axis else 1 for a in range(4)])
+    mask = keep(index(b, 0), index(hq, 1), index(sq, 2), index(sk, 3)).expand(b, hq, sq, sk)
+    qd, kd, vd = (x.double().transpose(1, 2) for x in (q, k, v))
+    kd, vd = kd.repeat_interleave(hq // hkv, 1), vd.repeat_interleave(hq // hkv, 1)
+    ref = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask)
+    ref = torch.nan_to_num(ref, nan=0.0).transpose(1, 2)
+    assert not torch.isnan(out).any()
+    assert (out.double() - ref).abs().max().item() <= TOL[torch.bfloat16]
+
+
 def test_num_splits_out_of_range_is_refused():
     q = torch.rand(1, 1, 2, 64, device="cuda", dtype=torch.float16)
     with pytest.raises(ValueError, match="num_splits"):
