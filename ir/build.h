@@ -22,6 +22,11 @@ struct Config {
   /// that only one of the two accumulators is live (lowering::backward_config
   /// takes 2 where both would not fit the registers).
   int64_t dkdv_passes = 1;
+  /// The forward with a producer warpgroup (stages 3) as a persistent kernel:
+  /// a workgroup per SM (or as many as fit) walks the (query block, head,
+  /// batch) tiles, so the producer copies the next tile's K and V while the
+  /// consumers finish the last one.
+  bool persistent = false;
   bool operator==(const Config &) const = default;
   std::string summary() const;
 };

@@ -83,6 +83,7 @@ ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::
   // Stages 2 (the forward's default on NVIDIA): the loop prefetches the next
   // block's tiles into a second copy of its LDS buffers.
   config.stages = std::clamp<int64_t>(config.stages, 1, 2);
+  config.persistent = false; // a forward knob
   const int64_t copies = config.stages;
   const int64_t dqk = ir::padded(spec.head_dim_qk, config.pad_k);
   const int64_t dv = ir::padded(spec.head_dim_v, config.pad_k);

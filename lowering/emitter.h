@@ -236,6 +236,7 @@ private:
   // function and defines fj_next_seen(from, &full), by which the loop skips the
   // blocks the mask empties and learns which ones it keeps whole.
   Status emit_block_range(const Op &op, bool transposed);
+  Status emit_range(const Op &op);
   // The interval (an fj_iv expression) of mask function `f` over the block whose
   // rows are [fj_row_lo, fj_row_hi] and columns [fj_col_lo, fj_col_hi]; rows are
   // queries, or keys where `transposed`.
@@ -285,7 +286,20 @@ private:
   // refills the copy. No workgroup barrier in the loop; after it the producer has left, and
   // barriers name the consumers only.
   Expected<bool> plan_producer(const Op &loop);
-  void emit_producer(const Op &loop);
+  Status emit_producer(const Op &loop);
+  void emit_producer_warp(const Op &loop);
+  void emit_producer_blocks(const Op &loop);
+  // Config persistent: run() writes the producer's tile loop and the consumers'
+  // around the program (emit_persistent); emit_producer writes the producer's
+  // code for one tile into producer_w_.
+  bool persistent_ = false;
+  HipWriter producer_w_;
+  Status emit_persistent();
+  void emit_persistent_q();
+  const Op *q_load_ = nullptr; // Q's load, when persistent
+  // The grid's indices: of this workgroup, or (persistent) of tile `tile`.
+  void emit_grid_args(const std::string &tile);
+  void emit_row_helpers();
   // Registers per thread and workgroups per SM under a producer warpgroup.
   struct ProducerBudget {
     int producer_regs = 0, consumer_regs = 0, blocks = 1;

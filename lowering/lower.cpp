@@ -418,6 +418,7 @@ Expected<Lowered> KernelEmitter::run() {
   block_n_ = get("block_n");
   waves_ = get("waves");
   q_in_lds_ = get("q_in_lds") != 0;
+  persistent_ = get("persistent") != 0;
   if (q_in_lds_ && !rules_.reads_q_from_lds())
     return Status::error("{} rules: config q_in_lds=1 is not supported: keep Q in registers",
                          rules_.name());
@@ -457,37 +458,14 @@ Expected<Lowered> KernelEmitter::run() {
   w_.line("const int lane = fj_thread_id() % kWave;");
   w_.line("const int wave = fj_thread_id() / kWave;");
   rules_.emit_lane_vars(w_);
-  if (p_.grid.size() > 3) {
-    // The KV split runs inside x: x = q block * splits + split.
-    const std::string splits = c_expr(p_.grid[3].extent);
-    w_.line("const int {} = fj_group_id_x() / {};", name(p_.grid_arg(0)), splits);
-    w_.line("const int {} = fj_group_id_x() % {};", name(p_.grid_arg(3)), splits);
-  } else if (mask_.int_attr("causal") && p_.tensor("dO") == nullptr) {
-    // Causal: a later query block sees more keys. Workgroups start in the order
-    // of their ids, so the heaviest blocks go first and the lightest fill the
-    // tail (H100, S = 16k: 3-7% faster; bench/results/README.md).
-    const ir::GridAxis &x = p_.grid[0]; // ceil(extent / divisor) workgroups (ir::grid_size)
-    w_.line("const int {} = ({} - 1) / {} - fj_group_id_x(); // the last query block first",
-            name(p_.grid_arg(0)), c_expr(x.extent), std::max<int64_t>(x.divisor, 1));
+  if (persistent_) {
+    FJ_RETURN_IF_ERROR(emit_persistent());
   } else {
-    w_.line("const int {} = fj_group_id_x();", name(p_.grid_arg(0)));
+    emit_grid_args("");
+    emit_sequences();
+    emit_row_helpers();
+    FJ_RETURN_IF_ERROR(emit_ops(p_.body));
   }
-  w_.line("const int {} = fj_group_id_y();", name(p_.grid_arg(1)));
-  w_.line("const int {} = fj_group_id_z();", name(p_.grid_arg(2)));
-  emit_sequences();
-  w_.line("// The query at row r (0..{0}) of this wave's {1}-query tile qt: its row in the",
-          m_tile_ - 1, m_tile_);
-  w_.line("// workgroup's block (local_row) and in the sequence (query_row).");
-  if (rules_.warpgroup_products()) // each query tile of a warpgroup is 4 consecutive tiles
-    w_.line("auto local_row = [&](int qt, int r) {{ return ((wave / 4 * kQTiles + qt) * 4 + "
-            "wave % 4) * {} + r; }};",
-            m_tile_);
-  else
-    w_.line("auto local_row = [&](int qt, int r) {{ return (wave * kQTiles + qt) * {} + r; }};",
-            m_tile_);
-  w_.line("auto query_row = [&](int qt, int r) {{ return {} * kBlockM + local_row(qt, r); }};",
-          name(p_.grid_arg(0)));
-  FJ_RETURN_IF_ERROR(emit_ops(p_.body));
   std::swap(w_, body);
 
   const DType dtype = p_.operand_dtype();
@@ -630,6 +608,7 @@ Expected<Lowered> KernelEmitter::run() {
   out.pointer_alignment = vec_ok_ ? 16 : vec4_ok_ ? 8 : f32_inputs_ ? 4 : 2;
   // Rows are addressed by a 32-bit offset within a block (row_offset).
   out.max_row_stride = int64_t(UINT32_MAX) / std::max(block_m_, block_n_);
+  out.persistent_blocks = persistent_ ? producer_budget().blocks : 0;
   return out;
 }
 
@@ -666,6 +645,118 @@ int KernelEmitter::nvidia_min_blocks() const {
 // This batch's rows of each sequence (ir::Sequence, clamps included), then an
 // early exit for a query block past its sequence's end (the whole workgroup
 // leaves together, before any barrier).
+void KernelEmitter::emit_grid_args(const std::string &tile) {
+  const ir::GridAxis &x = p_.grid[0]; // ceil(extent / divisor) workgroups (ir::grid_size)
+  const bool causal_order = mask_.int_attr("causal") && p_.tensor("dO") == nullptr;
+  if (!tile.empty()) {
+    // Tile t is the workgroup t of the grid the kernel would have without
+    // persistent: x fastest (a head's query blocks side by side, sharing its K/V
+    // in L2), then the head, then the batch.
+    const std::string x_of = fmt::format("{} % fj_q_blocks", tile);
+    if (causal_order)
+      w_.line("const int {} = fj_q_blocks - 1 - {}; // the last query block first",
+              name(p_.grid_arg(0)), x_of);
+    else
+      w_.line("const int {} = {};", name(p_.grid_arg(0)), x_of);
+    w_.line("const int {} = {} / fj_q_blocks % {};", name(p_.grid_arg(1)), tile,
+            c_expr(p_.grid[1].extent));
+    w_.line("const int {} = {} / fj_q_blocks / {};", name(p_.grid_arg(2)), tile,
+            c_expr(p_.grid[1].extent));
+    return;
+  }
+  if (p_.grid.size() > 3) {
+    // The KV split runs inside x: x = q block * splits + split.
+    const std::string splits = c_expr(p_.grid[3].extent);
+    w_.line("const int {} = fj_group_id_x() / {};", name(p_.grid_arg(0)), splits);
+    w_.line("const int {} = fj_group_id_x() % {};", name(p_.grid_arg(3)), splits);
+  } else if (causal_order) {
+    // Causal: a later query block sees more keys. Workgroups start in the order
+    // of their ids, so the heaviest blocks go first and the lightest fill the
+    // tail (H100, S = 16k: 3-7% faster; bench/results/README.md).
+    w_.line("const int {} = ({} - 1) / {} - fj_group_id_x(); // the last query block first",
+            name(p_.grid_arg(0)), c_expr(x.extent), std::max<int64_t>(x.divisor, 1));
+  } else {
+    w_.line("const int {} = fj_group_id_x();", name(p_.grid_arg(0)));
+  }
+  w_.line("const int {} = fj_group_id_y();", name(p_.grid_arg(1)));
+  w_.line("const int {} = fj_group_id_z();", name(p_.grid_arg(2)));
+}
+
+void KernelEmitter::emit_row_helpers() {
+  w_.line("// The query at row r (0..{0}) of this wave's {1}-query tile qt: its row in the",
+          m_tile_ - 1, m_tile_);
+  w_.line("// workgroup's block (local_row) and in the sequence (query_row).");
+  if (rules_.warpgroup_products()) // each query tile of a warpgroup is 4 consecutive tiles
+    w_.line("auto local_row = [&](int qt, int r) {{ return ((wave / 4 * kQTiles + qt) * 4 + "
+            "wave % 4) * {} + r; }};",
+            m_tile_);
+  else
+    w_.line("auto local_row = [&](int qt, int r) {{ return (wave * kQTiles + qt) * {} + r; }};",
+            m_tile_);
+  w_.line("auto query_row = [&](int qt, int r) {{ return {} * kBlockM + local_row(qt, r); }};",
+          name(p_.grid_arg(0)));
+}
+
+// Config persistent (the sm90 forward with a producer warpgroup): the launch
+// has a workgroup per SM (or as many as fit, Lowered::persistent_blocks), and
+// each walks the tiles fj_group_id_x(), + the grid's size, ... The producer
+// walks them in its own loop and copies the next tile's K and V blocks into the
+// ring while the consumers finish the last tile; the ring's fill and free
+// barriers pace it as within a tile.
+Status KernelEmitter::emit_persistent() {
+  if (p_.grid.size() != 3 || !p_.sequences.empty() || p_.tensor("dO") != nullptr)
+    return Status::error("config persistent takes the dense forward (no split-KV, varlen, KV "
+                         "cache or backward)");
+  const ir::GridAxis &x = p_.grid[0];
+  const int64_t div = std::max<int64_t>(x.divisor, 1);
+  w_.line("// Config persistent: this workgroup's tiles are fj_group_id_x(), + the grid's "
+          "size, ...");
+  w_.line("const int fj_q_blocks = ({} + {}) / {};", c_expr(x.extent), div - 1, div);
+  w_.line("const int fj_tiles = fj_q_blocks * {} * {};", c_expr(p_.grid[1].extent),
+          c_expr(p_.grid[2].extent));
+  consumers_only_ = true; // the producer never runs the consumers' code
+  // The consumers' tile first: its loop plans the producer and writes the
+  // producer's code for one tile into producer_w_.
+  producer_w_.indent(4);
+  HipWriter tile;
+  std::swap(w_, tile);
+  w_.indent(2);
+  emit_grid_args("fj_tile");
+  emit_row_helpers();
+  FJ_RETURN_IF_ERROR(emit_ops(p_.body));
+  std::swap(w_, tile);
+  if (producer_threads_ == 0)
+    return Status::error("config persistent needs the producer warpgroup of config stages 3");
+  const ProducerBudget budget = producer_budget();
+  const Op *loop = nullptr;
+  for (const Op &op : p_.body)
+    if (op.kind == OpKind::For)
+      loop = &op;
+  if (loop == nullptr)
+    return Status::error("config persistent takes a program with a KV loop");
+  w_.open(
+      "if (wave >= kWaves) {{ // the producer warpgroup: every tile's K/V blocks into the ring");
+  w_.line("fj_setmaxnreg_dec<{}>(); // its registers go to the consumers", budget.producer_regs);
+  emit_producer_warp(*loop);
+  w_.line("unsigned fj_free_phase = 0; // bit i: the parity of free barrier i's next completion");
+  w_.line("int fj_n = 0; // the blocks issued so far, over the tiles");
+  w_.open("for (int fj_tile = fj_group_id_x(); fj_tile < fj_tiles; fj_tile += "
+          "fj_group_count_x()) {{");
+  emit_grid_args("fj_tile");
+  w_.raw(producer_w_.str());
+  w_.close();
+  w_.close();
+  w_.line("return; // its copies complete on the fill barriers; the consumers go on");
+  w_.close();
+  w_.line("fj_setmaxnreg_inc<{}>(); // the consumers' registers per thread", budget.consumer_regs);
+  w_.line("int fj_copy = 0; // the ring copy that holds the block being read, over the tiles");
+  w_.open("for (int fj_tile = fj_group_id_x(); fj_tile < fj_tiles; fj_tile += "
+          "fj_group_count_x()) {{");
+  w_.raw(tile.str());
+  w_.close();
+  return Status::ok();
+}
+
 void KernelEmitter::emit_sequences() {
   const std::string batch = name(p_.grid_arg(2));
   for (const ir::Sequence &q : p_.sequences) {

@@ -67,6 +67,9 @@ struct Lowered {
   /// Launch requirement: every seq stride (elements) at most this, so that a
   /// row's offset within a block fits the kernel's 32-bit offsets.
   int64_t max_row_stride = 0;
+  /// Config persistent: the launch's grid is min(the grid's workgroups, this
+  /// many per SM), in x only; the kernel walks the grid's tiles itself.
+  int persistent_blocks = 0;
 };
 
 /// The default tuning config for a spec on a target (the one `flashjit emit`

@@ -231,26 +231,73 @@ KernelEmitter::ProducerBudget KernelEmitter::producer_budget() const {
 // consumers have freed what that copy held two blocks before. Under a mask's
 // block range the producer's first warp walks them, as the consumers do: the
 // scan that finds the next block the mask keeps judges 32 blocks, one per lane.
-void KernelEmitter::emit_producer(const Op &loop) {
-  const std::string kb = name(loop.region_args[0]);
+Status KernelEmitter::emit_producer(const Op &loop) {
   const ProducerBudget budget = producer_budget();
-  const bool range = loop.attrs.count("range") != 0;
-  w_.open("if (wave >= kWaves) {{ // the producer warpgroup: every block's tiles into the ring");
-  w_.line("fj_setmaxnreg_dec<{}>(); // its registers go to the consumers", budget.producer_regs);
-  if (range)
+  if (persistent_) {
+    // The producer's own tile loop (run() assembles it): this tile's range, then
+    // its blocks; the ring's count and phases run on across the tiles.
+    std::swap(w_, producer_w_);
+    Status st = emit_range(loop);
+    if (st)
+      emit_producer_blocks(loop);
+    std::swap(w_, producer_w_);
+    FJ_RETURN_IF_ERROR(st);
+  } else {
+    w_.open("if (wave >= kWaves) {{ // the producer warpgroup: every block's tiles into the ring");
+    w_.line("fj_setmaxnreg_dec<{}>(); // its registers go to the consumers", budget.producer_regs);
+    emit_producer_warp(loop);
+    w_.line("unsigned fj_free_phase = 0; // bit i: the parity of free barrier i's next completion");
+    emit_producer_blocks(loop);
+    w_.close();
+    w_.line("return; // its copies complete on the fill barriers; the consumers go on");
+    w_.close();
+    w_.line("fj_setmaxnreg_inc<{}>(); // the consumers' registers per thread",
+            budget.consumer_regs);
+  }
+  for (const auto &[op, buf] : deferred_waits_) // each consumer thread waits for itself
+    w_.line("fj_tma_wait(fj_tma_bar, {}, fj_tma_phase); // this thread sees the {} tile",
+            tma_bar(tma_.at(buf)), op->symbol_attr("tensor"));
+  deferred_waits_.clear();
+  return Status::ok();
+}
+
+// Config persistent, after the loop: every S product of this tile is done, so
+// the next tile's Q goes into the buffer now and arrives during this tile's
+// last O product and epilogue.
+void KernelEmitter::emit_persistent_q() {
+  if (!q_load_)
+    return;
+  w_.line("{}; // every consumer is done with this tile's Q", barrier());
+  w_.open("if (fj_tile + fj_group_count_x() < fj_tiles) {{ // the next tile's Q");
+  w_.line("const int fj_next = fj_tile + fj_group_count_x();");
+  emit_grid_args("fj_next");
+  emit_stage_issue(*q_load_, name(p_.grid_arg(0)));
+  w_.close();
+}
+
+// Opens the producer's issuing threads: its first lane, or under a mask's block
+// range its first warp (the scan takes 32 lanes).
+void KernelEmitter::emit_producer_warp(const Op &loop) {
+  if (loop.attrs.count("range"))
     w_.open("if (wave == kWaves) {{ // a warp: the block scan takes 32 lanes");
   else
     w_.open("if (wave == kWaves && lane == 0) {{");
-  w_.line("unsigned fj_free_phase = 0; // bit i: the parity of free barrier i's next completion");
+}
+
+// The producer's loop over the blocks of [kv_begin, kv_end): block n (fj_n,
+// counted from the kernel's start when persistent) into ring copy n % 2.
+void KernelEmitter::emit_producer_blocks(const Op &loop) {
+  const std::string kb = name(loop.region_args[0]);
+  const bool range = loop.attrs.count("range") != 0;
+  const char *count = persistent_ ? "" : ", fj_n = 0";
   if (range) {
-    w_.open("for (int {0} = kv_begin, fj_kb_next, fj_n = 0; {0} < kv_end; {0} = fj_kb_next, "
-            "++fj_n) {{",
-            kb);
+    w_.open("for (int {0} = kv_begin, fj_kb_next{1}; {0} < kv_end; {0} = fj_kb_next, ++fj_n) {{",
+            kb, count);
     w_.line("const bool fj_block_full = fj_kb_full;");
     w_.line("fj_kb_next = fj_next_seen({} + 1, &fj_kb_full); // the next block the mask may keep",
             kb);
   } else {
-    w_.open("for (int {0} = kv_begin, fj_n = 0; {0} < kv_end; ++{0}, ++fj_n) {{", kb);
+    w_.open("for (int {0} = kv_begin{1}; {0} < kv_end; ++{0}, ++fj_n) {{", kb, count);
   }
   w_.line("const int fj_fill = fj_n & 1; // the ring copy this block goes into");
   emit_prefetch_views(ring_loads_, "fj_fill");
@@ -267,14 +314,6 @@ void KernelEmitter::emit_producer(const Op &loop) {
   tma_issuer_ = "fj_thread_id() == 0";
   tma_copy_ = "0";
   w_.close();
-  w_.close();
-  w_.line("return; // its copies complete on the fill barriers; the consumers go on");
-  w_.close();
-  w_.line("fj_setmaxnreg_inc<{}>(); // the consumers' registers per thread", budget.consumer_regs);
-  for (const auto &[op, buf] : deferred_waits_) // each consumer thread waits for itself
-    w_.line("fj_tma_wait(fj_tma_bar, {}, fj_tma_phase); // this thread sees the {} tile",
-            tma_bar(tma_.at(buf)), op->symbol_attr("tensor"));
-  deferred_waits_.clear();
 }
 
 void KernelEmitter::emit_ring_release(const Op &product) {
@@ -602,6 +641,16 @@ bool KernelEmitter::block_full_applies(const Op &op) const {
          (op.int_attr("transposed") != 0) == (loop->int_attr("transposed") != 0);
 }
 
+// The loop's KV range (the query blocks' when transposed) for this workgroup's
+// block, narrowed by the mask's block range.
+Status KernelEmitter::emit_range(const Op &op) {
+  const bool transposed = op.int_attr("transposed") != 0;
+  w_.line("int kv_begin, kv_end;");
+  w_.line("{}({}, {}, &kv_begin, &kv_end);", transposed ? "fj_q_range" : "fj_kv_range",
+          name(op.operands[0]), mask_args());
+  return emit_block_range(op, transposed);
+}
+
 Status KernelEmitter::emit_for(const Op &op) {
   std::string res;
   for (ValueId r : op.results)
@@ -619,10 +668,7 @@ Status KernelEmitter::emit_for(const Op &op) {
     emit_copy(op.region_args[i], name(op.region_args[i]), op.operands[i]);
   }
   w_.open("{{ // the loop's range, in a scope of its own (a program may have several loops)");
-  w_.line("int kv_begin, kv_end;");
-  w_.line("{}({}, {}, &kv_begin, &kv_end);", transposed ? "fj_q_range" : "fj_kv_range",
-          name(op.operands[0]), mask_args());
-  FJ_RETURN_IF_ERROR(emit_block_range(op, transposed));
+  FJ_RETURN_IF_ERROR(emit_range(op));
   if (op.attrs.count("splits")) {
     const ir::Attr &splits = op.attrs.at("splits");
     w_.line("// IR: splits = {}: this workgroup visits split %{} of those blocks only",
@@ -646,9 +692,12 @@ Status KernelEmitter::emit_for(const Op &op) {
   overlap_.reset();
   if (!interleave && *producer && find_products(op, s_at, o_at))
     overlap_ = plan_overlap(op, s_at, o_at);
+  if (persistent_ && !*producer)
+    return Status::error("config persistent needs the producer warpgroup of config stages 3");
   if (*producer) {
-    emit_producer(op);
-    w_.line("int fj_copy = 0; // the ring copy that holds this iteration's block");
+    FJ_RETURN_IF_ERROR(emit_producer(op));
+    if (!persistent_) // else declared before the tiles: the ring runs on across them
+      w_.line("int fj_copy = 0; // the ring copy that holds this iteration's block");
   }
   if (overlap_) {
     // Values that live across iterations: the O product's result, starting as the
@@ -754,6 +803,8 @@ Status KernelEmitter::emit_for(const Op &op) {
   for (size_t i = 0; i < y.operands.size(); ++i)
     emit_copy(op.region_args[i + 1], name(op.region_args[i + 1]), y.operands[i]);
   w_.close();
+  if (persistent_)
+    emit_persistent_q();
   if (overlap_) {
     w_.open("if (kv_begin < kv_end) {{ // the last block's O product");
     predeclared_.insert(op.body[overlap_->o_at].results[0]);

@@ -24,7 +24,16 @@ Status KernelEmitter::emit_load(const Op &op) {
     const std::string buf = register_lds(op);
     if (buf.empty())
       return Status::error("{} rules: an LDS-resident Q tile must feed mma_abt", rules_.name());
-    emit_stage_issue(op, idx);
+    if (persistent_ && tma_.count(buf)) {
+      // The first tile's Q; each next tile's is issued when the consumers are
+      // done with the last one's (emit_persistent_q), before its epilogue.
+      q_load_ = &op;
+      w_.open("if (fj_tile == fj_group_id_x()) {{ // the first tile's Q");
+      emit_stage_issue(op, idx);
+      w_.close();
+    } else {
+      emit_stage_issue(op, idx);
+    }
     if (stages() == 3 && tma_.count(buf)) {
       // With a producer warpgroup, only the consumers read Q: they wait for its
       // copy after the split (emit_producer), so the producer's first K and V

@@ -841,6 +841,11 @@ Status Attention::Impl::launch(const lowering::Lowered &l, runtime::GpuKernel &k
   auto grid = ir::grid_size(l.grid, shapes);
   if (!grid)
     return grid.status();
+  if (l.persistent_blocks > 0) { // the kernel walks the grid's tiles (config persistent)
+    const int64_t tiles = (*grid)[0] * (*grid)[1] * (*grid)[2];
+    const int64_t resident = int64_t(std::max(device.compute_units, 1)) * l.persistent_blocks;
+    *grid = {std::min(tiles, resident), 1, 1};
+  }
   // CUDA grids hold at most 65535 workgroups in y (heads) and z (batch).
   constexpr int64_t kCudaGridYZ = 65535;
   if (device.kind == DeviceKind::cuda && ((*grid)[1] > kCudaGridYZ || (*grid)[2] > kCudaGridYZ))
@@ -1029,6 +1034,9 @@ std::string Attention::explain() const {
                       axis.divisor == 1
                           ? ir::to_string(axis.extent)
                           : fmt::format("ceil({} / {})", ir::to_string(axis.extent), axis.divisor));
+    if (l.persistent_blocks > 0)
+      grid = fmt::format("{} tiles walked by min(tiles, {} per SM) persistent workgroups", grid,
+                         l.persistent_blocks);
     line("kernel",
          fmt::format("{}: grid {} (from each call's shapes), {} work-items, {} bytes "
                      "LDS, pointers aligned to {} bytes",

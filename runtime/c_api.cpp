@@ -78,6 +78,7 @@ fj_error null_argument(const char *function, const char *name) {
 template <typename T> constexpr size_t kFirstSize = sizeof(T);
 template <> constexpr size_t kFirstSize<fj_backward_tensors> = offsetof(fj_backward_tensors, sinks);
 template <> constexpr size_t kFirstSize<fj_spec> = offsetof(fj_spec, f32_io);
+template <> constexpr size_t kFirstSize<fj_options> = offsetof(fj_options, persistent);
 
 template <typename T> fj_error check_size(const char *function, const char *type, const T *in) {
   if (in->struct_size == sizeof(T) || in->struct_size == kFirstSize<T>)
@@ -295,9 +296,16 @@ fj_error to_options(const fj_options *in, flashjit::Options *out) {
   out->synchronize = in->synchronize != 0;
   out->cpu_threads = in->cpu_threads;
   out->mma_m = in->mma_m;
-  if (in->block_m != 0)
+  if (in->block_m != 0) {
     out->config = flashjit::ir::Config{in->block_m,       in->block_n, in->waves, in->stages,
                                        in->q_in_lds != 0, in->pad_k,   in->mma_m};
+    const int64_t persistent =
+        in->struct_size > offsetof(fj_options, persistent) ? in->persistent : 0;
+    if (persistent != 0 && persistent != 1)
+      return fail(FJ_ERROR_INVALID_ARGUMENT,
+                  fmt::format("options.persistent is {}: expected 0 or 1", persistent));
+    out->config->persistent = persistent == 1;
+  }
   return FJ_OK;
 }
 

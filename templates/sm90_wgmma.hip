@@ -83,6 +83,9 @@ FJ_DEVICE void fj_mbar_arrive(unsigned long long *bar) {
   const unsigned b = static_cast<unsigned>(__cvta_generic_to_shared(bar));
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(b) : "memory");
 }
+// The workgroups of the launch (x): a persistent kernel's stride over its tiles.
+FJ_DEVICE int fj_group_count_x() { return gridDim.x; }
+
 // A barrier of the first `threads` threads only (named barrier 1): the consumers
 // of a kernel whose producer warpgroup has left.
 FJ_DEVICE void fj_named_barrier(int threads) {

@@ -263,6 +263,25 @@ static void test_errors(void) {
     CHECK_ERROR(fj_attention_create_ex(&spec, "emulator:gfx1201", &options, &attn),
                 FJ_ERROR_INVALID_ARGUMENT, "fj_options.struct_size is 4");
     CHECK(attn == NULL);
+    /* persistent, appended to fj_options: a flag, and only for a producer's config. */
+    fj_options_init(&options);
+    CHECK(options.persistent == 0);
+    options.block_m = 64;
+    options.block_n = 64;
+    options.waves = 4;
+    options.stages = 1;
+    options.pad_k = 16;
+    options.persistent = 7;
+    CHECK_ERROR(fj_attention_create_ex(&spec, "emulator:gfx1201", &options, &attn),
+                FJ_ERROR_INVALID_ARGUMENT, "options.persistent is 7: expected 0 or 1");
+    options.persistent = 1;
+    CHECK(fj_attention_create_ex(&spec, "emulator:gfx1201", &options, &attn) != FJ_OK);
+    CHECK(strstr(fj_last_error(), "config persistent needs stages 3") != NULL);
+    /* A caller built before persistent passes the shorter struct: it reads as 0. */
+    options.struct_size = (uint32_t)offsetof(fj_options, persistent);
+    CHECK(fj_attention_create_ex(&spec, "emulator:gfx1201", &options, &attn) == FJ_OK);
+    fj_attention_destroy(attn);
+    attn = NULL;
   }
 
   /* No GPU libraries on a CPU-only machine: the error names the paths tried. */

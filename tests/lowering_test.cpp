@@ -429,6 +429,63 @@ TEST(Lowering, Sm90ProducerWarpgroupFillsARing) {
       << r.status().message();
 }
 
+// Config persistent (the default from head dim 72 to 128 where tiles have equal
+// work): a workgroup per SM walks the tiles; the producer in its own tile loop,
+// its ring count running on across tiles; the consumers issue the next tile's Q
+// once every S product of this tile is done.
+TEST(Lowering, Sm90PersistentKernelWalksTheTiles) {
+  const Target sm90 = target("sm_90");
+  const AttentionSpec spec = spec_for(128, 128, DType::bf16, /*causal=*/false);
+  const ir::Config config = default_config(spec, sm90);
+  EXPECT_TRUE(config.persistent);
+  EXPECT_EQ(config.summary(), "block_m=128 block_n=128 waves=8 stages=3 q_in=lds pad_k=16 "
+                              "persistent");
+  Expected<Lowered> l = generate(spec, config, sm90);
+  ASSERT_TRUE(l) << l.status().message();
+  EXPECT_EQ(l->persistent_blocks, 1) << "two consumer warpgroups: one workgroup per SM";
+  const std::string &k = l->kernel_text;
+  EXPECT_EQ(count(k, "const int fj_tiles = fj_q_blocks * heads * batches;"), 1);
+  EXPECT_EQ(count(k, "for (int fj_tile = fj_group_id_x(); fj_tile < fj_tiles; fj_tile += "
+                     "fj_group_count_x()) {"),
+            2)
+      << "the producer's and the consumers'";
+  EXPECT_EQ(count(k, "const int q_block = fj_tile % fj_q_blocks;"), 2);
+  EXPECT_EQ(count(k, "int fj_n = 0; // the blocks issued so far, over the tiles"), 1);
+  EXPECT_EQ(count(k, "for (int kb = kv_begin; kb < kv_end; ++kb, ++fj_n) {"), 1);
+  EXPECT_EQ(count(k, "int fj_copy = 0;"), 1) << "declared once, before the consumers' tiles";
+  const size_t producer = k.find("fj_setmaxnreg_dec"), consumers = k.find("fj_setmaxnreg_inc");
+  ASSERT_LT(producer, consumers);
+  EXPECT_EQ(count(k, "fj_tma_tile(tmap_Q_128"), 2) << "the first tile's Q, then each next one's";
+  const size_t first_q = k.find("if (fj_tile == fj_group_id_x()) { // the first tile's Q");
+  const size_t next_q = k.find("if (fj_tile + fj_group_count_x() < fj_tiles) { // the next");
+  ASSERT_NE(first_q, std::string::npos);
+  ASSERT_NE(next_q, std::string::npos);
+  EXPECT_GT(first_q, consumers);
+  EXPECT_LT(k.rfind("fj_named_barrier(256); // every consumer is done with this tile's Q", next_q),
+            next_q);
+  EXPECT_LT(next_q, k.find("// the last block's O product")) << "Q arrives during the epilogue";
+  EXPECT_EQ(k.find("return;", consumers), std::string::npos) << "no consumer leaves a tile early";
+  Expected<ResourceEstimate> e = estimate_resources(spec, config, sm90);
+  ASSERT_TRUE(e) << e.status().message();
+  EXPECT_EQ(e->lds_bytes(), l->lds_bytes);
+
+  // Not where tiles have uneven work, nor outside 72..128.
+  EXPECT_FALSE(default_config(spec_for(128, 128, DType::bf16, /*causal=*/true), sm90).persistent);
+  AttentionSpec masked = spec;
+  masked.mask_mod = "q_idx / 256 == kv_idx / 256";
+  EXPECT_FALSE(default_config(masked, sm90).persistent);
+  EXPECT_FALSE(default_config(spec_for(64, 64, DType::bf16), sm90).persistent);
+  EXPECT_FALSE(default_config(spec_for(256, 256, DType::bf16), sm90).persistent);
+  EXPECT_TRUE(default_config(spec_for(80, 80, DType::bf16), sm90).persistent);
+  // Without a producer it is refused, naming the fix.
+  ir::Config two = config;
+  two.stages = 2;
+  EXPECT_FALSE(ir::validate(two));
+  ir::Config causal = default_config(spec_for(128, 128, DType::bf16, true), sm90);
+  causal.persistent = true; // allowed when asked (uneven, so not the default)
+  EXPECT_TRUE(generate(spec_for(128, 128, DType::bf16, true), causal, sm90));
+}
+
 TEST(Lowering, Sm90TakesWarpgroupProductsWhereTheyFit) {
   const Target sm80 = target("sm_80"), sm90 = target("sm_90");
   EXPECT_EQ(sm90.family, Family::sm90);

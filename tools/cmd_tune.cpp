@@ -61,11 +61,17 @@ std::vector<ir::Config> candidates(const AttentionSpec &spec, const lowering::Ta
       for (int64_t v : values) {
         ir::Config d = c;
         d.*knob = v;
+        d.persistent = d.persistent && d.stages == 3; // a producer's knob
         visit(d);
       }
     ir::Config d = c;
     d.q_in_lds = !c.q_in_lds;
     visit(d);
+    if (c.stages == 3) {
+      d = c;
+      d.persistent = !c.persistent;
+      visit(d);
+    }
   };
   each(base, consider);
   each(base, [&](const ir::Config &one) { each(one, consider); });

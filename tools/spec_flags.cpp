@@ -64,6 +64,11 @@ std::vector<FlagSpec> config_flags() {
        "ring of two K/V copies by TMA (the sm90 forward)",
        "the target's choice"},
       {"--q-in-lds", "", "keep the Q block in LDS instead of registers", ""},
+      {"--persistent", "on|off",
+       "with --stages 3: a workgroup per SM walks the (query block, head, batch) tiles, the "
+       "producer copying the next tile's K/V while the consumers finish the last",
+       "the target's choice (sm_90: on from head dim 72 to 128, not causal, no mask_mod block "
+       "range)"},
       {"--mma-m", "16|32",
        "queries per matrix-instruction tile: 32 takes the CDNA 32x32 MFMAs (gfx90a, gfx942: "
        "32x32x8; gfx950: 32x32x16), 16 the 16x16 ones",
@@ -199,6 +204,14 @@ Expected<ir::Config> config_from(const Args &a, ir::Config base) {
   c.stages = *st;
   if (a.has("--q-in-lds"))
     c.q_in_lds = true;
+  if (a.has("--persistent")) {
+    const std::string v = a.get("--persistent");
+    if (v != "on" && v != "off")
+      return Status::error("--persistent {}: expected on or off", v);
+    c.persistent = v == "on";
+  } else if (c.stages != 3) {
+    c.persistent = false; // the rules' persistent default is for their stages 3
+  }
   FJ_RETURN_IF_ERROR(ir::validate(c));
   return c;
 }

@@ -249,6 +249,11 @@ typedef struct fj_options {
   /* Queries per matrix-instruction tile: 16, 32 (the CDNA 32x32 MFMAs) or 0 for
    * the lowering's choice; with block_m 0 it picks the default config's rules. */
   int64_t mma_m;
+  /* With stages 3 (the sm90 forward's producer warpgroup): 1 runs it as a
+   * persistent kernel (a workgroup per SM walks the tiles), 0 does not. Ignored
+   * with block_m 0 (the default config says). Added after ABI 1's first layout;
+   * a caller built before passes the shorter struct_size and reads 0. */
+  int64_t persistent;
 } fj_options;
 
 FJ_API void fj_options_init(fj_options *options);

@@ -98,7 +98,7 @@ class Options(_Sized):
         ("opt_level", ctypes.c_int32), ("cpu_threads", ctypes.c_int32),
         ("block_m", ctypes.c_int64), ("block_n", ctypes.c_int64), ("waves", ctypes.c_int64),
         ("stages", ctypes.c_int64), ("q_in_lds", ctypes.c_int64), ("pad_k", ctypes.c_int64),
-        ("mma_m", ctypes.c_int64),
+        ("mma_m", ctypes.c_int64), ("persistent", ctypes.c_int64),
     ]
 
 

@@ -164,6 +164,8 @@ def test_issue18_finding12_window_size_out_of_range(window, name):
     ({"block_m": 0, "block_n": 32, "waves": 2}, r"config\['block_m'\] \(0\) is outside 1\.\."),
     ({"mma_m": -16}, r"config\['mma_m'\] \(-16\) is outside 0\.\."),
     ({"block_m": 64, "block_n": 32, "waves": 2, "q_in_lds": 2}, r"config\['q_in_lds'\].*0\.\.1"),
+    ({"block_m": 64, "block_n": 32, "waves": 2, "persistent": 2},
+     r"config\['persistent'\].*0\.\.1"),
 ])
 def test_issue18_finding12_config_out_of_range(config, message):
     q, k, v = inputs(np.random.default_rng(3), 1, 8, 8, 1, 1, 32, 32, "f16")
@@ -174,6 +176,15 @@ def test_issue18_finding12_config_out_of_range(config, message):
     with pytest.raises(TypeError, match=r"config\['waves'\] must be an integer"):
         flashjit.flash_attn_func(q, k, v, arch="gfx942",
                                  config={"block_m": 64, "block_n": 32, "waves": 2.5})
+
+
+def test_persistent_needs_a_producer():
+    """config["persistent"] reaches the library (fj_options.persistent): without the
+    producer warpgroup of stages 3 it is refused by name."""
+    q, k, v = inputs(np.random.default_rng(4), 1, 8, 8, 1, 1, 32, 32, "f16")
+    with pytest.raises(flashjit.FlashJitError, match="config persistent needs stages 3"):
+        flashjit.flash_attn_func(q, k, v, arch="gfx942", config={
+            "block_m": 64, "block_n": 32, "waves": 2, "persistent": 1})
 
 
 @pytest.mark.parametrize("arg", ["batch", "heads", "kv_heads", "seqlen_q", "seqlen_k",
