@@ -29,6 +29,7 @@ run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/build -G ${GENERATOR}
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${WORK_DIR}/build/consumer_c)
 run(${WORK_DIR}/build/consumer_cxx)
+run(${WORK_DIR}/build/consumer_hpp)
 
 # pkg-config: the C consumer built from flashjit.pc's flags alone.
 find_program(PKG_CONFIG pkg-config)
@@ -49,6 +50,10 @@ if(PKG_CONFIG)
   run(${C_COMPILER} -std=c99 ${SOURCE_DIR}/consumer.c ${flags} -lm -Wl,-rpath,${libdir}
       -o ${WORK_DIR}/consumer_pkg_config)
   run(${WORK_DIR}/consumer_pkg_config)
+  # The header-only C++ interface from the same flags: nothing but the C library.
+  run(${CXX_COMPILER} -std=c++17 ${SOURCE_DIR}/consumer_hpp.cpp ${flags} -Wl,-rpath,${libdir}
+      -o ${WORK_DIR}/consumer_hpp_pkg_config)
+  run(${WORK_DIR}/consumer_hpp_pkg_config)
 else()
   message(WARNING "pkg-config not found: flashjit.pc is installed but not tried")
 endif()
