@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fmt=$(command -v clang-format-22 || echo /usr/lib/llvm-22/bin/clang-format)
-files=$(git ls-files '*.h' '*.cpp' '*.c' | grep -v '^templates/.*\.hip$' || true)
+files=$(git ls-files '*.h' '*.hpp' '*.cpp' '*.c' | grep -v '^templates/.*\.hip$' || true)
 bad=()
 for f in $files; do
   "$fmt" --dry-run -Werror "$f" >/dev/null 2>&1 || bad+=("$f")

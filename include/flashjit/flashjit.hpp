@@ -51,16 +51,16 @@ struct Spec : fj_spec {
   static Spec bshd(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seqlen_q,
                    int64_t seqlen_k, int64_t head_dim_qk, int64_t head_dim_v, fj_dtype dtype) {
     Spec s;
-    check(fj_spec_init_bshd(&s, batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim_qk,
-                            head_dim_v, dtype));
+    check(fj_spec_init_bshd(&s, batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim_qk, head_dim_v,
+                            dtype));
     return s;
   }
   /// Dense [batch, heads, seqlen, dim] tensors (SDPA's layout).
   static Spec bhsd(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seqlen_q,
                    int64_t seqlen_k, int64_t head_dim_qk, int64_t head_dim_v, fj_dtype dtype) {
     Spec s;
-    check(fj_spec_init_bhsd(&s, batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim_qk,
-                            head_dim_v, dtype));
+    check(fj_spec_init_bhsd(&s, batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim_qk, head_dim_v,
+                            dtype));
     return s;
   }
   /// Throws fj::Error (FJ_ERROR_INVALID_SPEC) naming the field and the fix.
@@ -120,8 +120,7 @@ public:
     check(fj_attention_forward_tensors(get(), &shape, &tensors, stream));
   }
   /// dq, dk, dv (and dsinks) of one backward call: fj_attention_backward.
-  void backward(const fj_spec &shape, const fj_backward_tensors &tensors,
-                void *stream = nullptr) {
+  void backward(const fj_spec &shape, const fj_backward_tensors &tensors, void *stream = nullptr) {
     check(fj_attention_backward(get(), &shape, &tensors, stream));
   }
 
