@@ -102,6 +102,10 @@ const std::vector<KnobInfo> &knob_table() {
       {"FLASHJIT_ALWAYS_COMPILE", "0|1", "0",
        "1: never take a kernel from the cache (memory or disk); compile every time and store the "
        "result."},
+      {"FLASHJIT_PROGRESS", "0|1", "unset (when stderr is a terminal)",
+       "The command line's progress on stderr: a line every 2 s of an emulator run (workgroups "
+       "done of all) and a line per kernel of a warmup as each is ready. The library itself "
+       "never prints progress; C++ callers can pass Options::progress."},
       {"FLASHJIT_LLVM_PLUGIN", "PATH",
        "libflashjit_llvm.so beside libflashjit.so, else the build's",
        "The LLVM plugin (the in-process AMDGPU compiler, the ISA reader and the emulator's JIT) "
@@ -136,6 +140,13 @@ Expected<Knobs> parse_knobs(const Getenv &getenv_fn) {
     else
       problems.push_back(fmt::format(
           "FLASHJIT_ALWAYS_COMPILE={}: expected 0 or 1 (or true/false, yes/no, on/off)", v));
+  }
+  if (std::string v = value("FLASHJIT_PROGRESS"); !v.empty()) {
+    if (auto b = parse_bool(v))
+      k.progress = *b ? 1 : 0;
+    else
+      problems.push_back(
+          fmt::format("FLASHJIT_PROGRESS={}: expected 0 or 1 (or true/false, yes/no, on/off)", v));
   }
   if (std::string v = value("FLASHJIT_CACHE_MAX_BYTES"); !v.empty()) {
     if (auto bytes = parse_bytes(v))

@@ -73,6 +73,9 @@ struct Knobs {
   int64_t cache_max_bytes = kDefaultCacheMaxBytes;
   bool always_compile = false;
   std::string llvm_plugin; ///< empty: look beside libflashjit.so, then in the build
+  /// FLASHJIT_PROGRESS: the command line's progress lines on stderr: 1 always,
+  /// 0 never, unset (-1) when stderr is a terminal. The library prints none.
+  int progress = -1;
 };
 
 /// Reads a variable; nullptr when unset.

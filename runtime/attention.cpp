@@ -38,6 +38,14 @@ using detail::Failure;
 
 namespace {
 
+/// The emulator's options from the Attention's: its threads and progress.
+runtime::EmulatorOptions emulator_options(const Options &o) {
+  runtime::EmulatorOptions eo;
+  eo.threads = o.cpu_threads;
+  eo.progress = o.progress;
+  return eo;
+}
+
 using pipeline::Compiled;
 using pipeline::Generated;
 
@@ -751,8 +759,7 @@ Status Attention::Impl::run_backward(const Backward &b, const AttentionSpec &sha
       host_buffers.push_back(
           {a.name, const_cast<void *>(a.pointer), size_t(a.bytes), a.element, written});
     }
-    runtime::EmulatorOptions eo;
-    eo.threads = options.cpu_threads;
+    const runtime::EmulatorOptions eo = emulator_options(options);
     return runtime::emulate_kernel(kernel, b.generated[i].target, shapes, host_buffers, eo);
   };
   Status s = run(0, {dout,
@@ -885,8 +892,7 @@ Status Attention::Impl::run_gpu(const AttentionSpec &shape, const AttentionTenso
 }
 
 Status Attention::Impl::run_emulator(const AttentionSpec &shape, const AttentionTensors &in) {
-  runtime::EmulatorOptions eo;
-  eo.threads = options.cpu_threads;
+  const runtime::EmulatorOptions eo = emulator_options(options);
   return run_on_host(shape, in, [&](HostTensors &t) {
     return runtime::emulate(generated->lowered, generated->target, shape, t, eo);
   });
@@ -1205,8 +1211,7 @@ Status detail::AttentionAccess::forward(Attention &a, const AttentionSpec &shape
     break;
   case Executor::emulator:
     if (split) {
-      runtime::EmulatorOptions eo;
-      eo.threads = m.options.cpu_threads;
+      const runtime::EmulatorOptions eo = emulator_options(m.options);
       s = run_on_host(shape, t, [&](HostTensors &host) {
         return runtime::emulate_split_kv(split->partial.lowered, split->combine.lowered,
                                          split->partial.target, plan, splits, host, eo);

@@ -24,6 +24,7 @@
 #include "runtime/device.h"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -75,6 +76,9 @@ struct Options {
   bool synchronize = false;
   /// Worker threads of the emulator (0: every core).
   int cpu_threads = 0;
+  /// On the emulator, called every 2 s of a kernel's run (from a thread of its
+  /// own) with its workgroups done and in all; unset: silent.
+  std::function<void(int64_t done, int64_t total)> progress;
 };
 
 /// The buffers of one forward() call: device pointers on hip and cuda devices,

@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -873,9 +874,21 @@ Status emulate_kernel(const lowering::Lowered &k, const lowering::Target &target
   int threads =
       options.threads > 0 ? options.threads : std::max(1, int(std::thread::hardware_concurrency()));
   threads = int(std::min<int64_t>(threads, groups));
-  std::atomic<int64_t> next{0}, first_failed{INT64_MAX};
+  std::atomic<int64_t> next{0}, first_failed{INT64_MAX}, done{0};
   std::mutex errors_mutex;
   std::map<int64_t, Status> errors;
+  // Progress (EmulatorOptions::progress): a thread that reports every interval
+  // until the workgroups are done.
+  std::mutex progress_mutex;
+  std::condition_variable progress_cv;
+  bool finished = false;
+  std::thread reporter;
+  if (options.progress)
+    reporter = std::thread([&] {
+      std::unique_lock<std::mutex> lock(progress_mutex);
+      while (!progress_cv.wait_for(lock, options.progress_every, [&] { return finished; }))
+        options.progress(done.load(), groups);
+    });
   auto work = [&] {
     Worker worker(launch);
     Worker *saved = t_worker;
@@ -886,6 +899,7 @@ Status emulate_kernel(const lowering::Lowered &k, const lowering::Target &target
       if (i >= groups || i > first_failed.load())
         break;
       Status s = init ? worker.run_group(i) : init;
+      ++done;
       if (!s) {
         std::lock_guard<std::mutex> lock(errors_mutex);
         errors.emplace(i, s);
@@ -902,6 +916,14 @@ Status emulate_kernel(const lowering::Lowered &k, const lowering::Target &target
   work();
   for (std::thread &th : pool)
     th.join();
+  if (reporter.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(progress_mutex);
+      finished = true;
+    }
+    progress_cv.notify_all();
+    reporter.join();
+  }
   if (!errors.empty())
     return errors.begin()->second;
   return Status::ok();

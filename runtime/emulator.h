@@ -31,6 +31,8 @@
 #include "lowering/lower.h"
 #include "lowering/target.h"
 
+#include <chrono>
+#include <functional>
 #include <span>
 
 namespace flashjit::runtime {
@@ -40,6 +42,10 @@ struct EmulatorOptions {
   int threads = 0;
   /// Stack of each emulated lane (below it, a guard page).
   size_t lane_stack_bytes = 256 * 1024;
+  /// Called every `progress_every` while a launch runs (never for one that ends
+  /// sooner), from a thread of its own: workgroups done, of all.
+  std::function<void(int64_t done, int64_t total)> progress;
+  std::chrono::milliseconds progress_every{2000};
 };
 
 /// Runs kernel `k` for `spec` over `tensors`: Q, K and V (float values

@@ -720,5 +720,27 @@ TEST(Cli, RunAndWarmupPrintJson) {
   fs::remove_all(dir);
 }
 
+/// FLASHJIT_PROGRESS=1: warmup says on stderr as each kernel is ready (its
+/// stdout is unchanged); 0 says nothing; a bad value is named.
+TEST(Cli, WarmupReportsProgressWhenAsked) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("fj_cli_progress_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream((dir / "m.json").string())
+      << R"([{"arch": "gfx9999", "head_dim": 64}, {"arch": "gfx1201", "head_dim": 32}])";
+  const std::string args = "warmup '" + (dir / "m.json").string() + "' --compiler none --dir '" +
+                           (dir / "cache").string() + "'";
+  Ran on = run_tool("FLASHJIT_PROGRESS=1", args);
+  EXPECT_HAS(on.err, "flashjit: warmup: 1 of 2 done (");
+  EXPECT_HAS(on.err, "flashjit: warmup: 2 of 2 done (");
+  EXPECT_HAS(on.err, "(1: failed)");
+  Ran off = run_tool("FLASHJIT_PROGRESS=0", args);
+  EXPECT_EQ(off.err.find("flashjit: warmup: "), std::string::npos) << off.err;
+  EXPECT_EQ(on.out, off.out) << "progress goes to stderr only";
+  Ran bad = run_tool("FLASHJIT_PROGRESS=sometimes", args);
+  EXPECT_HAS(bad.err, "FLASHJIT_PROGRESS=sometimes: expected 0 or 1");
+  fs::remove_all(dir);
+}
+
 } // namespace
 } // namespace flashjit::cli

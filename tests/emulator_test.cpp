@@ -22,9 +22,13 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <regex>
+#include <thread>
+#include <vector>
 
 using namespace flashjit;
 
@@ -232,6 +236,44 @@ TEST(Emulator, DeterministicAcrossThreadCounts) {
   ASSERT_TRUE(runtime::emulate(*k, t, spec, three, {.threads = 3}));
   EXPECT_EQ(0, std::memcmp(one.o.data(), three.o.data(), one.o.size() * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(one.lse.data(), three.lse.data(), one.lse.size() * sizeof(float)));
+}
+
+// EmulatorOptions::progress: called from a thread of its own while the
+// workgroups run, with counts that only grow and the launch's total; the
+// result is the same as without it.
+TEST(Emulator, ReportsProgressWhileItRuns) {
+  const lowering::Target t = target("gfx1201");
+  const AttentionSpec spec =
+      spec_of({2, 4, 2, 256, 256, 64, 64, bf16, bshd, false, kNoWindow, true});
+  auto k = lower_spec(spec, t);
+  ASSERT_TRUE(k) << k.status().message();
+  HostTensors quiet = make_random_inputs(spec, 11), watched = quiet;
+  ASSERT_TRUE(runtime::emulate(*k, t, spec, quiet, {.threads = 1}));
+  std::mutex m;
+  std::vector<std::pair<int64_t, int64_t>> reports;
+  runtime::EmulatorOptions o;
+  o.threads = 1;
+  o.progress_every = std::chrono::milliseconds(1);
+  o.progress = [&](int64_t done, int64_t total) {
+    std::lock_guard<std::mutex> lock(m);
+    reports.emplace_back(done, total);
+  };
+  ASSERT_TRUE(runtime::emulate(*k, t, spec, watched, o));
+  auto grid = ir::grid_size(k->grid, ir::bind_attention(spec));
+  ASSERT_TRUE(grid) << grid.status().message();
+  const int64_t groups = (*grid)[0] * (*grid)[1] * (*grid)[2];
+  ASSERT_FALSE(reports.empty()) << "a launch of this size runs for far more than 1 ms";
+  for (size_t i = 0; i < reports.size(); ++i) {
+    EXPECT_EQ(reports[i].second, groups);
+    EXPECT_LE(reports[i].first, groups);
+    if (i > 0)
+      EXPECT_GE(reports[i].first, reports[i - 1].first);
+  }
+  EXPECT_EQ(0, std::memcmp(quiet.o.data(), watched.o.data(), quiet.o.size() * sizeof(float)));
+  // No reports once emulate() has returned.
+  const size_t seen = reports.size();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(reports.size(), seen);
 }
 
 // ---- the lane maps matter ----

@@ -1183,10 +1183,17 @@ TEST(Knobs, TableDocumentsEveryKnob) {
     EXPECT_FALSE(k.fallback.empty()) << k.name;
     names.insert(k.name);
   }
-  EXPECT_EQ(names, (std::set<std::string_view>{"FLASHJIT_DEBUG", "FLASHJIT_DUMP_DIR",
-                                               "FLASHJIT_OVERRIDE_DIR", "FLASHJIT_CACHE_DIR",
-                                               "FLASHJIT_CACHE_MAX_BYTES",
-                                               "FLASHJIT_ALWAYS_COMPILE", "FLASHJIT_LLVM_PLUGIN"}));
+  EXPECT_EQ(names, (std::set<std::string_view>{
+                       "FLASHJIT_DEBUG", "FLASHJIT_DUMP_DIR", "FLASHJIT_OVERRIDE_DIR",
+                       "FLASHJIT_CACHE_DIR", "FLASHJIT_CACHE_MAX_BYTES", "FLASHJIT_ALWAYS_COMPILE",
+                       "FLASHJIT_LLVM_PLUGIN", "FLASHJIT_PROGRESS"}));
+  auto on = parse_knobs(
+      [](const char *n) { return std::string(n) == "FLASHJIT_PROGRESS" ? "1" : nullptr; });
+  ASSERT_TRUE(on) << on.status().message();
+  EXPECT_EQ(on->progress, 1);
+  auto unset = parse_knobs([](const char *) -> const char * { return nullptr; });
+  ASSERT_TRUE(unset);
+  EXPECT_EQ(unset->progress, -1) << "unset: the command line asks whether stderr is a terminal";
 }
 
 TEST(Knobs, SourceOverride) {

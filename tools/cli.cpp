@@ -1,8 +1,34 @@
 #include "tools/cli.h"
 
+#include "compiler/knobs.h"
+
+#include <fmt/format.h>
+
+#include <unistd.h>
+
 #include <charconv>
+#include <chrono>
+#include <cstdio>
 
 namespace flashjit::cli {
+
+bool progress_enabled() {
+  const int knob = compiler::knobs().progress;
+  return knob < 0 ? isatty(STDERR_FILENO) != 0 : knob == 1;
+}
+
+std::function<void(int64_t, int64_t)> emulator_progress() {
+  if (!progress_enabled())
+    return {};
+  const auto start = std::chrono::steady_clock::now();
+  return [start](int64_t done, int64_t total) {
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    fmt::print(stderr, "flashjit: emulator: {} of {} workgroups ({}%), {:.0f} s\n", done, total,
+               total > 0 ? done * 100 / total : 100, seconds);
+    std::fflush(stderr);
+  };
+}
 
 Expected<int64_t> Args::get_int(const std::string &flag, int64_t fallback) const {
   if (!has(flag))

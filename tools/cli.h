@@ -45,4 +45,12 @@ struct Command {
 /// Parses argv for one command; "--help" prints help and yields nullopt with code 0.
 Expected<Args> parse_args(const Command &c, const std::vector<std::string> &argv);
 
+/// Whether the command line prints progress on stderr: FLASHJIT_PROGRESS, and
+/// where it is unset, whether stderr is a terminal.
+bool progress_enabled();
+/// For Options::progress and EmulatorOptions::progress: a line on stderr each
+/// time it is called ("flashjit: emulator: 1200 of 4096 workgroups (29%), 12 s");
+/// empty (no reports) where progress is off.
+std::function<void(int64_t done, int64_t total)> emulator_progress();
+
 } // namespace flashjit::cli

@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -243,11 +244,21 @@ int cmd_warmup(const Args &a) {
 
   std::vector<WarmupResult> results(items->size());
   std::atomic<size_t> next{0};
+  // Progress (FLASHJIT_PROGRESS): a line on stderr as each kernel is ready.
+  const bool progress = cli::progress_enabled();
+  std::mutex progress_mutex;
+  size_t finished = 0;
   auto worker = [&] {
     for (size_t i; (i = next++) < items->size();) {
       const WarmupItem &w = (*items)[i];
       const std::string name = a.has("--compiler") ? a.get("--compiler") : w.compiler;
       results[i] = warm_one(w, name, cache);
+      if (progress) {
+        std::lock_guard<std::mutex> lock(progress_mutex);
+        fmt::print(stderr, "flashjit: warmup: {} of {} done ({}: {})\n", ++finished, items->size(),
+                   i + 1, results[i].status ? results[i].line : "failed");
+        std::fflush(stderr);
+      }
     }
   };
   std::vector<std::thread> threads;

@@ -307,6 +307,7 @@ Status run_on_device(const std::string &device, const Job &job, bool config_give
   if (!config_given) // the device's own default config, not --arch's
     options.config.reset();
   options.synchronize = true;
+  options.progress = cli::emulator_progress();
   auto attn = Attention::create(spec, device, options);
   if (!attn)
     return attn.status();
@@ -421,10 +422,12 @@ int cmd_run(const cli::Args &a) {
   const bool config_given =
       std::any_of(cli::config_flags().begin(), cli::config_flags().end(),
                   [&](const cli::FlagSpec &f) { return f.name != "--rules" && a.has(f.name); });
+  runtime::EmulatorOptions emulator;
+  emulator.progress = cli::emulator_progress();
   if (Status s = attention_device ? run_on_device(device, *job, config_given, t, &on_device)
                  : combine        ? runtime::emulate_split_kv(*kernel, *combine, *job->target, spec,
-                                                              spec.num_splits, t)
-                 : kernel         ? runtime::emulate(*kernel, *job->target, spec, t)
+                                                              spec.num_splits, t, emulator)
+                 : kernel         ? runtime::emulate(*kernel, *job->target, spec, t, emulator)
                                   : ir::interpret(*p, ir::bind_attention(spec), t);
       !s)
     return fail(s);
