@@ -642,9 +642,8 @@ int KernelEmitter::nvidia_min_blocks() const {
   return int(std::max<int64_t>(1, std::min(by_regs, by_lds)));
 }
 
-// This batch's rows of each sequence (ir::Sequence, clamps included), then an
-// early exit for a query block past its sequence's end (the whole workgroup
-// leaves together, before any barrier).
+// The grid's indices (query block, head, batch, and split-KV's split): of this
+// workgroup, or with `tile` (config persistent) of the grid's workgroup `tile`.
 void KernelEmitter::emit_grid_args(const std::string &tile) {
   const ir::GridAxis &x = p_.grid[0]; // ceil(extent / divisor) workgroups (ir::grid_size)
   const bool causal_order = mask_.int_attr("causal") && p_.tensor("dO") == nullptr;
@@ -652,15 +651,15 @@ void KernelEmitter::emit_grid_args(const std::string &tile) {
     // Tile t is the workgroup t of the grid the kernel would have without
     // persistent: x fastest (a head's query blocks side by side, sharing its K/V
     // in L2), then the head, then the batch.
-    const std::string x_of = fmt::format("{} % fj_q_blocks", tile);
+    const std::string x_of = fmt::format("int({} % fj_q_blocks)", tile);
     if (causal_order)
       w_.line("const int {} = fj_q_blocks - 1 - {}; // the last query block first",
               name(p_.grid_arg(0)), x_of);
     else
       w_.line("const int {} = {};", name(p_.grid_arg(0)), x_of);
-    w_.line("const int {} = {} / fj_q_blocks % {};", name(p_.grid_arg(1)), tile,
+    w_.line("const int {} = int({} / fj_q_blocks % {});", name(p_.grid_arg(1)), tile,
             c_expr(p_.grid[1].extent));
-    w_.line("const int {} = {} / fj_q_blocks / {};", name(p_.grid_arg(2)), tile,
+    w_.line("const int {} = int({} / fj_q_blocks / {});", name(p_.grid_arg(2)), tile,
             c_expr(p_.grid[1].extent));
     return;
   }
@@ -682,6 +681,7 @@ void KernelEmitter::emit_grid_args(const std::string &tile) {
   w_.line("const int {} = fj_group_id_z();", name(p_.grid_arg(2)));
 }
 
+// local_row and query_row: where a lane's accumulator rows lie.
 void KernelEmitter::emit_row_helpers() {
   w_.line("// The query at row r (0..{0}) of this wave's {1}-query tile qt: its row in the",
           m_tile_ - 1, m_tile_);
@@ -712,8 +712,8 @@ Status KernelEmitter::emit_persistent() {
   w_.line("// Config persistent: this workgroup's tiles are fj_group_id_x(), + the grid's "
           "size, ...");
   w_.line("const int fj_q_blocks = ({} + {}) / {};", c_expr(x.extent), div - 1, div);
-  w_.line("const int fj_tiles = fj_q_blocks * {} * {};", c_expr(p_.grid[1].extent),
-          c_expr(p_.grid[2].extent));
+  w_.line("const long fj_tiles = long(fj_q_blocks) * {} * {}; // 64-bit: past 2^31 too",
+          c_expr(p_.grid[1].extent), c_expr(p_.grid[2].extent));
   consumers_only_ = true; // the producer never runs the consumers' code
   // The consumers' tile first: its loop plans the producer and writes the
   // producer's code for one tile into producer_w_.
@@ -740,7 +740,7 @@ Status KernelEmitter::emit_persistent() {
   emit_producer_warp(*loop);
   w_.line("unsigned fj_free_phase = 0; // bit i: the parity of free barrier i's next completion");
   w_.line("int fj_n = 0; // the blocks issued so far, over the tiles");
-  w_.open("for (int fj_tile = fj_group_id_x(); fj_tile < fj_tiles; fj_tile += "
+  w_.open("for (long fj_tile = fj_group_id_x(); fj_tile < fj_tiles; fj_tile += "
           "fj_group_count_x()) {{");
   emit_grid_args("fj_tile");
   w_.raw(producer_w_.str());
@@ -750,13 +750,16 @@ Status KernelEmitter::emit_persistent() {
   w_.close();
   w_.line("fj_setmaxnreg_inc<{}>(); // the consumers' registers per thread", budget.consumer_regs);
   w_.line("int fj_copy = 0; // the ring copy that holds the block being read, over the tiles");
-  w_.open("for (int fj_tile = fj_group_id_x(); fj_tile < fj_tiles; fj_tile += "
+  w_.open("for (long fj_tile = fj_group_id_x(); fj_tile < fj_tiles; fj_tile += "
           "fj_group_count_x()) {{");
   w_.raw(tile.str());
   w_.close();
   return Status::ok();
 }
 
+// This batch's rows of each sequence (ir::Sequence, clamps included), then an
+// early exit for a query block past its sequence's end (the whole workgroup
+// leaves together, before any barrier).
 void KernelEmitter::emit_sequences() {
   const std::string batch = name(p_.grid_arg(2));
   for (const ir::Sequence &q : p_.sequences) {

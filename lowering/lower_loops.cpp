@@ -269,7 +269,7 @@ void KernelEmitter::emit_persistent_q() {
     return;
   w_.line("{}; // every consumer is done with this tile's Q", barrier());
   w_.open("if (fj_tile + fj_group_count_x() < fj_tiles) {{ // the next tile's Q");
-  w_.line("const int fj_next = fj_tile + fj_group_count_x();");
+  w_.line("const long fj_next = fj_tile + fj_group_count_x();");
   emit_grid_args("fj_next");
   emit_stage_issue(*q_load_, name(p_.grid_arg(0)));
   w_.close();

@@ -444,12 +444,12 @@ TEST(Lowering, Sm90PersistentKernelWalksTheTiles) {
   ASSERT_TRUE(l) << l.status().message();
   EXPECT_EQ(l->persistent_blocks, 1) << "two consumer warpgroups: one workgroup per SM";
   const std::string &k = l->kernel_text;
-  EXPECT_EQ(count(k, "const int fj_tiles = fj_q_blocks * heads * batches;"), 1);
-  EXPECT_EQ(count(k, "for (int fj_tile = fj_group_id_x(); fj_tile < fj_tiles; fj_tile += "
+  EXPECT_EQ(count(k, "const long fj_tiles = long(fj_q_blocks) * heads * batches;"), 1);
+  EXPECT_EQ(count(k, "for (long fj_tile = fj_group_id_x(); fj_tile < fj_tiles; fj_tile += "
                      "fj_group_count_x()) {"),
             2)
       << "the producer's and the consumers'";
-  EXPECT_EQ(count(k, "const int q_block = fj_tile % fj_q_blocks;"), 2);
+  EXPECT_EQ(count(k, "const int q_block = int(fj_tile % fj_q_blocks);"), 2);
   EXPECT_EQ(count(k, "int fj_n = 0; // the blocks issued so far, over the tiles"), 1);
   EXPECT_EQ(count(k, "for (int kb = kv_begin; kb < kv_end; ++kb, ++fj_n) {"), 1);
   EXPECT_EQ(count(k, "int fj_copy = 0;"), 1) << "declared once, before the consumers' tiles";
