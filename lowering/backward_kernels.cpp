@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <numbers>
+#include <optional>
 
 namespace flashjit::lowering {
 
@@ -137,6 +138,48 @@ ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::
     const ir::Config mma_sync = rules.back()->default_config(spec);
     config.block_m = mma_sync.block_m;
     config.waves = mma_sync.waves;
+  }
+  // RDNA's dK/dV loop (wave32 WMMA, 16 key rows per wave): the VGPRs per lane
+  // that LLVM 22 allocates, fitted to its allocations on gfx1201 and gfx1100
+  // (flashjit compile --kernel backward-dkdv --resources, head dims 64-128, 16-,
+  // 32- and 64-query blocks; docs/decisions.md, "RDNA's backward without
+  // spills"): the dK and dV accumulators (one with two passes), about 2.6 per
+  // query column (3 on gfx11) for S^T, dP^T and what the loop makes of them,
+  // the K and V rows as operands, and Q and dO as operands: a few tiles from
+  // LDS, or a whole block's where they are not in LDS. gfx11 holds each 16-bit
+  // operand twice (its WMMA reads a row from both halves of the wave).
+  const bool rdna = target.family == Family::gfx11 || target.family == Family::gfx12;
+  auto rdna_fits = [&](int64_t bn, bool operands_in_lds, int64_t passes) {
+    const double dup = target.family == Family::gfx11 ? 2.0 : 1.0;
+    const double acc = double(passes == 2 ? std::max(dqk, dv) : dqk + dv) / 2;
+    const double operands = operands_in_lds ? 8.0 * dup : double(bn * (dqk + dv)) / 64 * dup;
+    const double per_column = target.family == Family::gfx11 ? 3.0 : 2.6;
+    const double regs = acc + per_column * double(bn) + double(dqk + dv) / 4 * dup + operands;
+    return regs <= double(target.max_vgprs);
+  };
+  if (dkdv && rdna) {
+    // The largest block that fits both the LDS and the registers; else the
+    // smallest that fits the LDS, in two passes where one would spill.
+    std::optional<ir::Config> smallest;
+    for (bool operands_in_lds : {true, false})
+      for (int64_t bn : {64, 32, 16}) {
+        if (lds(config.block_m, bn, operands_in_lds, LdsLayout::padded_rows) > target.lds_bytes)
+          continue;
+        ir::Config c = config;
+        c.block_n = bn;
+        c.q_in_lds = operands_in_lds;
+        if (rdna_fits(bn, operands_in_lds, 1)) {
+          c.dkdv_passes = 1;
+          return c;
+        }
+        if (!smallest || bn < smallest->block_n ||
+            (bn == smallest->block_n && operands_in_lds && !smallest->q_in_lds))
+          smallest = c;
+      }
+    if (smallest) {
+      smallest->dkdv_passes = rdna_fits(smallest->block_n, smallest->q_in_lds, 1) ? 1 : 2;
+      return *smallest;
+    }
   }
   for (bool operands_in_lds : {true, false})
     for (int64_t bn : {64, 32, 16}) {
