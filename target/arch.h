@@ -26,10 +26,10 @@ enum class Family {
   cdna3, ///< gfx942 (MI300). MFMA, wave64.
   cdna4, ///< gfx950 (MI350). MFMA with the K32/K16 shapes, wave64.
   sm80,  ///< NVIDIA Ampere and Ada (sm_80, sm_86, sm_89): warp-wide mma.sync, 32 lanes.
-  /// NVIDIA Hopper (sm_90): sm80's warp-wide mma.sync (the matrix table repeats
-  /// sm80's rows for it, and the sm80 rules lower it for now), plus the
-  /// warpgroup wgmma and the TMA (FamilyFacts::has_wgmma, has_tma) that an sm90
-  /// rule set (issue 16) will use.
+  /// NVIDIA Hopper (sm_90): the warpgroup wgmma, TMA and setmaxnreg
+  /// (FamilyFacts::has_wgmma, has_tma) that the sm90 rules lower to, and sm80's
+  /// warp-wide mma.sync (the matrix table repeats sm80's rows for it), which the
+  /// sm80 rules lower where the sm90 ones do not fit.
   sm90,
 };
 
