@@ -139,31 +139,36 @@ ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::
     config.block_m = mma_sync.block_m;
     config.waves = mma_sync.waves;
   }
-  // RDNA's dK/dV loop (wave32 WMMA, 16 key rows per wave): the VGPRs per lane
-  // that LLVM 22 allocates, fitted to its allocations on gfx1201 and gfx1100
-  // (flashjit compile --kernel backward-dkdv --resources, head dims 64-128, 16-,
-  // 32- and 64-query blocks; docs/decisions.md, "RDNA's backward without
-  // spills"): the dK and dV accumulators (one with two passes), about 2.6 per
-  // query column (3 on gfx11) for S^T, dP^T and what the loop makes of them,
-  // the K and V rows as operands, and Q and dO as operands: a few tiles from
-  // LDS, or a whole block's where they are not in LDS. gfx11 holds each 16-bit
-  // operand twice (its WMMA reads a row from both halves of the wave).
+  // RDNA's loops (wave32 WMMA, 16 rows per wave): the VGPRs per lane that LLVM
+  // 22 allocates, fitted to its allocations on gfx1201 and gfx1100 (flashjit
+  // compile --kernel backward-dkdv|backward-dq --resources, head dims 64-128,
+  // 16-, 32- and 64-row blocks; docs/decisions.md, "RDNA's backward without
+  // spills"): the accumulators (dK and dV, one of them with two passes; dQ),
+  // about 2.6 per column of the loop's block (3 on gfx11) for S, dP and what the
+  // loop makes of them, the workgroup's rows as operands (K and V; Q and dO),
+  // and the loop's block as operands: a few tiles from LDS, or the whole block
+  // where it is not in LDS. gfx11 holds each 16-bit operand twice (its WMMA
+  // reads a row from both halves of the wave).
   const bool rdna = target.family == Family::gfx11 || target.family == Family::gfx12;
   auto rdna_fits = [&](int64_t bn, bool operands_in_lds, int64_t passes) {
     const double dup = target.family == Family::gfx11 ? 2.0 : 1.0;
-    const double acc = double(passes == 2 ? std::max(dqk, dv) : dqk + dv) / 2;
+    const double acc = double(!dkdv ? dqk : passes == 2 ? std::max(dqk, dv) : dqk + dv) / 2;
     const double operands = operands_in_lds ? 8.0 * dup : double(bn * (dqk + dv)) / 64 * dup;
     const double per_column = target.family == Family::gfx11 ? 3.0 : 2.6;
     const double regs = acc + per_column * double(bn) + double(dqk + dv) / 4 * dup + operands;
     return regs <= double(target.max_vgprs);
   };
-  if (dkdv && rdna) {
-    // The largest block that fits both the LDS and the registers; else the
-    // smallest that fits the LDS, in two passes where one would spill.
+  if (rdna) {
+    // The largest block that fits both the LDS and the registers; else (dK/dV)
+    // the smallest that fits the LDS, in two passes where one would spill. The
+    // dQ loop's fit is known with its operands in LDS only (with them in
+    // registers LLVM needed fewer than this counts): elsewhere it keeps the
+    // first block that fits the LDS, below.
     std::optional<ir::Config> smallest;
     for (bool operands_in_lds : {true, false})
       for (int64_t bn : {64, 32, 16}) {
-        if (lds(config.block_m, bn, operands_in_lds, LdsLayout::padded_rows) > target.lds_bytes)
+        if ((!dkdv && !operands_in_lds) ||
+            lds(config.block_m, bn, operands_in_lds, LdsLayout::padded_rows) > target.lds_bytes)
           continue;
         ir::Config c = config;
         c.block_n = bn;
@@ -176,7 +181,7 @@ ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::
             (bn == smallest->block_n && operands_in_lds && !smallest->q_in_lds))
           smallest = c;
       }
-    if (smallest) {
+    if (smallest && dkdv) {
       smallest->dkdv_passes = rdna_fits(smallest->block_n, smallest->q_in_lds, 1) ? 1 : 2;
       return *smallest;
     }

@@ -482,11 +482,12 @@ INSTANTIATE_TEST_SUITE_P(Families, BackwardEmulator,
                                               std::get<1>(info.param).name);
                          });
 
-// RDNA's dK/dV loop at head dim 128 (issue 15: no VGPR spills on gfx1201 up
-// to head dim 128): backward_config picks 16-query blocks with Q and dO in LDS
-// (gfx11, which holds each operand twice, also dV's and dK's loops apart), the
-// code object LLVM makes of it spills nothing on gfx1201 (4 VGPRs on gfx1100,
-// where the config before spilled 382), and the gradients match float64.
+// RDNA's backward at head dim 128 (issue 15: no VGPR spills on gfx1201 up to
+// head dim 128): for dK/dV backward_config picks 16-query blocks with Q and dO
+// in LDS (gfx11, which holds each operand twice, also dV's and dK's loops
+// apart), for dQ K and V in LDS; the code objects LLVM makes of them spill
+// nothing on gfx1201 (dK/dV 4 VGPRs on gfx1100, where the config before spilled
+// 382; its dQ 84), and the gradients match float64.
 TEST(BackwardRdna, HeadDim128FitsTheRegistersAndMatchesFloat64) {
   if (!runtime::emulator_available())
     GTEST_SKIP() << "this build has no emulator (FLASHJIT_WITH_LLVM=OFF)";
@@ -496,22 +497,31 @@ TEST(BackwardRdna, HeadDim128FitsTheRegistersAndMatchesFloat64) {
     SCOPED_TRACE(arch);
     auto target = lowering::parse_target(arch);
     ASSERT_TRUE(target) << target.status().message();
+    const bool gfx11 = std::string_view(arch) == "gfx1100";
     const ir::Config config = lowering::backward_config(
         spec, *target, lowering::default_config(spec, *target), /*dkdv=*/true);
     EXPECT_EQ(config.block_n, 16);
     EXPECT_TRUE(config.q_in_lds);
-    EXPECT_EQ(config.dkdv_passes, std::string_view(arch) == "gfx1100" ? 2 : 1);
+    EXPECT_EQ(config.dkdv_passes, gfx11 ? 2 : 1);
+    const ir::Config dq = lowering::backward_config(
+        spec, *target, lowering::default_config(spec, *target), /*dkdv=*/false);
+    EXPECT_EQ(dq.block_n, gfx11 ? 16 : 32);
+    EXPECT_TRUE(dq.q_in_lds);
     Options options;
     options.compiler = "llvm";
-    auto g = pipeline::generate(spec, arch, options, nullptr, pipeline::KernelKind::backward_dkdv);
-    ASSERT_TRUE(g) << g.status().message();
-    auto compiled = pipeline::compile(*g, options);
-    ASSERT_TRUE(compiled) << compiled.status().message();
-    auto reports = compiler::read_resources(compiled->code, target->vgpr_file_per_simd,
-                                            target->max_waves_per_simd, target->lds_bytes_per_cu);
-    ASSERT_TRUE(reports && !reports->empty()) << reports.status().message();
-    EXPECT_LE(reports->front().vgpr_spill_count, std::string_view(arch) == "gfx1100" ? 8 : 0)
-        << "LLVM 22's allocation against the register model's fit (backward_config)";
+    for (auto [kind, most] : {std::pair{pipeline::KernelKind::backward_dkdv, gfx11 ? 8 : 0},
+                              std::pair{pipeline::KernelKind::backward_dq, 0}}) {
+      auto g = pipeline::generate(spec, arch, options, nullptr, kind);
+      ASSERT_TRUE(g) << g.status().message();
+      auto compiled = pipeline::compile(*g, options);
+      ASSERT_TRUE(compiled) << compiled.status().message();
+      auto reports = compiler::read_resources(compiled->code, target->vgpr_file_per_simd,
+                                              target->max_waves_per_simd, target->lds_bytes_per_cu);
+      ASSERT_TRUE(reports && !reports->empty()) << reports.status().message();
+      EXPECT_LE(reports->front().vgpr_spill_count, most)
+          << g->lowered.kernel_name << ": LLVM 22's allocation against the register model's fit "
+          << "(backward_config)";
+    }
 
     HostTensors t = make_random_inputs(spec, 41);
     make_random_grad(spec, t, 42);
