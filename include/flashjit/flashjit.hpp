@@ -50,18 +50,14 @@ struct Spec : fj_spec {
   /// Dense [batch, seqlen, heads, dim] tensors (FlashAttention's layout).
   static Spec bshd(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seqlen_q,
                    int64_t seqlen_k, int64_t head_dim_qk, int64_t head_dim_v, fj_dtype dtype) {
-    Spec s;
-    check(fj_spec_init_bshd(&s, batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim_qk, head_dim_v,
-                            dtype));
-    return s;
+    return dense(fj_spec_init_bshd, batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim_qk,
+                 head_dim_v, dtype);
   }
   /// Dense [batch, heads, seqlen, dim] tensors (SDPA's layout).
   static Spec bhsd(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seqlen_q,
                    int64_t seqlen_k, int64_t head_dim_qk, int64_t head_dim_v, fj_dtype dtype) {
-    Spec s;
-    check(fj_spec_init_bhsd(&s, batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim_qk, head_dim_v,
-                            dtype));
-    return s;
+    return dense(fj_spec_init_bhsd, batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim_qk,
+                 head_dim_v, dtype);
   }
   /// Throws fj::Error (FJ_ERROR_INVALID_SPEC) naming the field and the fix.
   void validate() const { check(fj_spec_validate(this)); }
@@ -76,6 +72,14 @@ struct Spec : fj_spec {
     check(e);
     out.resize(out.find('\0'));
     return out;
+  }
+
+private:
+  // A spec of one of the C library's dense layouts, through its init function.
+  template <typename Init, typename... Sizes> static Spec dense(Init init, Sizes... sizes) {
+    Spec s;
+    check(init(&s, sizes...));
+    return s;
   }
 };
 
