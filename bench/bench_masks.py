@@ -4,8 +4,11 @@ with an attn_mask (or dropout_p = 0.1) against PyTorch SDPA's backends that take
 CUDNN; FLASH for dropout), in one process (issues 14 and 15).
 
 Masks: a bool key-padding mask [B, 1, 1, S] (batch b keeps its first S * (1 - b / (2 B))
-keys), and an additive bf16 bias [S, S] broadcast over batch and heads (values in
-[-2, 1), 1 in 10 -inf, each query keeping key 0). Shapes: B * S = 16k tokens, H * D =
+keys), the bool [B, 1, S, S] mask transformers builds for that batch in a causal model
+("causal_padding": causal and the same keys), and an additive bf16 bias [S, S] broadcast
+over batch and heads (values in [-2, 1), 1 in 10 -inf, each query keeping key 0). For the
+padding masks, "flashjit_no_mask" is flashjit's same call without the mask (causal for
+causal_padding): the mask's cost is the gap to it. Shapes: B * S = 16k tokens, H * D =
 2048, bf16, forward only. TFLOP/s count the dense 4 * B * H * S^2 * D. Timing: --iters
 calls between CUDA events, each after a 256 MB write that flushes L2; the median.
 flashjit's output is checked against SDPA EFFICIENT's (max abs difference printed; not
@@ -38,14 +41,18 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--seqlens", default="1024,4096")
     p.add_argument("--head-dims", default="64,128")
+    p.add_argument("--kinds", default="padding,causal_padding,bias,dropout")
     return p.parse_args(argv)
 
 
 def make_mask(torch, kind, B, S):
-    if kind == "padding":
+    if kind in ("padding", "causal_padding"):
         keep = torch.arange(S, device="cuda")[None, :] < \
             torch.tensor([S - (S * b) // (2 * B) for b in range(B)], device="cuda")[:, None]
-        return keep[:, None, None, :]
+        keep = keep[:, None, None, :]
+        if kind == "causal_padding":
+            keep = keep & torch.ones(S, S, dtype=torch.bool, device="cuda").tril()[None, None]
+        return keep
     g = torch.Generator(device="cuda").manual_seed(S)
     u = torch.rand(S, S, device="cuda", generator=g)
     bias = torch.where(u < 0.1, float("-inf"), 3 * u - 2)
@@ -68,6 +75,12 @@ def case(torch, args, rows, day, gpu, S, D, kind):
         return flashjit.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
     outs["flashjit"] = fj()
     results["flashjit"] = timed(torch, fj, args)
+    if kind in ("padding", "causal_padding"):
+        def fj_no_mask():
+            return flashjit.scaled_dot_product_attention(q, k, v,
+                                                         is_causal=kind == "causal_padding")
+        fj_no_mask()
+        results["flashjit_no_mask"] = timed(torch, fj_no_mask, args)
     backends = [("sdpa_efficient", SDPBackend.EFFICIENT_ATTENTION),
                 ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)]
     if kind == "dropout":
@@ -83,7 +96,8 @@ def case(torch, args, rows, day, gpu, S, D, kind):
             print(f"  {name}: not run ({str(e).splitlines()[0][:80]})")
     ref = outs.get("sdpa_efficient") if kind != "dropout" else None
     for name, t in results.items():
-        diff = (outs[name].float() - ref.float()).abs().max().item() if ref is not None else None
+        diff = (outs[name].float() - ref.float()).abs().max().item() \
+            if ref is not None and name in outs else None
         rows.append({"date": day, "gpu": gpu, "batch": B, "seqlen": S, "heads": H,
                      "head_dim": D, "mask": kind, "contender": name, "time_us": f"{t:.1f}",
                      "tflops": f"{flops / t / 1e6:.1f}",
@@ -107,7 +121,7 @@ def main(argv=None):
     rows = []
     for D in (int(x) for x in args.head_dims.split(",")):
         for S in (int(x) for x in args.seqlens.split(",")):
-            for kind in ("padding", "bias", "dropout"):
+            for kind in args.kinds.split(","):
                 case(torch, args, rows, day, gpu, S, D, kind)
     path = out / f"masks_{day}_{short}.csv"
     with open(path, "w", newline="") as f:

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <functional>
 #include <numbers>
+#include <optional>
 
 namespace flashjit::ir {
 
@@ -244,6 +245,8 @@ void declare_modifiers(const AttentionSpec &spec, Program &p) {
                                : spec.mask == MaskType::bf16  ? ArrayElement::bf16
                                                               : ArrayElement::f32;
   p.arrays.push_back({"attn_mask", element});
+  // Its block summary (lowering/mask_blocks.cpp), which the block-range pass reads.
+  p.arrays.push_back({"attn_mask_blocks", ArrayElement::u8});
   for (const char *axis : {"batch", "head", "q", "k"})
     p.scalars.push_back({fmt::format("mask_{}_stride", axis), ScalarType::i64});
 }
@@ -277,7 +280,7 @@ void bind_modifiers(const AttentionSpec &spec, Bindings &b) {
 }
 
 Expected<std::string> score_function(const AttentionSpec &spec, const Program &p,
-                                     bool with_mask_mod) {
+                                     bool with_mask_mod, bool with_mask_tensor) {
   const ExprScope scope = p.expr_scope();
   auto parse = [&](std::string_view text, std::string_view what) {
     return parse_expr(text, scope, what);
@@ -305,7 +308,7 @@ Expected<std::string> score_function(const AttentionSpec &spec, const Program &p
     FJ_RETURN_IF_ERROR(wrap(spec.score_mod, "score_mod"));
   if (e->is_int) // an integer score_mod (e.g. "kv_idx") is still a score
     FJ_RETURN_IF_ERROR(wrap("score * 1.0", "score_mod"));
-  if (spec.mask != MaskType::none) {
+  if (with_mask_tensor && spec.mask != MaskType::none) {
     // 64-bit index arithmetic: the strides are i64 scalars. A tile's rows and
     // columns past the lengths (masked anyway) read no element: the mask holds
     // only [seqlen_q, seqlen_k] per head.
@@ -344,15 +347,31 @@ bool integer_throughout(const Expr &e) {
 
 } // namespace
 
-void add_block_range(const AttentionSpec &spec, Program &p, Op &loop) {
+namespace {
+
+/// The mask_mod as the block-range pass bounds it: an integer expression, else none.
+std::optional<Expr> bounded_mask_mod(const AttentionSpec &spec, const Program &p) {
   if (spec.mask_mod.empty())
-    return;
+    return std::nullopt;
   auto e = parse_expr(spec.mask_mod, p.expr_scope(), "mask_mod");
   if (!e || !integer_throughout(*e))
+    return std::nullopt;
+  return e.take();
+}
+
+} // namespace
+
+void add_block_range(const AttentionSpec &spec, Program &p, Op &loop) {
+  const std::optional<Expr> mod = bounded_mask_mod(spec, p);
+  const bool tensor = spec.mask != MaskType::none;
+  if (!mod && !tensor)
     return; // nothing the intervals could bound: no scan
+  // A mask tensor alone: the function keeps every pair, its summary does the rest.
   if (!p.function("mask_range"))
-    p.functions.push_back({"mask_range", print_expr(*e)});
+    p.functions.push_back({"mask_range", mod ? print_expr(*mod) : "1"});
   loop.attrs["range"] = Symbol{"mask_range"};
+  if (tensor)
+    loop.attrs["blocks"] = Symbol{"attn_mask_blocks"};
 }
 
 Status add_unmasked(const AttentionSpec &spec, Program &p, const Op &loop, Attrs &mod_attrs,
@@ -361,7 +380,10 @@ Status add_unmasked(const AttentionSpec &spec, Program &p, const Op &loop, Attrs
     return Status::ok();
   const char *name = derivative ? "score_grad_unmasked" : "score_unmasked";
   if (!p.function(name)) {
-    auto f = score_function(spec, p, /*with_mask_mod=*/false);
+    // Without what the block's class covers: the mask_mod where the range bounds
+    // it, the mask tensor where its summary does.
+    auto f = score_function(spec, p, /*with_mask_mod=*/!bounded_mask_mod(spec, p),
+                            /*with_mask_tensor=*/!loop.attrs.count("blocks"));
     if (!f)
       return f.status();
     std::string text = f.take();
@@ -378,6 +400,8 @@ Status add_unmasked(const AttentionSpec &spec, Program &p, const Op &loop, Attrs
   }
   mod_attrs["unmasked"] = Symbol{name};
   mod_attrs["range"] = loop.attrs.at("range");
+  if (loop.attrs.count("blocks"))
+    mod_attrs["blocks"] = loop.attrs.at("blocks");
   return Status::ok();
 }
 
@@ -581,11 +605,20 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, bool sp
     ValueId raw;
     Attr factor = ParamRef{"scale_log2"};
     if (modified) { // modifiers see q.k * scale
-      const ValueId scaled = b.emit(OpKind::Scale, {qk}, s_type, {{"factor", ParamRef{"scale"}}});
+      // Masks alone (mask_mod, a bool mask tensor) commute with the product by
+      // the scale (> 0): they take q.k, and the softmax keeps its one product
+      // by scale_log2 (the extra product per score cost 15% at D = 64 on the
+      // H100: bench/results/README.md).
+      const bool masks_only = spec.softcap <= 0 && spec.alibi == Alibi::none &&
+                              spec.score_mod.empty() &&
+                              (spec.mask == MaskType::none || spec.mask == MaskType::boolean);
+      const ValueId scaled =
+          masks_only ? qk : b.emit(OpKind::Scale, {qk}, s_type, {{"factor", ParamRef{"scale"}}});
       Attrs mod_attrs = {{"function", Symbol{"score_mod"}}};
       FJ_RETURN_IF_ERROR(add_unmasked(spec, p, loop, mod_attrs, /*derivative=*/false));
       raw = b.emit(OpKind::ScoreMod, {scaled, q_block, kb}, s_type, mod_attrs);
-      factor = std::numbers::log2e;
+      if (!masks_only)
+        factor = std::numbers::log2e;
     } else {
       raw = qk;
     }
@@ -645,7 +678,7 @@ Expected<Program> build_attention(const AttentionSpec &spec, const Config &confi
 }
 
 bool has_block_range(const AttentionSpec &spec, const Config &config) {
-  if (spec.mask_mod.empty())
+  if (spec.mask_mod.empty() && spec.mask == MaskType::none)
     return false;
   Expected<Program> p = build_attention(spec, config);
   if (!p)

@@ -92,16 +92,23 @@ bool visible(int64_t i, int64_t j, int64_t seqlen_q, int64_t seqlen_k, bool caus
 /// The block-range pass's hook: with an integer mask_mod, `loop` gets `range =
 /// @mask_range` (the mask_mod as a function of `p`), which narrows its block
 /// range to the blocks the mask's interval over the block may keep
-/// (templates/block_range.hip). A float mask_mod adds nothing.
+/// (templates/block_range.hip). With a mask tensor it gets `blocks =
+/// @attn_mask_blocks` too: the tensor's block summary (lowering::lower_mask_blocks)
+/// gives each block's interval of the tensor's mask, which meets the range's
+/// (`range` is then "1" where no integer mask_mod bounds it). A float mask_mod
+/// alone adds nothing.
 void add_block_range(const AttentionSpec &spec, Program &p, Op &loop);
-/// Whether the forward's KV loop gets a block range (an integer mask_mod).
+/// Whether the forward's KV loop gets a block range (an integer mask_mod, or a
+/// mask tensor).
 bool has_block_range(const AttentionSpec &spec, const Config &config);
 /// The full-block fast path of a `score_mod` op in a loop the block-range pass
 /// narrows: `mod_attrs` get `unmasked = @score_unmasked` (the score function
-/// without the mask_mod; with `derivative`, @score_grad_unmasked, its
-/// derivative) and `range = @mask_range`. Where the mask's interval over a
-/// block excludes 0, every pair of the block is kept, and the op applies the
-/// unmasked function: the same values without evaluating the mask per element.
+/// without what the block's class covers: the mask_mod the range bounds, the
+/// mask tensor the loop's `blocks` summarize; with `derivative`,
+/// @score_grad_unmasked, its derivative), `range = @mask_range` and the loop's
+/// `blocks`. Where a block's interval excludes 0, every pair of the block is
+/// kept, and the op applies the unmasked function: the same values without
+/// evaluating the mask per element.
 Status add_unmasked(const AttentionSpec &spec, Program &p, const Op &loop, Attrs &mod_attrs,
                     bool derivative);
 
@@ -125,10 +132,11 @@ void declare_dropout(const AttentionSpec &spec, Program &p);
 void bind_modifiers(const AttentionSpec &spec, Bindings &b);
 /// The spec's score modifiers as one score function of `p`'s scope (its scalars
 /// and arrays), in FlashAttention's order: softcap, ALiBi, the user's score_mod,
-/// then mask_mod (a select against -inf; left out without `with_mask_mod`). Its
+/// the mask tensor (left out without `with_mask_tensor`), then mask_mod (a
+/// select against -inf; left out without `with_mask_mod`). Its
 /// text, as the `function` line holds it.
 Expected<std::string> score_function(const AttentionSpec &spec, const Program &p,
-                                     bool with_mask_mod = true);
+                                     bool with_mask_mod = true, bool with_mask_tensor = true);
 
 /// The scalar parameters of both backward programs for `spec`'s shapes.
 Bindings bind_backward(const AttentionSpec &spec);

@@ -212,9 +212,36 @@ private:
   /// that may not, at its ends and in between, as the kernels do.
   bool may_see(const Op &loop, int64_t block, bool transposed) const {
     const int64_t rows = loop.int_attr("block_m"), cols = loop.int_attr("block_n");
+    const int64_t row0 = in(loop, 0).index * rows, col0 = block * cols;
     return interval::fj_iv_can_be_nonzero(
-        block_interval(buffers_.functions.at(loop.symbol_attr("range")), in(loop, 0).index * rows,
-                       rows, block * cols, cols, transposed));
+               block_interval(buffers_.functions.at(loop.symbol_attr("range")), row0, rows, col0,
+                              cols, transposed)) &&
+           (!loop.attrs.count("blocks") ||
+            mask_block_class(row0, rows, col0, cols, transposed) != kMaskBlockEmpty);
+  }
+  /// A mask tensor's block class (`blocks = @attn_mask_blocks`; the kernels read
+  /// it from lowering::lower_mask_blocks' summary, templates/mask_blocks.hip),
+  /// judged here from @attn_mask itself over the block's pairs within the lengths.
+  static constexpr int kMaskBlockEmpty = 0, kMaskBlockMixed = 1, kMaskBlockFull = 2;
+  int mask_block_class(int64_t row0, int64_t rows, int64_t col0, int64_t cols,
+                       bool transposed) const {
+    int64_t q0 = row0, q1 = row0 + rows, k0 = col0, k1 = col0 + cols;
+    if (transposed)
+      std::swap(q0, k0), std::swap(q1, k1);
+    const std::vector<float> &mask = *buffers_.arrays.at("attn_mask");
+    const bool boolean = p_.array("attn_mask")->element == ArrayElement::u8;
+    auto stride = [&](const char *name) { return buffers_.args->integer(name).value(); };
+    const int64_t base = batch_ * stride("mask_batch_stride") + head_ * stride("mask_head_stride");
+    const int64_t sq = stride("mask_q_stride"), sk = stride("mask_k_stride");
+    bool attends = false, changed = false;
+    for (int64_t q = q0; q < std::min(q1, seq("Q")); ++q)
+      for (int64_t k = k0; k < std::min(k1, seq("K")); ++k) {
+        const float x = mask[size_t(base + q * sq + k * sk)];
+        const bool keep = boolean ? x != 0 : x != -std::numeric_limits<float>::infinity();
+        attends = attends || keep;
+        changed = changed || (boolean ? !keep : !(x == 0)); // NaN changes the score
+      }
+    return !attends ? kMaskBlockEmpty : changed ? kMaskBlockMixed : kMaskBlockFull;
   }
   BlockRange narrowed(const Op &op, BlockRange range, bool transposed) const {
     while (range.begin < range.end && !may_see(op, range.begin, transposed))
@@ -305,10 +332,13 @@ private:
       const int64_t row0 = in(op, 1).index * r.rows, col0 = in(op, 2).index * r.cols;
       const bool transposed = op.int_attr("transposed") != 0; // rows are keys
       // A block whose every pair the mask keeps takes the function without it.
-      const bool full = op.attrs.count("unmasked") &&
-                        !interval::fj_iv_can_be_zero(
-                            block_interval(buffers_.functions.at(op.symbol_attr("range")), row0,
-                                           r.rows, col0, r.cols, transposed));
+      const bool full =
+          op.attrs.count("unmasked") &&
+          !interval::fj_iv_can_be_zero(
+              block_interval(buffers_.functions.at(op.symbol_attr("range")), row0, r.rows, col0,
+                             r.cols, transposed)) &&
+          (!op.attrs.count("blocks") ||
+           mask_block_class(row0, r.rows, col0, r.cols, transposed) == kMaskBlockFull);
       const Expr &f = buffers_.functions.at(op.symbol_attr(full ? "unmasked" : "function"));
       for (int64_t i = 0; i < r.rows; ++i)
         for (int64_t j = 0; j < r.cols; ++j) {
@@ -579,6 +609,8 @@ Status interpret(const Program &p, const Bindings &args, HostTensors &t,
   const std::map<std::string, const std::vector<float> *> float_arrays = {
       {"alibi_slopes", &t.alibi_slopes}, {"sinks", &t.sinks}, {"attn_mask", &t.attn_mask}};
   for (const ArrayParam &a : p.arrays) {
+    if (a.name == "attn_mask_blocks")
+      continue; // the interpreter judges the blocks from @attn_mask itself
     auto it = float_arrays.find(a.name);
     if (it == float_arrays.end())
       return Status::error("the interpreter has no buffer for array @{}", a.name);

@@ -322,6 +322,20 @@ Status check_row_broadcast(const OpChecker &c) {
 }
 
 /// The op's own type rules; counts and scoping are already checked.
+/// Attr `blocks` (a mask tensor's block summary, which the block-range pass
+/// reads beside `range`): a u8 array of the kernel, and only with `range`.
+Status check_blocks(const OpChecker &c, const Program &p, const Op &op) {
+  const auto it = op.attrs.find("blocks");
+  if (it == op.attrs.end())
+    return Status::ok();
+  const Symbol *a = std::get_if<Symbol>(&it->second);
+  const ArrayParam *array = a ? p.array(a->name) : nullptr;
+  if (!array || array->element != ArrayElement::u8 || !op.attrs.count("range"))
+    return c.fail("attr `blocks` must name a u8 array of the kernel (@name: a mask tensor's "
+                  "block summary) and come with attr `range`");
+  return Status::ok();
+}
+
 Status check_types(const OpChecker &c, const Op &op) {
   switch (op.kind) {
   case OpKind::Load:
@@ -374,6 +388,7 @@ Status check_types(const OpChecker &c, const Op &op) {
         return c.fail("attrs `unmasked` and `range` go together, each naming a function of the "
                       "kernel (@name)");
     }
+    FJ_RETURN_IF_ERROR(check_blocks(c, c.program(), op));
     FJ_RETURN_IF_ERROR(flag_attr(c, op, "transposed"));
     return c.type_is(result(0), c.type(operand(0)), "the type of operand 0");
   }
@@ -754,6 +769,7 @@ private:
                         "positions (a mask: no score, no float result)",
                         fn->name);
       }
+      FJ_RETURN_IF_ERROR(check_blocks(c, p_, op));
     } else if (!op.region_args.empty() || !op.body.empty()) {
       return c.fail("has a region, but only `for` has one");
     }

@@ -293,6 +293,7 @@ private:
   // around the program (emit_persistent); emit_producer writes the producer's
   // code for one tile into producer_w_.
   bool persistent_ = false;
+  MaskBlocks mask_blocks_; // the mask tensor summary's blocks a loop reads (Lowered::mask_blocks)
   HipWriter producer_w_;
   Status emit_persistent();
   void emit_persistent_q();

@@ -490,6 +490,10 @@ Expected<Lowered> KernelEmitter::run() {
   if (uses_block_range(p_.body)) {
     w_.raw(templates::block_range);
     w_.blank();
+    if (p_.array("attn_mask_blocks")) {
+      w_.raw(templates::mask_blocks);
+      w_.blank();
+    }
   }
   if (!rules_.kernel_helpers().empty()) {
     w_.raw(rules_.kernel_helpers());
@@ -609,6 +613,7 @@ Expected<Lowered> KernelEmitter::run() {
   // Rows are addressed by a 32-bit offset within a block (row_offset).
   out.max_row_stride = int64_t(UINT32_MAX) / std::max(block_m_, block_n_);
   out.persistent_blocks = persistent_ ? producer_budget().blocks : 0;
+  out.mask_blocks = mask_blocks_;
   return out;
 }
 

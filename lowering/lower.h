@@ -37,6 +37,13 @@ struct KernelParam {
   int64_t box_rows = 0;
 };
 
+/// The block sizes of a mask tensor's block summary (lower_mask_blocks): a kernel
+/// whose loop reads it takes the summary of its own blocks (0: none).
+struct MaskBlocks {
+  int64_t block_q = 0, block_k = 0;
+  bool operator==(const MaskBlocks &) const = default;
+};
+
 struct Lowered {
   std::string source; // the HIP text; same program + target -> byte-identical text
   /// The source minus the target prelude and the fj_mma wrapper: the emulator
@@ -70,6 +77,9 @@ struct Lowered {
   /// Config persistent: the launch's grid is min(the grid's workgroups, this
   /// many per SM), in x only; the kernel walks the grid's tiles itself.
   int persistent_blocks = 0;
+  /// The kernel reads a mask tensor's block summary (`attn_mask_blocks`) of
+  /// these blocks, which lower_mask_blocks' kernel writes before it runs.
+  MaskBlocks mask_blocks;
 };
 
 /// The default tuning config for a spec on a target (the one `flashjit emit`
@@ -103,6 +113,16 @@ Expected<Lowered> lower(const ir::Program &program, const Target &target,
 Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &target,
                                       std::string_view name = {});
 ir::Bindings bind_split_combine(const AttentionSpec &spec, int64_t splits);
+
+/// The kernel that summarizes a mask tensor by blocks before an attention
+/// kernel reads it (Lowered::mask_blocks): parameters attn_mask, then
+/// attn_mask_blocks (one byte per entry, mask_blocks_bytes of them), then
+/// scalars bound by bind_mask_blocks. It depends only on the mask's element type.
+Expected<Lowered> lower_mask_blocks(const AttentionSpec &spec, const Target &target);
+ir::Bindings bind_mask_blocks(const AttentionSpec &spec, MaskBlocks blocks);
+/// The summary's size: one byte per (query block, key block, batch, head) of the
+/// mask's extent, one entry on each axis it broadcasts.
+int64_t mask_blocks_bytes(const AttentionSpec &spec, MaskBlocks blocks);
 
 /// The backward pass's kernels beside its two tile-IR programs
 /// (ir::build_backward_dq / build_backward_dkdv), written directly

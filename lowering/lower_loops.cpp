@@ -578,7 +578,23 @@ Status KernelEmitter::emit_block_range(const Op &op, bool transposed) {
   w_.line("const int fj_col_lo = block * kBlockN;");
   w_.line("const int fj_col_hi = (fj_col_lo + kBlockN < {0} ? fj_col_lo + kBlockN : {0}) - 1;",
           transposed ? sq : sk);
-  w_.line("return {};", *interval);
+  if (op.attrs.count("blocks")) {
+    // The mask tensor's class of the block (templates/mask_blocks.hip), which
+    // the summary kernel wrote before this one, meets the function's interval.
+    const int64_t rows = op.int_attr("block_m"), cols = op.int_attr("block_n");
+    mask_blocks_ = {.block_q = transposed ? cols : rows, .block_k = transposed ? rows : cols};
+    const std::string row = name(op.operands[0]);
+    w_.line("const unsigned char fj_class = {}[fj_mask_cell({}, {}, {}, {}, heads, {}, {}, {}, {}, "
+            "mask_batch_stride, mask_head_stride, mask_q_stride)];",
+            op.symbol_attr("blocks"), name(p_.grid_arg(2)), name(p_.grid_arg(1)),
+            transposed ? "block" : row, transposed ? row : "block", sq, sk, mask_blocks_.block_q,
+            mask_blocks_.block_k);
+    w_.line("return fj_iv_and({}, fj_class == FJ_MASK_BLOCK_EMPTY  ? fj_iv_exact(0.0)", *interval);
+    w_.line("                    : fj_class == FJ_MASK_BLOCK_FULL ? fj_iv_exact(1.0)");
+    w_.line("                                                     : fj_iv_bool(true, true));");
+  } else {
+    w_.line("return {};", *interval);
+  }
   w_.close("};");
   lines(R"(// Which of blocks [base, base + 32) the mask may keep (bit i: block base + i)
 // and which it keeps whole: lane l judges block base + l % 32 and an OR across

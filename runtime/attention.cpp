@@ -261,6 +261,11 @@ struct Attention::Impl {
   std::optional<Compiled> compiled;   // absent on the emulator with compiler "none"
   runtime::GpuDriver *driver = nullptr;
   std::unique_ptr<runtime::GpuKernel> kernel;
+  /// With a mask tensor on a GPU: the kernel that summarizes it by blocks
+  /// (lowering::lower_mask_blocks) before each kernel that reads the summary
+  /// (the emulator runs it itself: runtime::emulate_mask_blocks).
+  std::optional<Generated> mask_generated;
+  std::unique_ptr<runtime::GpuKernel> mask_kernel;
   Executor executor = Executor::emulator;
   std::optional<ir::Program> fallback_program;
   std::string fallback_reason;
@@ -336,6 +341,11 @@ struct Attention::Impl {
   Status launch(const lowering::Lowered &l, runtime::GpuKernel &k, const ir::Bindings &shapes,
                 std::span<const runtime::NamedPointer> pointers, void *stream);
   Status run_gpu(const AttentionSpec &shape, const AttentionTensors &t, void *stream);
+  /// Where kernel `l` reads a mask tensor's block summary (Lowered::mask_blocks):
+  /// a stream-ordered device buffer that the summary kernel has been launched to
+  /// fill, which the caller releases after `l`'s launch; else null.
+  Expected<void *> mask_blocks_gpu(const lowering::Lowered &l, const AttentionSpec &shape,
+                                   const void *mask, void *stream);
   Status run_emulator(const AttentionSpec &shape, const AttentionTensors &t);
   Status run_interpreter(const AttentionSpec &shape, const AttentionTensors &t, void *stream);
   std::string kernel_name() const {
@@ -356,11 +366,25 @@ Status Attention::Impl::build(Failure *failure) {
                   Status::error("compiler 'none' only serves the emulator: {} needs a code object; "
                                 "use \"auto\"",
                                 device.id()));
+  // A mask tensor on a GPU: its summary kernel, compiled beside the attention kernel.
+  if (spec.mask != MaskType::none && !emulator) {
+    auto m =
+        pipeline::generate(spec, device.arch, options, failure, pipeline::KernelKind::mask_blocks);
+    if (!m)
+      return m.status();
+    mask_generated = m.take();
+  }
+  std::optional<Compiled> mask_code;
   if (options.compiler != "none") {
-    auto c = pipeline::compile(gen, options, compiler::KernelCache::global(), failure);
+    std::vector<const Generated *> plan = {&gen};
+    if (mask_generated)
+      plan.push_back(&*mask_generated);
+    auto c = pipeline::compile_all(plan, options, compiler::KernelCache::global(), failure);
     if (!c)
       return c.status();
-    compiled = c.take();
+    compiled = std::move((*c)[0]);
+    if (mask_generated)
+      mask_code = std::move((*c)[1]);
   }
   if (emulator) {
     // FLASHJIT_OVERRIDE_DIR: the emulator runs the override's kernel text.
@@ -377,8 +401,43 @@ Status Attention::Impl::build(Failure *failure) {
                   k.status().with_context(
                       fmt::format("loading {} on {}", gen.lowered.kernel_name, device.id())));
   kernel = k.take();
+  if (mask_generated) {
+    auto mk = driver->load_kernel(device.index, mask_code->code.bytes,
+                                  mask_generated->lowered.kernel_name);
+    if (!mk)
+      return failed(failure, Failure::runtime,
+                    mk.status().with_context(fmt::format(
+                        "loading {} on {}", mask_generated->lowered.kernel_name, device.id())));
+    mask_kernel = mk.take();
+  }
   executor = Executor::gpu;
   return Status::ok();
+}
+
+Expected<void *> Attention::Impl::mask_blocks_gpu(const lowering::Lowered &l,
+                                                  const AttentionSpec &shape, const void *mask,
+                                                  void *stream) {
+  if (l.mask_blocks.block_q == 0)
+    return nullptr;
+  if (!mask_kernel)
+    return Status::error("{} reads a mask tensor's block summary, but this handle has no summary "
+                         "kernel (its spec has no mask tensor)",
+                         l.kernel_name);
+  const int64_t bytes = lowering::mask_blocks_bytes(shape, l.mask_blocks);
+  auto buffer = driver->allocate_async(device.index, size_t(std::max<int64_t>(bytes, 1)), stream);
+  if (!buffer)
+    return buffer.status().with_context(
+        fmt::format("the mask's block summary of {} bytes on {}", bytes, device.id()));
+  if (bytes > 0) {
+    const runtime::NamedPointer pointers[] = {{"attn_mask", mask}, {"attn_mask_blocks", *buffer}};
+    Status s = launch(mask_generated->lowered, *mask_kernel,
+                      lowering::bind_mask_blocks(shape, l.mask_blocks), pointers, stream);
+    if (!s) {
+      (void)driver->release_async(device.index, *buffer, stream);
+      return s;
+    }
+  }
+  return *buffer;
 }
 
 int64_t Attention::Impl::choose_splits(const AttentionSpec &shape, bool packed) {
@@ -496,20 +555,29 @@ Status Attention::Impl::run_split_gpu(const SplitKv &sk, const AttentionSpec &sh
         fmt::format("split-KV workspace of {} bytes on {}", ws.bytes(), device.id()));
   float *o_partial = static_cast<float *>(*workspace);
   float *lse_partial = o_partial + ws.o_elements;
-  const runtime::NamedPointer first[] = {{"Q", t.q},
-                                         {"K", t.k},
-                                         {"V", t.v},
-                                         {"O", o_partial},
-                                         {"LSE", lse_partial},
-                                         {"cu_seqlens_k", t.cu_seqlens_k},
-                                         {"seqused_k", t.seqused_k},
-                                         {"block_table", t.block_table},
-                                         {"alibi_slopes", t.alibi_slopes},
-                                         {"attn_mask", t.attn_mask}};
+  runtime::NamedPointer first[] = {{"Q", t.q},
+                                   {"K", t.k},
+                                   {"V", t.v},
+                                   {"O", o_partial},
+                                   {"LSE", lse_partial},
+                                   {"cu_seqlens_k", t.cu_seqlens_k},
+                                   {"seqused_k", t.seqused_k},
+                                   {"block_table", t.block_table},
+                                   {"alibi_slopes", t.alibi_slopes},
+                                   {"attn_mask", t.attn_mask},
+                                   {"attn_mask_blocks", nullptr}};
   const runtime::NamedPointer second[] = {
       {"O_partial", o_partial}, {"LSE_partial", lse_partial}, {"O", t.out}, {"LSE", t.lse}};
-  Status s = launch(sk.partial.lowered, *sk.partial_kernel, ir::bind_split_kv(shape, splits), first,
-                    stream);
+  auto blocks = mask_blocks_gpu(sk.partial.lowered, shape, t.attn_mask, stream);
+  Status s = blocks ? Status::ok() : blocks.status();
+  if (s) {
+    first[std::size(first) - 1].pointer = *blocks;
+    s = launch(sk.partial.lowered, *sk.partial_kernel, ir::bind_split_kv(shape, splits), first,
+               stream);
+    if (*blocks)
+      if (Status released = driver->release_async(device.index, *blocks, stream); s)
+        s = released;
+  }
   if (s)
     s = launch(sk.combine.lowered, *sk.combine_kernel, lowering::bind_split_combine(shape, splits),
                second, stream);
@@ -747,7 +815,15 @@ Status Attention::Impl::run_backward(const Backward &b, const AttentionSpec &sha
       std::vector<runtime::NamedPointer> pointers;
       for (const Arg &a : args)
         pointers.push_back({a.name, a.pointer});
-      return launch(kernel, *b.kernel[i], shapes, pointers, stream);
+      auto blocks = mask_blocks_gpu(kernel, shape, t.attn_mask, stream);
+      if (!blocks)
+        return blocks.status().with_context("backward");
+      pointers.push_back({"attn_mask_blocks", *blocks});
+      Status launched = launch(kernel, *b.kernel[i], shapes, pointers, stream);
+      if (*blocks) // released in stream order: after the kernel has read it
+        if (Status released = driver->release_async(device.index, *blocks, stream); launched)
+          launched = released;
+      return launched;
     }
     // The emulator checks every access against the buffers; the kernel's
     // parameter types say which it may write.
@@ -760,6 +836,14 @@ Status Attention::Impl::run_backward(const Backward &b, const AttentionSpec &sha
           {a.name, const_cast<void *>(a.pointer), size_t(a.bytes), a.element, written});
     }
     const runtime::EmulatorOptions eo = emulator_options(options);
+    std::vector<uint8_t> blocks; // the mask tensor's block summary, where the kernel reads one
+    if (kernel.mask_blocks.block_q > 0) {
+      FJ_RETURN_IF_ERROR(runtime::emulate_mask_blocks(
+          kernel, b.generated[i].target, shape,
+          {mask.name, const_cast<void *>(mask.pointer), size_t(mask.bytes), mask.element, false},
+          blocks, eo));
+      host_buffers.push_back({"attn_mask_blocks", blocks.data(), blocks.size(), 1, false});
+    }
     return runtime::emulate_kernel(kernel, b.generated[i].target, shapes, host_buffers, eo);
   };
   Status s = run(0, {dout,
@@ -871,19 +955,28 @@ Status Attention::Impl::launch(const lowering::Lowered &l, runtime::GpuKernel &k
 Status Attention::Impl::run_gpu(const AttentionSpec &shape, const AttentionTensors &t,
                                 void *stream) {
   const lowering::Lowered &l = generated->lowered;
-  const runtime::NamedPointer pointers[] = {{"Q", t.q},
-                                            {"K", t.k},
-                                            {"V", t.v},
-                                            {"O", t.out},
-                                            {"LSE", t.lse},
-                                            {"cu_seqlens_q", t.cu_seqlens_q},
-                                            {"cu_seqlens_k", t.cu_seqlens_k},
-                                            {"seqused_k", t.seqused_k},
-                                            {"block_table", t.block_table},
-                                            {"alibi_slopes", t.alibi_slopes},
-                                            {"sinks", t.sinks},
-                                            {"attn_mask", t.attn_mask}};
-  FJ_RETURN_IF_ERROR(launch(l, *kernel, ir::bind_attention(shape), pointers, stream));
+  runtime::NamedPointer pointers[] = {{"Q", t.q},
+                                      {"K", t.k},
+                                      {"V", t.v},
+                                      {"O", t.out},
+                                      {"LSE", t.lse},
+                                      {"cu_seqlens_q", t.cu_seqlens_q},
+                                      {"cu_seqlens_k", t.cu_seqlens_k},
+                                      {"seqused_k", t.seqused_k},
+                                      {"block_table", t.block_table},
+                                      {"alibi_slopes", t.alibi_slopes},
+                                      {"sinks", t.sinks},
+                                      {"attn_mask", t.attn_mask},
+                                      {"attn_mask_blocks", nullptr}};
+  auto blocks = mask_blocks_gpu(l, shape, t.attn_mask, stream);
+  if (!blocks)
+    return blocks.status().with_context("forward");
+  pointers[std::size(pointers) - 1].pointer = *blocks;
+  Status s = launch(l, *kernel, ir::bind_attention(shape), pointers, stream);
+  if (*blocks) // released in stream order: after the kernel has read it
+    if (Status released = driver->release_async(device.index, *blocks, stream); s)
+      s = released;
+  FJ_RETURN_IF_ERROR(s);
   if (options.synchronize)
     FJ_RETURN_IF_ERROR(
         driver->synchronize(device.index, stream)

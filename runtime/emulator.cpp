@@ -935,8 +935,27 @@ namespace {
 /// f32 LSE (poisoned) when the spec has one.
 struct DeviceTensors {
   AlignedBytes q, k, v, o, lse, mask;
+  std::vector<uint8_t> mask_blocks; // the mask tensor's block summary, for kernels that read it
   std::vector<EmulatorBuffer> buffers;
 };
+
+/// Kernel `k` reads a mask tensor's block summary: the summary kernel writes it
+/// into d.mask_blocks from the attn_mask buffer, and the buffer joins d.buffers.
+Status add_mask_blocks(const lowering::Lowered &k, const lowering::Target &target,
+                       const AttentionSpec &spec, DeviceTensors &d,
+                       const EmulatorOptions &options) {
+  if (k.mask_blocks.block_q == 0)
+    return Status::ok();
+  auto mask = std::find_if(d.buffers.begin(), d.buffers.end(),
+                           [](const EmulatorBuffer &b) { return b.name == "attn_mask"; });
+  if (mask == d.buffers.end())
+    return Status::error("emulator: kernel {} reads a mask tensor's block summary, but the spec "
+                         "has no mask tensor",
+                         k.kernel_name);
+  FJ_RETURN_IF_ERROR(emulate_mask_blocks(k, target, spec, *mask, d.mask_blocks, options));
+  d.buffers.push_back({"attn_mask_blocks", d.mask_blocks.data(), d.mask_blocks.size(), 1, false});
+  return Status::ok();
+}
 
 Status check_attention(const lowering::Lowered &k, const AttentionSpec &spec,
                        const HostTensors &tensors) {
@@ -1040,6 +1059,7 @@ Status emulate(const lowering::Lowered &k, const lowering::Target &target,
   FJ_RETURN_IF_ERROR(check_attention(k, spec, tensors));
   DeviceTensors d;
   FJ_RETURN_IF_ERROR(to_device_tensors(spec, tensors, d));
+  FJ_RETURN_IF_ERROR(add_mask_blocks(k, target, spec, d, options));
   FJ_RETURN_IF_ERROR(emulate_kernel(k, target, ir::bind_attention(spec), d.buffers, options));
   from_device_tensors(spec, d, tensors);
   return Status::ok();
@@ -1051,6 +1071,7 @@ Status emulate_split_kv(const lowering::Lowered &partial, const lowering::Lowere
   FJ_RETURN_IF_ERROR(check_attention(partial, spec, tensors));
   DeviceTensors d;
   FJ_RETURN_IF_ERROR(to_device_tensors(spec, tensors, d));
+  FJ_RETURN_IF_ERROR(add_mask_blocks(partial, target, spec, d, options));
   // The workspace, poisoned: every element the combine reads must have been written.
   const ir::SplitWorkspace ws = ir::split_workspace(spec, splits);
   AlignedBytes o_partial(size_t(ws.o_elements) * 4), lse_partial(size_t(ws.lse_elements) * 4);
@@ -1076,6 +1097,23 @@ Status emulate_split_kv(const lowering::Lowered &partial, const lowering::Lowere
       emulate_kernel(combine, target, lowering::bind_split_combine(spec, splits), second, options));
   from_device_tensors(spec, d, tensors);
   return Status::ok();
+}
+
+Status emulate_mask_blocks(const lowering::Lowered &k, const lowering::Target &target,
+                           const AttentionSpec &spec, const EmulatorBuffer &mask,
+                           std::vector<uint8_t> &blocks, const EmulatorOptions &options) {
+  // Poisoned with "empty": an entry the summary kernel misses hides its block,
+  // which a test against the reference sees.
+  blocks.assign(size_t(lowering::mask_blocks_bytes(spec, k.mask_blocks)), 0);
+  if (blocks.empty())
+    return Status::ok();
+  auto summary = lowering::lower_mask_blocks(spec, target);
+  if (!summary)
+    return summary.status();
+  const EmulatorBuffer buffers[] = {mask,
+                                    {"attn_mask_blocks", blocks.data(), blocks.size(), 1, true}};
+  return emulate_kernel(*summary, target, lowering::bind_mask_blocks(spec, k.mask_blocks), buffers,
+                        options);
 }
 
 } // namespace flashjit::runtime

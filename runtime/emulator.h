@@ -79,6 +79,14 @@ Status emulate_kernel(const lowering::Lowered &k, const lowering::Target &target
                       const ir::Bindings &shapes, std::span<const EmulatorBuffer> buffers,
                       const EmulatorOptions &options = {});
 
+/// A mask tensor's block summary for kernel `k` (Lowered::mask_blocks): the
+/// summary kernel (lowering::lower_mask_blocks) over `mask` (the attn_mask
+/// buffer) into `blocks`, resized. emulate() and emulate_split_kv() run it
+/// themselves; a caller of emulate_kernel() passes `blocks` as attn_mask_blocks.
+Status emulate_mask_blocks(const lowering::Lowered &k, const lowering::Target &target,
+                           const AttentionSpec &spec, const EmulatorBuffer &mask,
+                           std::vector<uint8_t> &blocks, const EmulatorOptions &options = {});
+
 /// Ok when this process can emulate: the LLVM plugin, whose host JIT compiles
 /// the kernels for the CPU, loads (compiler/llvm_plugin.h). Else why not.
 Status emulator_status();

@@ -104,11 +104,13 @@ Expected<Generated> generate(const AttentionSpec &spec, std::string_view arch,
   if (backward)
     if (Status s = ir::validate_backward(spec); !s)
       return failed(failure, Failure::unsupported, s);
-  if (kind == KernelKind::split_combine || kind == KernelKind::backward_preprocess ||
-      kind == KernelKind::backward_reduce || kind == KernelKind::backward_sinks) {
+  if (kind == KernelKind::split_combine || kind == KernelKind::mask_blocks ||
+      kind == KernelKind::backward_preprocess || kind == KernelKind::backward_reduce ||
+      kind == KernelKind::backward_sinks) {
     // Kernels without tile IR. Named like the attention kernels: what it
     // computes, then a hash of its text.
     auto lowered = kind == KernelKind::split_combine ? lowering::lower_split_combine(spec, g.target)
+                   : kind == KernelKind::mask_blocks ? lowering::lower_mask_blocks(spec, g.target)
                    : kind == KernelKind::backward_preprocess
                        ? lowering::lower_backward_preprocess(spec, g.target)
                    : kind == KernelKind::backward_reduce

@@ -50,6 +50,7 @@ enum class KernelKind {
   attention,     // ir::build_attention
   split_partial, // ir::build_split_kv: each split's partial result, f32, to a workspace
   split_combine, // lowering::lower_split_combine: merges the splits by LSE
+  mask_blocks,   // lowering::lower_mask_blocks: a mask tensor's block summary, first
   // The backward pass (Attention::backward), in launch order:
   backward_preprocess, // lowering::lower_backward_preprocess: L and D per query row
   backward_dq,         // ir::build_backward_dq

@@ -15,6 +15,9 @@ extern const std::string_view block_range;
 extern const std::string_view cuda_prelude;
 /// The CPU emulator's prelude: the fj_* wrappers over runtime/emulator.cpp's hooks.
 extern const std::string_view emulator_prelude;
+/// A mask tensor's block summary: its classes and fj_mask_cell, in the summary
+/// kernel (lowering/mask_blocks.cpp) and the attention kernels that read it.
+extern const std::string_view mask_blocks;
 /// The simt rules' FMA product (fj_simt_mma), part of their kernels' text.
 extern const std::string_view simt_fma;
 /// The sm90 rules' warpgroup-product helpers (wgmma, descriptors, swizzle), after

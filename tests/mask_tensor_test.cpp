@@ -9,19 +9,26 @@
 //   * the IR: a typed array prints, parses and verifies; bad types are refused;
 //   * flashjit::Attention on the emulator: one kernel serves every broadcast
 //     shape of one mask type (a full mask, a key-padding mask, a [Sq, Sk] one),
-//     split-KV decode reads the mask, the pointer is checked by name.
+//     split-KV decode reads the mask, the pointer is checked by name;
+//   * the block summary (lowering/mask_blocks.cpp): the summary kernel's class
+//     of every block against a loop over the mask here, and masks with empty,
+//     full and mixed blocks (causal and left padding, as transformers builds
+//     them) through every AMD family, split-KV decode included, against float64.
 //
 // Tolerance: tolerance_for(dtype), as every forward test.
 #include "ir/build.h"
 #include "ir/interpreter.h"
 #include "ir/reference.h"
+#include "lowering/lower.h"
 #include "runtime/attention.h"
 #include "runtime/emulator.h"
 #include "tests/support/describe.h"
+#include "tests/support/masks.h"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 
 namespace flashjit {
 namespace {
@@ -92,7 +99,13 @@ TEST(MaskIr, TypedArraysRoundTripAndBadTypesAreRefused) {
   auto p = ir::build_attention(spec, config);
   ASSERT_TRUE(p) << p.status().message();
   const std::string text = ir::print(*p);
-  EXPECT_NE(text.find("arrays (@attn_mask : bf16)"), std::string::npos) << text;
+  EXPECT_NE(text.find("arrays (@attn_mask : bf16, @attn_mask_blocks : u8)"), std::string::npos)
+      << text;
+  // The block-range pass reads the mask's block summary: the loop and the score_mod.
+  EXPECT_NE(text.find("blocks = @attn_mask_blocks, causal = 0, range = @mask_range"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("function @mask_range = \"1\""), std::string::npos) << text;
   EXPECT_NE(text.find("%mask_q_stride : i64"), std::string::npos) << text;
   auto back = ir::parse(text);
   ASSERT_TRUE(back) << back.status().message();
@@ -129,10 +142,14 @@ TEST(MaskIr, TilesPastTheLengthsReadNoMaskElement) {
 
 // ---- flashjit::Attention on the emulator ----------------------------------------------
 
-/// One forward through `attn` of `shape` with fresh inputs and mask; checked
-/// against the float64 reference. The mask goes in its own element type.
-void forward_matches(Attention &attn, const AttentionSpec &shape, uint64_t seed) {
+/// One forward through `attn` of `shape` with fresh inputs and mask (which
+/// `edit`, when given, may change); checked against the float64 reference. The
+/// mask goes in its own element type.
+void forward_matches(Attention &attn, const AttentionSpec &shape, uint64_t seed,
+                     const std::function<void(HostTensors &)> &edit = {}) {
   HostTensors t = make_random_inputs(shape, seed);
+  if (edit)
+    edit(t);
   auto bits = [&](const std::vector<float> &x) {
     std::vector<uint16_t> out(x.size());
     for (size_t i = 0; i < x.size(); ++i)
@@ -222,6 +239,111 @@ TEST(MaskAttention, TheMaskPointerIsChecked) {
   EXPECT_NE(s.message().find("attn_mask is given but the spec has no mask tensor"),
             std::string::npos)
       << s.message();
+}
+
+// ---- the block summary ------------------------------------------------------------------
+
+// The summary kernel's class of each block (templates/mask_blocks.hip), run on
+// the emulator, against a loop over the block's elements here: every mask
+// type, broadcast axes, tail blocks past the lengths, a NaN (mixed).
+TEST(MaskBlocks, TheSummaryClassesEveryBlock) {
+  if (!runtime::emulator_available())
+    GTEST_SKIP() << "this build has no emulator (FLASHJIT_WITH_LLVM=OFF)";
+  const lowering::Target target = lowering::parse_target("gfx1201").value();
+  for (MaskType type : {MaskType::boolean, MaskType::f32, MaskType::f16, MaskType::bf16})
+    for (const char *axes : {"bhqk", "bk", "qk"}) {
+      AttentionSpec spec = masked_spec(type, axes, 2, 3, 90, 200);
+      spec.kv_heads = 1;
+      SCOPED_TRACE(spec.summary());
+      std::vector<float> mask(size_t(spec.mask_elements()));
+      test::structured_mask(spec, mask);
+      if (type == MaskType::f32)
+        mask[5] = std::nanf("");
+      std::vector<uint32_t> stored(mask.size());
+      mask_storage(type, mask, stored.data());
+      lowering::Lowered reader; // a kernel that reads the summary of 16 x 32 blocks
+      reader.kernel_name = "reader";
+      reader.mask_blocks = {.block_q = 16, .block_k = 32};
+      std::vector<uint8_t> blocks;
+      const runtime::EmulatorBuffer buffer{"attn_mask", stored.data(),
+                                           mask.size() * size_t(mask_type_bytes(type)),
+                                           mask_type_bytes(type), false};
+      Status st = runtime::emulate_mask_blocks(reader, target, spec, buffer, blocks);
+      ASSERT_TRUE(st) << st.message();
+      const MaskStrides &m = spec.mask_strides;
+      const int64_t bs = m.batch ? spec.batch : 1, hs = m.head ? spec.heads : 1,
+                    qs = m.q ? (spec.seqlen_q + 15) / 16 : 1, ks = (spec.seqlen_k + 31) / 32;
+      ASSERT_EQ(blocks.size(), size_t(bs * hs * qs * ks));
+      int seen[3] = {0, 0, 0};
+      for (int64_t b = 0; b < bs; ++b)
+        for (int64_t h = 0; h < hs; ++h)
+          for (int64_t qb = 0; qb < qs; ++qb)
+            for (int64_t kb = 0; kb < ks; ++kb) {
+              bool attends = false, changed = false;
+              const int64_t rows = m.q ? std::min<int64_t>(16, spec.seqlen_q - qb * 16) : 1;
+              for (int64_t i = qb * 16; i < qb * 16 + rows; ++i)
+                for (int64_t j = kb * 32; j < std::min<int64_t>(kb * 32 + 32, spec.seqlen_k); ++j) {
+                  const float x = mask[size_t(b * m.batch + h * m.head + i * m.q + j * m.k)];
+                  const bool keep = type == MaskType::boolean
+                                        ? x != 0
+                                        : x != -std::numeric_limits<float>::infinity();
+                  attends = attends || keep;
+                  changed = changed || (type == MaskType::boolean ? !keep : !(x == 0));
+                }
+              const int want = !attends ? 0 : changed ? 1 : 2;
+              const uint8_t got = blocks[size_t(((b * hs + h) * qs + qb) * ks + kb)];
+              ++seen[want];
+              EXPECT_EQ(int(got), want)
+                  << "block (b " << b << ", h " << h << ", q " << qb << ", k " << kb << ")";
+            }
+      for (int c : {0, 1, 2}) // the mask has blocks of every class
+        EXPECT_GT(seen[c], 0) << "class " << c;
+    }
+}
+
+// Masks with empty, full and mixed blocks through the attention kernels of
+// every AMD family (and split-KV decode): the blocks the summary empties are
+// skipped, the full ones read no mask element, and the result is float64's.
+TEST(MaskBlocks, StructuredMasksMatchFloat64OnEveryFamily) {
+  if (!runtime::emulator_available())
+    GTEST_SKIP() << "this build has no emulator (FLASHJIT_WITH_LLVM=OFF)";
+  struct Case {
+    MaskType type;
+    const char *axes;
+    int64_t sq, sk;
+  };
+  const Case cases[] = {{MaskType::boolean, "bqk", 150, 200},
+                        {MaskType::f32, "bhqk", 150, 150},
+                        {MaskType::bf16, "bk", 100, 230}};
+  for (const char *arch : {"gfx1201", "gfx1100", "gfx942", "gfx90a", "gfx950"})
+    for (const Case &c : cases) {
+      AttentionSpec spec = masked_spec(c.type, c.axes, 2, 2, c.sq, c.sk);
+      spec.kv_heads = 1;
+      SCOPED_TRACE(fmt::format("{} {}", arch, spec.summary()));
+      auto attn = Attention::create(spec, fmt::format("emulator:{}", arch), emulator_options());
+      ASSERT_TRUE(attn) << attn.status().message();
+      forward_matches(*attn, spec, 7,
+                      [&](HostTensors &t) { test::structured_mask(spec, t.attn_mask); });
+    }
+}
+
+// Decode through split-KV with a key-padding mask whose hidden keys fill whole
+// splits: each split's run starts at the next block the summary keeps.
+TEST(MaskBlocks, SplitKvDecodeSkipsHiddenBlocks) {
+  if (!runtime::emulator_available())
+    GTEST_SKIP() << "this build has no emulator (FLASHJIT_WITH_LLVM=OFF)";
+  AttentionSpec spec = masked_spec(MaskType::boolean, "bk", 2, 4, 1, 600);
+  auto attn = Attention::create(spec, "emulator:gfx1201", emulator_options());
+  ASSERT_TRUE(attn) << attn.status().message();
+  for (int64_t splits : {1, 4, 9}) {
+    spec.num_splits = splits;
+    SCOPED_TRACE(splits);
+    forward_matches(*attn, spec, uint64_t(40 + splits), [](HostTensors &t) {
+      for (int64_t b = 0; b < 2; ++b) // batch 0 sees keys [0, 97), batch 1 keys [350, 600)
+        for (int64_t j = 0; j < 600; ++j)
+          t.attn_mask[size_t(b * 600 + j)] = (b == 0 ? j < 97 : j >= 350) ? 1.0f : 0.0f;
+    });
+  }
 }
 
 } // namespace

@@ -67,6 +67,7 @@ struct Job {
 
 /// --kernel's names, in a plan's launch order (runtime/pipeline.h's KernelKind).
 constexpr std::pair<std::string_view, pipeline::KernelKind> kKernelNames[] = {
+    {"mask-blocks", pipeline::KernelKind::mask_blocks},
     {"attention", pipeline::KernelKind::attention},
     {"split-partial", pipeline::KernelKind::split_partial},
     {"split-combine", pipeline::KernelKind::split_combine},
@@ -87,8 +88,9 @@ std::string kernel_names() {
 cli::FlagSpec kernel_flag() {
   return {"--kernel", "KIND",
           "which kernel of the plan: " + kernel_names() +
-              " (split-KV decode runs split-partial then split-combine; the backward its five in "
-              "that order, backward-sinks only with sinks)",
+              " (a mask tensor's plan runs mask-blocks first; split-KV decode runs split-partial "
+              "then split-combine; the backward its five in that order, backward-sinks only with "
+              "sinks)",
           "attention"};
 }
 

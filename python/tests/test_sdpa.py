@@ -172,3 +172,41 @@ def test_attn_mask_matches_torch_sdpa_forward_and_backward(kind):
     with pytest.raises(NotImplementedError, match="attn_mask requires grad"):
         flashjit.scaled_dot_product_attention(
             q, k, v, attn_mask=torch.zeros(sq, sk, device="cuda", requires_grad=True))
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("kind", ["bool", "bfloat16"])
+def test_padded_causal_masks_match_torch_sdpa(kind, d):
+    """The mask transformers builds for a right-padded batch in a causal model: [B, 1, S, S],
+    causal and each batch's keys past its length hidden (additive: 0 kept, -inf hidden, 0.5
+    on a stripe), so the block summary has empty, full and mixed blocks. Forward and backward
+    against SDPA in float64 on the GPU."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    F = torch.nn.functional
+    torch.manual_seed(5)
+    b, h, s = 3, 4, 700
+    lens = torch.tensor([700, 450, 129], device="cuda")
+    i = torch.arange(s, device="cuda")[:, None]
+    j = torch.arange(s, device="cuda")[None, :]
+    keep = ((j <= i)[None] & (j[None] < lens[:, None, None]))[:, None]
+    if kind == "bool":
+        mask = keep
+    else:
+        stripe = torch.where(((j // 32 + i // 16) % 7 == 0), 0.5, 0.0)
+        mask = torch.where(keep, stripe[None, None], float("-inf")).bfloat16()
+    q, k, v = ((torch.rand(b, h, s, d, device="cuda") * 2 - 1).bfloat16().requires_grad_()
+               for _ in range(3))
+    dout = (torch.rand(b, h, s, d, device="cuda") * 2 - 1).bfloat16()
+    out = flashjit.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    out.backward(dout)
+    mine = [x.grad.double() for x in (q, k, v)]
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    ref = F.scaled_dot_product_attention(q64, k64, v64,
+                                         attn_mask=mask if kind == "bool" else mask.double())
+    ref.backward(dout.double())
+    assert (out.double() - ref).abs().max().item() < 3e-2
+    for name, got, want in zip("qkv", mine, (q64.grad, k64.grad, v64.grad)):
+        err = ((got - want).norm() / want.norm()).item()
+        assert err < 2e-2, f"d{name}: relative L2 error {err:.3g}"
