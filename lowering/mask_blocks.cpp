@@ -65,14 +65,18 @@ Expected<Lowered> lower_mask_blocks(const AttentionSpec &spec, const Target &tar
   const char *element = boolean                      ? "const unsigned char *"
                         : spec.mask == MaskType::f32 ? "const float *"
                                                      : "const fj_bits *";
-  out.params = {{"attn_mask", KernelParam::Kind::tensor, ir::ScalarType::i64, element},
-                {"attn_mask_blocks", KernelParam::Kind::tensor, ir::ScalarType::i64,
-                 "unsigned char *"}};
+  out.params = {
+      {"attn_mask", KernelParam::Kind::tensor, ir::ScalarType::i64, element},
+      {"attn_mask_blocks", KernelParam::Kind::tensor, ir::ScalarType::i64, "unsigned char *"}};
   const std::pair<const char *, ir::ScalarType> scalars[] = {
-      {"mask_batch_stride", ir::ScalarType::i64}, {"mask_head_stride", ir::ScalarType::i64},
-      {"mask_q_stride", ir::ScalarType::i64},     {"mask_k_stride", ir::ScalarType::i64},
-      {"heads", ir::ScalarType::i32},             {"seqlen_q", ir::ScalarType::i32},
-      {"seqlen_k", ir::ScalarType::i32},          {"mask_block_q", ir::ScalarType::i32},
+      {"mask_batch_stride", ir::ScalarType::i64},
+      {"mask_head_stride", ir::ScalarType::i64},
+      {"mask_q_stride", ir::ScalarType::i64},
+      {"mask_k_stride", ir::ScalarType::i64},
+      {"heads", ir::ScalarType::i32},
+      {"seqlen_q", ir::ScalarType::i32},
+      {"seqlen_k", ir::ScalarType::i32},
+      {"mask_block_q", ir::ScalarType::i32},
       {"mask_block_k", ir::ScalarType::i32}};
   for (const auto &[name, t] : scalars)
     out.params.push_back({name, KernelParam::Kind::scalar, t, emit::c_scalar_type(t)});
