@@ -18,10 +18,8 @@
 #include "lowering/lower.h"
 
 #include "ir/build.h"
-#include "lowering/emitter.h"
-#include "lowering/hip_writer.h"
+#include "lowering/direct_kernel.h"
 #include "lowering/resources.h"
-#include "templates/templates.h"
 
 #include <algorithm>
 #include <numbers>
@@ -34,40 +32,6 @@ namespace {
 constexpr int kThreads = 128;
 // reduce: a workgroup sums kRows key rows, each over kColThreads work-items.
 constexpr int kColThreads = 32, kRows = kThreads / kColThreads;
-
-void open_kernel(HipWriter &w, const Lowered &out) {
-  w.line("FJ_GLOBAL FJ_WORKGROUP_SIZE({})", out.block_threads);
-  w.line("void {}(", out.kernel_name);
-  w.indent(2);
-  for (size_t i = 0; i < out.params.size(); ++i) {
-    const KernelParam &p = out.params[i];
-    w.line("{}{}{}{}", p.c_type, p.kind == KernelParam::Kind::tensor ? "__restrict__ " : " ",
-           p.name, i + 1 < out.params.size() ? "," : ") {");
-  }
-  w.indent(-2);
-  w.indent(1);
-}
-
-/// The source around the kernel text: the target's prelude, as for the combine.
-void finish(Lowered &out, const Target &target, HipWriter &kernel, std::string_view what) {
-  out.kernel_text = kernel.str();
-  HipWriter full;
-  full.line("// flashjit kernel {} for {}: {}", out.kernel_name, target.target_id(), what);
-  full.line("// (no tile IR: a loop per row; see docs/decisions.md).");
-  full.blank();
-  full.raw(target.is_nvidia() ? templates::cuda_prelude : templates::amdgcn_prelude);
-  full.blank();
-  full.raw(out.kernel_text);
-  out.source = full.str();
-  out.pointer_alignment = 4;
-  out.max_row_stride = INT32_MAX;
-}
-
-void add_scalars(Lowered &out,
-                 std::initializer_list<std::pair<const char *, ir::ScalarType>> scalars) {
-  for (const auto &[name, type] : scalars)
-    out.params.push_back({name, KernelParam::Kind::scalar, type, emit::c_scalar_type(type)});
-}
 
 void element_type(HipWriter &w, DType t) {
   w.line("// ---- the element type ({}) ----", dtype_name(t));
@@ -266,7 +230,7 @@ Expected<Lowered> lower_backward_preprocess(const AttentionSpec &spec, const Tar
   w.line("// Row r = (batch * heads + head) * q_rows + query of L and D (dense; packed rows");
   w.line("// are one batch of total_q rows), one per");
   w.line("// work-item: D[r] = sum_d dO[r][d] * O[r][d] in order, L[r] = LSE[r] * log2(e).");
-  open_kernel(w, out);
+  open_direct_kernel(w, out);
   w.line("const long row = long(fj_group_id_x()) * {} + fj_thread_id();", kThreads);
   w.line("if (row >= rows)");
   w.line("  return;");
@@ -287,7 +251,9 @@ Expected<Lowered> lower_backward_preprocess(const AttentionSpec &spec, const Tar
          emit::float_literal(std::numbers::log2e));
   w.line("fj_global_store_f32(D + row, dot);");
   w.close();
-  finish(out, target, w, "the backward's preprocess (D = rowsum(dO * O), L = LSE * log2 e)");
+  finish_direct_kernel(out, target, w,
+                       "the backward's preprocess (D = rowsum(dO * O), L = LSE * log2 e)",
+                       "a loop per row");
   out.rules = "backward-preprocess";
   return out;
 }
@@ -335,7 +301,7 @@ Expected<Lowered> lower_backward_reduce(const AttentionSpec &spec, const Target 
   w.line("// row are the sums, over the group's query heads in order, of the f32 rows of");
   w.line("// dK_heads / dV_heads (dense [batch, kv_heads * group, k_rows, dim]; packed rows");
   w.line("// are one batch of total_k rows).");
-  open_kernel(w, out);
+  open_direct_kernel(w, out);
   w.line("const long row = long(fj_group_id_x()) * kRows + fj_thread_id() / kColThreads;");
   w.line("const int col0 = fj_thread_id() % kColThreads;");
   w.line("if (row >= rows_k)");
@@ -367,7 +333,9 @@ Expected<Lowered> lower_backward_reduce(const AttentionSpec &spec, const Target 
     w.close();
   }
   w.close();
-  finish(out, target, w, "the backward's sum of dK and dV over each group of query heads");
+  finish_direct_kernel(out, target, w,
+                       "the backward's sum of dK and dV over each group of query heads",
+                       "a loop per row");
   out.rules = "backward-reduce";
   return out;
 }
@@ -403,7 +371,7 @@ Expected<Lowered> lower_backward_sinks(const AttentionSpec &spec, const Target &
   w.line("// (batch * heads + head) * q_rows + query of 2^(sink log2(e) - L[r]) * D[r]");
   w.line("// (L = +inf: a row that saw nothing, 0), each work-item over every kThreads-th");
   w.line("// row, then a tree: a fixed order.");
-  open_kernel(w, out);
+  open_direct_kernel(w, out);
   w.line("FJ_LDS_ARRAY(float, lds_tree, kThreads);");
   w.line("const int head = fj_group_id_x();");
   w.line("const int tid = fj_thread_id();");
@@ -428,7 +396,8 @@ Expected<Lowered> lower_backward_sinks(const AttentionSpec &spec, const Target &
   w.line("if (tid == 0)");
   w.line("  fj_global_store_f32(dsinks + head, -sum);");
   w.close();
-  finish(out, target, w, "the backward's gradient of the attention sinks");
+  finish_direct_kernel(out, target, w, "the backward's gradient of the attention sinks",
+                       "a loop per row");
   out.lds_bytes = kSinkThreads * 4;
   out.rules = "backward-sinks";
   return out;

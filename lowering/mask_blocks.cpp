@@ -13,8 +13,7 @@
 #include "lowering/lower.h"
 
 #include "ir/build.h"
-#include "lowering/emitter.h"
-#include "lowering/hip_writer.h"
+#include "lowering/direct_kernel.h"
 #include "templates/templates.h"
 
 namespace flashjit::lowering {
@@ -50,7 +49,7 @@ ir::Bindings bind_mask_blocks(const AttentionSpec &spec, MaskBlocks b) {
   out.set_int("mask_block_k", b.block_k);
   out.set_int("mask_k_blocks", c.k);
   out.set_int("mask_q_blocks", c.q);
-  out.set_int("mask_bh", c.bh);
+  out.set_int("mask_cells", c.k * c.q * c.bh);
   return out;
 }
 
@@ -68,21 +67,20 @@ Expected<Lowered> lower_mask_blocks(const AttentionSpec &spec, const Target &tar
   out.params = {
       {"attn_mask", KernelParam::Kind::tensor, ir::ScalarType::i64, element},
       {"attn_mask_blocks", KernelParam::Kind::tensor, ir::ScalarType::i64, "unsigned char *"}};
-  const std::pair<const char *, ir::ScalarType> scalars[] = {
-      {"mask_batch_stride", ir::ScalarType::i64},
-      {"mask_head_stride", ir::ScalarType::i64},
-      {"mask_q_stride", ir::ScalarType::i64},
-      {"mask_k_stride", ir::ScalarType::i64},
-      {"heads", ir::ScalarType::i32},
-      {"seqlen_q", ir::ScalarType::i32},
-      {"seqlen_k", ir::ScalarType::i32},
-      {"mask_block_q", ir::ScalarType::i32},
-      {"mask_block_k", ir::ScalarType::i32}};
-  for (const auto &[name, t] : scalars)
-    out.params.push_back({name, KernelParam::Kind::scalar, t, emit::c_scalar_type(t)});
-  out.grid = {ir::GridAxis{-1, ir::Extent::of("mask_k_blocks"), 1},
-              ir::GridAxis{-1, ir::Extent::of("mask_q_blocks"), 1},
-              ir::GridAxis{-1, ir::Extent::of("mask_bh"), 1}};
+  add_scalars(out, {{"mask_batch_stride", ir::ScalarType::i64},
+                    {"mask_head_stride", ir::ScalarType::i64},
+                    {"mask_q_stride", ir::ScalarType::i64},
+                    {"mask_k_stride", ir::ScalarType::i64},
+                    {"heads", ir::ScalarType::i32},
+                    {"seqlen_q", ir::ScalarType::i32},
+                    {"seqlen_k", ir::ScalarType::i32},
+                    {"mask_block_q", ir::ScalarType::i32},
+                    {"mask_block_k", ir::ScalarType::i32},
+                    {"mask_k_blocks", ir::ScalarType::i32},
+                    {"mask_q_blocks", ir::ScalarType::i32}});
+  // One axis (x): the entries, whatever the batch and heads (CUDA's y and z stop
+  // at 65535).
+  out.grid = {ir::GridAxis{-1, ir::Extent::of("mask_cells"), 1}};
   out.block_threads = kThreads;
 
   HipWriter w;
@@ -90,24 +88,17 @@ Expected<Lowered> lower_mask_blocks(const AttentionSpec &spec, const Target &tar
   w.blank();
   w.line("constexpr int kThreads = {}; // work-items", kThreads);
   w.blank();
-  w.line("// One workgroup per entry: (key block x, query block y, (batch, head) z) of the");
+  w.line("// One workgroup per entry (key block, query block, (batch, head)) of the");
   w.line("// mask's own extent. Its work-items read the block's elements within seqlen_q x");
   w.line("// seqlen_k and agree, by two trees, whether any pair attends and whether any");
   w.line("// pair is not kept unchanged.");
-  w.line("FJ_GLOBAL FJ_WORKGROUP_SIZE({})", kThreads);
-  w.line("void {}(", out.kernel_name);
-  w.indent(2);
-  for (size_t i = 0; i < out.params.size(); ++i) {
-    const KernelParam &p = out.params[i];
-    w.line("{}{}{}{}", p.c_type, p.kind == KernelParam::Kind::tensor ? "__restrict__ " : " ",
-           p.name, i + 1 < out.params.size() ? "," : ") {");
-  }
-  w.indent(-2);
-  w.indent(1);
+  open_direct_kernel(w, out);
   w.line("FJ_LDS_ARRAY(float, lds_tree, kThreads);");
   w.line("const int tid = fj_thread_id();");
-  w.line("const int kb = int(fj_group_id_x()), qb = int(fj_group_id_y());");
-  w.line("const long bh = long(fj_group_id_z());");
+  w.line("const long cell = long(fj_group_id_x()); // fj_mask_cell's order: (b, h, qb, kb)");
+  w.line(
+      "const int kb = int(cell % mask_k_blocks), qb = int(cell / mask_k_blocks % mask_q_blocks);");
+  w.line("const long bh = cell / mask_k_blocks / mask_q_blocks;");
   w.line("const long head_cells = mask_head_stride != 0 ? heads : 1;");
   w.line("const long b = bh / head_cells, h = bh % head_cells;");
   w.line("const int q0 = qb * mask_block_q, k0 = kb * mask_block_k;");
@@ -135,27 +126,15 @@ Expected<Lowered> lower_mask_blocks(const AttentionSpec &spec, const Target &tar
   tree_reduce(w, "lds_tree", "attends", true, "attends");
   tree_reduce(w, "lds_tree", "changed", true, "changed");
   w.line("if (tid == 0)");
-  w.line("  attn_mask_blocks[fj_mask_cell(b, h, qb, kb, heads, seqlen_q, seqlen_k, mask_block_q,");
-  w.line("                                mask_block_k, mask_batch_stride, mask_head_stride,");
-  w.line("                                mask_q_stride)] =");
-  w.line("      attends == 0.0f ? FJ_MASK_BLOCK_EMPTY");
-  w.line("      : changed == 0.0f ? FJ_MASK_BLOCK_FULL : FJ_MASK_BLOCK_MIXED;");
+  w.line("  attn_mask_blocks[cell] = attends == 0.0f ? FJ_MASK_BLOCK_EMPTY");
+  w.line("                          : changed == 0.0f ? FJ_MASK_BLOCK_FULL");
+  w.line("                                            : FJ_MASK_BLOCK_MIXED;");
   w.close();
-  out.kernel_text = w.str();
-
-  HipWriter full;
-  full.line("// flashjit kernel {} for {}: the block summary of a {} mask tensor", out.kernel_name,
-            target.target_id(), type);
-  full.line("// (no tile IR: a reduction per block; see docs/decisions.md).");
-  full.blank();
-  full.raw(target.is_nvidia() ? templates::cuda_prelude : templates::amdgcn_prelude);
-  full.blank();
-  full.raw(out.kernel_text);
-  out.source = full.str();
+  finish_direct_kernel(out, target, w, fmt::format("the block summary of a {} mask tensor", type),
+                       "a reduction per block");
   out.rules = "mask_blocks";
   out.lds_bytes = kThreads * 4;
   out.pointer_alignment = mask_type_bytes(spec.mask);
-  out.max_row_stride = INT32_MAX;
   return out;
 }
 

@@ -16,9 +16,7 @@
 #include "lowering/lower.h"
 
 #include "ir/build.h"
-#include "lowering/emitter.h"
-#include "lowering/hip_writer.h"
-#include "templates/templates.h"
+#include "lowering/direct_kernel.h"
 
 #include <numbers>
 
@@ -100,16 +98,7 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
   w.line("// Merges split-KV's partial results: workspace row r = (batch * heads + head) *");
   w.line("// seqlen_q + query holds O_partial[split][r][0..kDimV) and LSE_partial[split][r].");
   w.line("// One workgroup per row and col_threads (8 or 32) entries of it.");
-  w.line("FJ_GLOBAL FJ_WORKGROUP_SIZE({})", kThreads);
-  w.line("void {}(", out.kernel_name);
-  w.indent(2);
-  for (size_t i = 0; i < out.params.size(); ++i) {
-    const KernelParam &p = out.params[i];
-    w.line("{}{}{}{}", p.c_type, p.kind == KernelParam::Kind::tensor ? "__restrict__ " : " ",
-           p.name, i + 1 < out.params.size() ? "," : ") {");
-  }
-  w.indent(-2);
-  w.indent(1);
+  open_direct_kernel(w, out);
   w.line("FJ_LDS_ARRAY(float, lds_weight, kMaxSplits); // each split's weight");
   w.line("FJ_LDS_ARRAY(float, lds_tree, kThreads); // the reductions over the splits");
   w.line("FJ_LDS_ARRAY(float, lds_acc, kThreads); // each group's weighted sums");
@@ -184,21 +173,10 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
            emit::float_literal(std::numbers::ln2));
   }
   w.close();
-  out.kernel_text = w.str();
-
-  HipWriter full;
-  full.line("// flashjit kernel {} for {}: merges split-KV partial results", out.kernel_name,
-            target.target_id());
-  full.line("// (no tile IR: a loop over the splits per output element; see docs/decisions.md).");
-  full.blank();
-  full.raw(target.is_nvidia() ? templates::cuda_prelude : templates::amdgcn_prelude);
-  full.blank();
-  full.raw(out.kernel_text);
-  out.source = full.str();
+  finish_direct_kernel(out, target, w, "merges split-KV partial results",
+                       "a loop over the splits per output element");
   out.rules = "combine";
   out.lds_bytes = int((kMaxChosenSplits + 2 * kThreads) * 4);
-  out.pointer_alignment = 4;
-  out.max_row_stride = INT32_MAX;
   return out;
 }
 

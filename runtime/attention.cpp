@@ -341,11 +341,14 @@ struct Attention::Impl {
   Status launch(const lowering::Lowered &l, runtime::GpuKernel &k, const ir::Bindings &shapes,
                 std::span<const runtime::NamedPointer> pointers, void *stream);
   Status run_gpu(const AttentionSpec &shape, const AttentionTensors &t, void *stream);
-  /// Where kernel `l` reads a mask tensor's block summary (Lowered::mask_blocks):
-  /// a stream-ordered device buffer that the summary kernel has been launched to
-  /// fill, which the caller releases after `l`'s launch; else null.
-  Expected<void *> mask_blocks_gpu(const lowering::Lowered &l, const AttentionSpec &shape,
-                                   const void *mask, void *stream);
+  /// launch() of a kernel of `shape`'s plan: where it reads a mask tensor's block
+  /// summary (Lowered::mask_blocks), the summary kernel runs first over the
+  /// "attn_mask" of `pointers`, into a stream-ordered workspace released after
+  /// `l`'s launch.
+  Status launch_reading_mask(const lowering::Lowered &l, runtime::GpuKernel &k,
+                             const ir::Bindings &shapes,
+                             std::span<const runtime::NamedPointer> pointers,
+                             const AttentionSpec &shape, void *stream);
   Status run_emulator(const AttentionSpec &shape, const AttentionTensors &t);
   Status run_interpreter(const AttentionSpec &shape, const AttentionTensors &t, void *stream);
   std::string kernel_name() const {
@@ -414,30 +417,38 @@ Status Attention::Impl::build(Failure *failure) {
   return Status::ok();
 }
 
-Expected<void *> Attention::Impl::mask_blocks_gpu(const lowering::Lowered &l,
-                                                  const AttentionSpec &shape, const void *mask,
-                                                  void *stream) {
+Status Attention::Impl::launch_reading_mask(const lowering::Lowered &l, runtime::GpuKernel &k,
+                                            const ir::Bindings &shapes,
+                                            std::span<const runtime::NamedPointer> pointers,
+                                            const AttentionSpec &shape, void *stream) {
   if (l.mask_blocks.block_q == 0)
-    return nullptr;
+    return launch(l, k, shapes, pointers, stream);
   if (!mask_kernel)
     return Status::error("{} reads a mask tensor's block summary, but this handle has no summary "
                          "kernel (its spec has no mask tensor)",
                          l.kernel_name);
+  const void *mask = nullptr;
+  for (const runtime::NamedPointer &p : pointers)
+    mask = p.name == "attn_mask" ? p.pointer : mask;
   const int64_t bytes = lowering::mask_blocks_bytes(shape, l.mask_blocks);
   auto buffer = driver->allocate_async(device.index, size_t(std::max<int64_t>(bytes, 1)), stream);
   if (!buffer)
     return buffer.status().with_context(
         fmt::format("the mask's block summary of {} bytes on {}", bytes, device.id()));
+  Status s;
   if (bytes > 0) {
-    const runtime::NamedPointer pointers[] = {{"attn_mask", mask}, {"attn_mask_blocks", *buffer}};
-    Status s = launch(mask_generated->lowered, *mask_kernel,
-                      lowering::bind_mask_blocks(shape, l.mask_blocks), pointers, stream);
-    if (!s) {
-      (void)driver->release_async(device.index, *buffer, stream);
-      return s;
-    }
+    const runtime::NamedPointer summary[] = {{"attn_mask", mask}, {"attn_mask_blocks", *buffer}};
+    s = launch(mask_generated->lowered, *mask_kernel,
+               lowering::bind_mask_blocks(shape, l.mask_blocks), summary, stream);
   }
-  return *buffer;
+  if (s) {
+    std::vector<runtime::NamedPointer> all(pointers.begin(), pointers.end());
+    all.push_back({"attn_mask_blocks", *buffer});
+    s = launch(l, k, shapes, all, stream);
+  }
+  // Released in stream order: after the kernel has read it.
+  Status released = driver->release_async(device.index, *buffer, stream);
+  return s ? released : s;
 }
 
 int64_t Attention::Impl::choose_splits(const AttentionSpec &shape, bool packed) {
@@ -555,29 +566,20 @@ Status Attention::Impl::run_split_gpu(const SplitKv &sk, const AttentionSpec &sh
         fmt::format("split-KV workspace of {} bytes on {}", ws.bytes(), device.id()));
   float *o_partial = static_cast<float *>(*workspace);
   float *lse_partial = o_partial + ws.o_elements;
-  runtime::NamedPointer first[] = {{"Q", t.q},
-                                   {"K", t.k},
-                                   {"V", t.v},
-                                   {"O", o_partial},
-                                   {"LSE", lse_partial},
-                                   {"cu_seqlens_k", t.cu_seqlens_k},
-                                   {"seqused_k", t.seqused_k},
-                                   {"block_table", t.block_table},
-                                   {"alibi_slopes", t.alibi_slopes},
-                                   {"attn_mask", t.attn_mask},
-                                   {"attn_mask_blocks", nullptr}};
+  const runtime::NamedPointer first[] = {{"Q", t.q},
+                                         {"K", t.k},
+                                         {"V", t.v},
+                                         {"O", o_partial},
+                                         {"LSE", lse_partial},
+                                         {"cu_seqlens_k", t.cu_seqlens_k},
+                                         {"seqused_k", t.seqused_k},
+                                         {"block_table", t.block_table},
+                                         {"alibi_slopes", t.alibi_slopes},
+                                         {"attn_mask", t.attn_mask}};
   const runtime::NamedPointer second[] = {
       {"O_partial", o_partial}, {"LSE_partial", lse_partial}, {"O", t.out}, {"LSE", t.lse}};
-  auto blocks = mask_blocks_gpu(sk.partial.lowered, shape, t.attn_mask, stream);
-  Status s = blocks ? Status::ok() : blocks.status();
-  if (s) {
-    first[std::size(first) - 1].pointer = *blocks;
-    s = launch(sk.partial.lowered, *sk.partial_kernel, ir::bind_split_kv(shape, splits), first,
-               stream);
-    if (*blocks)
-      if (Status released = driver->release_async(device.index, *blocks, stream); s)
-        s = released;
-  }
+  Status s = launch_reading_mask(sk.partial.lowered, *sk.partial_kernel,
+                                 ir::bind_split_kv(shape, splits), first, shape, stream);
   if (s)
     s = launch(sk.combine.lowered, *sk.combine_kernel, lowering::bind_split_combine(shape, splits),
                second, stream);
@@ -815,15 +817,7 @@ Status Attention::Impl::run_backward(const Backward &b, const AttentionSpec &sha
       std::vector<runtime::NamedPointer> pointers;
       for (const Arg &a : args)
         pointers.push_back({a.name, a.pointer});
-      auto blocks = mask_blocks_gpu(kernel, shape, t.attn_mask, stream);
-      if (!blocks)
-        return blocks.status().with_context("backward");
-      pointers.push_back({"attn_mask_blocks", *blocks});
-      Status launched = launch(kernel, *b.kernel[i], shapes, pointers, stream);
-      if (*blocks) // released in stream order: after the kernel has read it
-        if (Status released = driver->release_async(device.index, *blocks, stream); launched)
-          launched = released;
-      return launched;
+      return launch_reading_mask(kernel, *b.kernel[i], shapes, pointers, shape, stream);
     }
     // The emulator checks every access against the buffers; the kernel's
     // parameter types say which it may write.
@@ -955,28 +949,20 @@ Status Attention::Impl::launch(const lowering::Lowered &l, runtime::GpuKernel &k
 Status Attention::Impl::run_gpu(const AttentionSpec &shape, const AttentionTensors &t,
                                 void *stream) {
   const lowering::Lowered &l = generated->lowered;
-  runtime::NamedPointer pointers[] = {{"Q", t.q},
-                                      {"K", t.k},
-                                      {"V", t.v},
-                                      {"O", t.out},
-                                      {"LSE", t.lse},
-                                      {"cu_seqlens_q", t.cu_seqlens_q},
-                                      {"cu_seqlens_k", t.cu_seqlens_k},
-                                      {"seqused_k", t.seqused_k},
-                                      {"block_table", t.block_table},
-                                      {"alibi_slopes", t.alibi_slopes},
-                                      {"sinks", t.sinks},
-                                      {"attn_mask", t.attn_mask},
-                                      {"attn_mask_blocks", nullptr}};
-  auto blocks = mask_blocks_gpu(l, shape, t.attn_mask, stream);
-  if (!blocks)
-    return blocks.status().with_context("forward");
-  pointers[std::size(pointers) - 1].pointer = *blocks;
-  Status s = launch(l, *kernel, ir::bind_attention(shape), pointers, stream);
-  if (*blocks) // released in stream order: after the kernel has read it
-    if (Status released = driver->release_async(device.index, *blocks, stream); s)
-      s = released;
-  FJ_RETURN_IF_ERROR(s);
+  const runtime::NamedPointer pointers[] = {{"Q", t.q},
+                                            {"K", t.k},
+                                            {"V", t.v},
+                                            {"O", t.out},
+                                            {"LSE", t.lse},
+                                            {"cu_seqlens_q", t.cu_seqlens_q},
+                                            {"cu_seqlens_k", t.cu_seqlens_k},
+                                            {"seqused_k", t.seqused_k},
+                                            {"block_table", t.block_table},
+                                            {"alibi_slopes", t.alibi_slopes},
+                                            {"sinks", t.sinks},
+                                            {"attn_mask", t.attn_mask}};
+  FJ_RETURN_IF_ERROR(
+      launch_reading_mask(l, *kernel, ir::bind_attention(shape), pointers, shape, stream));
   if (options.synchronize)
     FJ_RETURN_IF_ERROR(
         driver->synchronize(device.index, stream)

@@ -384,6 +384,16 @@ std::vector<float> floats_of(const AttentionSpec &spec, const std::vector<uint16
   return out;
 }
 
+/// Options that run the emulator's kernels (no device compiler) on two
+/// threads, under `rules`.
+Options emulated(std::string_view rules = "auto") {
+  Options o;
+  o.compiler = "none";
+  o.rules = std::string(rules);
+  o.cpu_threads = 2;
+  return o;
+}
+
 /// Forward then backward through one Attention on `device`; the gradients into t
 /// (a gradient element the backward did not write stays NaN). Varlen specs pass
 /// t's cu_seqlens, and a backward without them is refused by name.
@@ -462,10 +472,7 @@ TEST_P(BackwardEmulator, MatchesFloat64) {
   const AttentionSpec spec = spec_of(c), ref = reference_spec_of(c);
   HostTensors t = make_random_inputs(spec, 31);
   make_random_grad(spec, t, 32);
-  Options options;
-  options.compiler = "none";
-  options.rules = how.rules;
-  options.cpu_threads = 2;
+  const Options options = emulated(how.rules);
   run_attention(spec, fmt::format("emulator:{}", how.arch), options, t);
   if (HasFatalFailure())
     return;
@@ -501,9 +508,7 @@ TEST(BackwardMaskBlocks, StructuredMasksMatchFloat64) {
       HostTensors t = make_random_inputs(spec, 51);
       test::structured_mask(spec, t.attn_mask);
       make_random_grad(spec, t, 52);
-      Options options;
-      options.compiler = "none";
-      options.cpu_threads = 2;
+      const Options options = emulated();
       run_attention(spec, fmt::format("emulator:{}", arch), options, t);
       if (HasFatalFailure())
         return;
@@ -554,10 +559,8 @@ TEST(BackwardRdna, HeadDim128FitsTheRegistersAndMatchesFloat64) {
 
     HostTensors t = make_random_inputs(spec, 41);
     make_random_grad(spec, t, 42);
-    Options emulated;
-    emulated.compiler = "none";
-    emulated.cpu_threads = 2;
-    run_attention(spec, fmt::format("emulator:{}", arch), emulated, t);
+    const Options on_emulator = emulated();
+    run_attention(spec, fmt::format("emulator:{}", arch), on_emulator, t);
     if (HasFatalFailure())
       return;
     expect_gradients_match(ref, t);
@@ -666,10 +669,7 @@ TEST_P(BackwardVarlen, MatchesFloat64) {
   const AttentionSpec &spec = in.spec;
   HostTensors &t = in.tensors;
   make_random_grad(spec, t, 42);
-  Options options;
-  options.compiler = "none";
-  options.rules = how.rules;
-  options.cpu_threads = 2;
+  const Options options = emulated(how.rules);
   run_attention(spec, fmt::format("emulator:{}", how.arch), options, t);
   if (HasFatalFailure())
     return;
@@ -832,10 +832,7 @@ TEST_P(BlockSparseEmulator, InteriorHolesAreSkipped) {
           t.dout[size_t(h * spec.o.head + row * spec.o.seq + d)] = nan;
         }
     }
-  Options options;
-  options.compiler = "none";
-  options.rules = GetParam().rules;
-  options.cpu_threads = 2;
+  const Options options = emulated(GetParam().rules);
   run_attention(spec, fmt::format("emulator:{}", GetParam().arch), options, t);
   if (HasFatalFailure())
     return;

@@ -140,12 +140,27 @@ def test_attn_mask_gradients_match_float64():
         assert err < 1e-2, f"d{name}: relative L2 error {err:.3g}"
 
 
+def expect_torch_sdpa_float64(torch, q, k, v, dout, mask):
+    """flashjit's SDPA forward and backward with `mask` (bool, or added) against PyTorch's
+    SDPA in float64: O within 3e-2, each gradient within 2e-2 relative L2."""
+    out = flashjit.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    out.backward(dout)
+    mine = [x.grad.double() for x in (q, k, v)]
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q64, k64, v64, attn_mask=mask if mask.dtype == torch.bool else mask.double())
+    ref.backward(dout.double())
+    assert (out.double() - ref).abs().max().item() < 3e-2
+    for name, got, want in zip("qkv", mine, (q64.grad, k64.grad, v64.grad)):
+        err = ((got - want).norm() / want.norm()).item()
+        assert err < 2e-2, f"d{name}: relative L2 error {err:.3g}"
+
+
 @pytest.mark.parametrize("kind", ["bool", "float32", "bfloat16"])
 def test_attn_mask_matches_torch_sdpa_forward_and_backward(kind):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    F = torch.nn.functional
     torch.manual_seed(3)
     b, hq, sq, sk, d = 2, 8, 200, 333, 128
     q = (torch.rand(b, hq, sq, d, device="cuda") * 2 - 1).bfloat16().requires_grad_()
@@ -158,17 +173,7 @@ def test_attn_mask_matches_torch_sdpa_forward_and_backward(kind):
     mask = torch.from_numpy(m).cuda()
     if kind == "bfloat16":
         mask = mask.bfloat16()
-    out = flashjit.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    out.backward(dout)
-    mine = [x.grad.double() for x in (q, k, v)]
-    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
-    ref = F.scaled_dot_product_attention(q64, k64, v64,
-                                         attn_mask=mask if kind == "bool" else mask.double())
-    ref.backward(dout.double())
-    assert (out.double() - ref).abs().max().item() < 3e-2
-    for name, got, want in zip("qkv", mine, (q64.grad, k64.grad, v64.grad)):
-        err = ((got - want).norm() / want.norm()).item()
-        assert err < 2e-2, f"d{name}: relative L2 error {err:.3g}"
+    expect_torch_sdpa_float64(torch, q, k, v, dout, mask)
     with pytest.raises(NotImplementedError, match="attn_mask requires grad"):
         flashjit.scaled_dot_product_attention(
             q, k, v, attn_mask=torch.zeros(sq, sk, device="cuda", requires_grad=True))
@@ -184,7 +189,6 @@ def test_padded_causal_masks_match_torch_sdpa(kind, d):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    F = torch.nn.functional
     torch.manual_seed(5)
     b, h, s = 3, 4, 700
     lens = torch.tensor([700, 450, 129], device="cuda")
@@ -199,14 +203,4 @@ def test_padded_causal_masks_match_torch_sdpa(kind, d):
     q, k, v = ((torch.rand(b, h, s, d, device="cuda") * 2 - 1).bfloat16().requires_grad_()
                for _ in range(3))
     dout = (torch.rand(b, h, s, d, device="cuda") * 2 - 1).bfloat16()
-    out = flashjit.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    out.backward(dout)
-    mine = [x.grad.double() for x in (q, k, v)]
-    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
-    ref = F.scaled_dot_product_attention(q64, k64, v64,
-                                         attn_mask=mask if kind == "bool" else mask.double())
-    ref.backward(dout.double())
-    assert (out.double() - ref).abs().max().item() < 3e-2
-    for name, got, want in zip("qkv", mine, (q64.grad, k64.grad, v64.grad)):
-        err = ((got - want).norm() / want.norm()).item()
-        assert err < 2e-2, f"d{name}: relative L2 error {err:.3g}"
+    expect_torch_sdpa_float64(torch, q, k, v, dout, mask)
