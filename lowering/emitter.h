@@ -293,6 +293,10 @@ private:
   // around the program (emit_persistent); emit_producer writes the producer's
   // code for one tile into producer_w_.
   bool persistent_ = false;
+  // Config persistent over tiles of uneven work (causal): each workgroup's tiles
+  // after its first come from a counter in a zeroed workspace (Lowered::tile_counter),
+  // fetched by the producer and handed to the consumers in a two-slot LDS ring.
+  bool dynamic_tiles_ = false;
   MaskBlocks mask_blocks_; // the mask tensor summary's blocks a loop reads (Lowered::mask_blocks)
   HipWriter producer_w_;
   Status emit_persistent();

@@ -529,6 +529,9 @@ Expected<Lowered> KernelEmitter::run() {
   }
   for (const ir::ScalarParam &sp : p_.scalars)
     params.push_back({sp.name, KernelParam::Kind::scalar, sp.type, c_scalar_type(sp.type)});
+  if (dynamic_tiles_) // zeroed by the launch (Lowered::tile_counter)
+    params.push_back({"fj_tile_counter", KernelParam::Kind::tensor, ir::ScalarType::i64,
+                      "unsigned long long *"});
   for (const auto &[map, load] : maps_)
     params.push_back({map, KernelParam::Kind::tensor_map, ir::ScalarType::i64,
                       "const __grid_constant__ fj_tensor_map",
@@ -539,6 +542,11 @@ Expected<Lowered> KernelEmitter::run() {
   if (free_bars_ > 0)
     declare_lds("unsigned long long", "fj_free_bar", free_bars_, free_bars_ * 8, 8,
                 "the ring copies' free barriers, one per copy: every consumer thread arrives");
+  if (dynamic_tiles_) {
+    declare_lds("long", "fj_tile_slot", 2, 16, 8, "the workgroup's next tiles, from the producer");
+    declare_lds("unsigned long long", "fj_tile_bar", 4, 32, 8,
+                "per tile slot: filled (the producer arrives), then read (every consumer thread)");
+  }
   if (ring_block_load_)
     declare_lds("int", "fj_ring_block", 2, 8, 8,
                 "per ring copy, its block's successor * 2 + whether the mask keeps it whole");
@@ -566,6 +574,10 @@ Expected<Lowered> KernelEmitter::run() {
     w_.line("unsigned fj_tma_phase = 0; // bit i: the parity of barrier i's next fill");
     if (free_bars_ > 0)
       w_.line("fj_mbar_init(fj_free_bar, {}, kThreads); // the consumers' arrivals", free_bars_);
+    if (dynamic_tiles_) {
+      w_.line("fj_mbar_init(fj_tile_bar, 2, 1); // a tile slot's fill: the producer's arrival");
+      w_.line("fj_mbar_init(fj_tile_bar + 2, 2, kThreads); // its read: the consumers' arrivals");
+    }
     w_.line("fj_tma_init(fj_tma_bar, {});", tma_bars_);
   }
   w_.raw(body.str());
@@ -613,6 +625,7 @@ Expected<Lowered> KernelEmitter::run() {
   // Rows are addressed by a 32-bit offset within a block (row_offset).
   out.max_row_stride = int64_t(UINT32_MAX) / std::max(block_m_, block_n_);
   out.persistent_blocks = persistent_ ? producer_budget().blocks : 0;
+  out.tile_counter = dynamic_tiles_;
   out.mask_blocks = mask_blocks_;
   return out;
 }
@@ -704,18 +717,26 @@ void KernelEmitter::emit_row_helpers() {
 
 // Config persistent (the sm90 forward with a producer warpgroup): the launch
 // has a workgroup per SM (or as many as fit, Lowered::persistent_blocks), and
-// each walks the tiles fj_group_id_x(), + the grid's size, ... The producer
-// walks them in its own loop and copies the next tile's K and V blocks into the
-// ring while the consumers finish the last tile; the ring's fill and free
-// barriers pace it as within a tile.
+// each walks tiles: first fj_group_id_x(), then, when every tile is the same
+// work, + the grid's size, ...; when tiles differ (causal: a later query block
+// sees more keys), whichever tile the launch's counter hands out next, so a
+// workgroup done early takes more (the list runs from each head's heaviest
+// tile to its lightest). The producer walks the tiles in its own loop and
+// copies the next tile's K and V blocks into the ring while the consumers
+// finish the last; the ring's fill and free barriers pace it as within a tile.
 Status KernelEmitter::emit_persistent() {
   if (p_.grid.size() != 3 || !p_.sequences.empty() || p_.tensor("dO") != nullptr)
     return Status::error("config persistent takes the dense forward (no split-KV, varlen, KV "
                          "cache or backward)");
   const ir::GridAxis &x = p_.grid[0];
   const int64_t div = std::max<int64_t>(x.divisor, 1);
-  w_.line("// Config persistent: this workgroup's tiles are fj_group_id_x(), + the grid's "
-          "size, ...");
+  dynamic_tiles_ = mask_.int_attr("causal") != 0;
+  if (dynamic_tiles_)
+    w_.line("// Config persistent: this workgroup's first tile is fj_group_id_x(); the next "
+            "ones come from fj_tile_counter (the grid's size + its count), one at a time");
+  else
+    w_.line("// Config persistent: this workgroup's tiles are fj_group_id_x(), + the grid's "
+            "size, ...");
   w_.line("const int fj_q_blocks = ({} + {}) / {};", c_expr(x.extent), div - 1, div);
   w_.line("const long fj_tiles = long(fj_q_blocks) * {} * {}; // 64-bit: past 2^31 too",
           c_expr(p_.grid[1].extent), c_expr(p_.grid[2].extent));
@@ -745,19 +766,50 @@ Status KernelEmitter::emit_persistent() {
   emit_producer_warp(*loop);
   w_.line("unsigned fj_free_phase = 0; // bit i: the parity of free barrier i's next completion");
   w_.line("int fj_n = 0; // the blocks issued so far, over the tiles");
-  w_.open("for (long fj_tile = fj_group_id_x(); fj_tile < fj_tiles; fj_tile += "
-          "fj_group_count_x()) {{");
+  if (dynamic_tiles_)
+    w_.line("unsigned fj_slot_phase = 0; // bit i: the parity of tile slot barrier i's next read");
+  if (dynamic_tiles_)
+    w_.line("int fj_j = 1; // the ordinal of this workgroup's next tile (its first is 0)");
+  const char *walk = dynamic_tiles_ ? "++fj_j" : "fj_tile += fj_group_count_x()";
+  w_.open("for (long fj_tile = fj_group_id_x(); fj_tile < fj_tiles; {}) {{", walk);
   emit_grid_args("fj_tile");
   w_.raw(producer_w_.str());
+  if (dynamic_tiles_) {
+    // Tile j goes into slot j % 2 once the consumers have read tile j - 2 from it.
+    w_.line("// The next tile, from the launch's counter, for the consumers in slot fj_j % 2");
+    w_.line("if (fj_j >= 3) // the consumers have read tile fj_j - 2 from this slot");
+    w_.line("  fj_tma_wait(fj_tile_bar, 2 + (fj_j & 1), fj_slot_phase);");
+    auto fetch = [&](const char *into) {
+      w_.line("{} = fj_group_count_x() + long(atomicAdd(fj_tile_counter, 1ull));", into);
+      w_.line("fj_tile_slot[fj_j & 1] = {};", into);
+      w_.line("fj_mbar_arrive(&fj_tile_bar[fj_j & 1]); // publishes the slot to the consumers");
+    };
+    if (loop->attrs.count("range")) { // emit_producer_warp: a warp, not a lane
+      w_.line("long fj_next = 0;");
+      w_.open("if (lane == 0) {{");
+      fetch("fj_next");
+      w_.close();
+      w_.line("fj_tile = __shfl_sync(0xffffffffu, fj_next, 0);");
+    } else {
+      fetch("fj_tile");
+    }
+  }
   w_.close();
   w_.close();
   w_.line("return; // its copies complete on the fill barriers; the consumers go on");
   w_.close();
   w_.line("fj_setmaxnreg_inc<{}>(); // the consumers' registers per thread", budget.consumer_regs);
   w_.line("int fj_copy = 0; // the ring copy that holds the block being read, over the tiles");
-  w_.open("for (long fj_tile = fj_group_id_x(); fj_tile < fj_tiles; fj_tile += "
-          "fj_group_count_x()) {{");
+  if (dynamic_tiles_) {
+    w_.line("unsigned fj_slot_phase = 0; // bit i: the parity of tile slot i's next fill");
+    w_.line("int fj_j = 1; // the ordinal of this workgroup's next tile (its first is 0)");
+  }
+  w_.open("for (long fj_tile = fj_group_id_x(); fj_tile < fj_tiles; {}) {{", walk);
+  if (dynamic_tiles_)
+    w_.line("long fj_tile_next = fj_tiles; // the producer's fetch (after the tile's KV loop)");
   w_.raw(tile.str());
+  if (dynamic_tiles_)
+    w_.line("fj_tile = fj_tile_next;");
   w_.close();
   return Status::ok();
 }

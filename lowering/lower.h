@@ -77,6 +77,9 @@ struct Lowered {
   /// Config persistent: the launch's grid is min(the grid's workgroups, this
   /// many per SM), in x only; the kernel walks the grid's tiles itself.
   int persistent_blocks = 0;
+  /// Config persistent over uneven tiles: the kernel's parameter fj_tile_counter
+  /// takes an 8-byte workspace that the launch zeroes first.
+  bool tile_counter = false;
   /// The kernel reads a mask tensor's block summary (`attn_mask_blocks`) of
   /// these blocks, which lower_mask_blocks' kernel writes before it runs.
   MaskBlocks mask_blocks;

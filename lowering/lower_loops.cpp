@@ -261,16 +261,28 @@ Status KernelEmitter::emit_producer(const Op &loop) {
   return Status::ok();
 }
 
-// Config persistent, after the loop: every S product of this tile is done, so
-// the next tile's Q goes into the buffer now and arrives during this tile's
-// last O product and epilogue.
+// Config persistent, after the loop: the workgroup's next tile (the grid's
+// size on, or the producer's fetch from the launch's counter); every S product
+// of this tile is done, so the next tile's Q goes into the buffer now and
+// arrives during this tile's last O product and epilogue.
 void KernelEmitter::emit_persistent_q() {
+  const char *next = "fj_next";
+  if (dynamic_tiles_) {
+    next = "fj_tile_next";
+    w_.line("fj_tma_wait(fj_tile_bar, fj_j & 1, fj_slot_phase); // the producer's fetch");
+    w_.line("fj_tile_next = fj_tile_slot[fj_j & 1];");
+    w_.line("fj_mbar_arrive(&fj_tile_bar[2 + (fj_j & 1)]); // this thread has read the slot");
+  }
   if (!q_load_)
     return;
   w_.line("{}; // every consumer is done with this tile's Q", barrier());
-  w_.open("if (fj_tile + fj_group_count_x() < fj_tiles) {{ // the next tile's Q");
-  w_.line("const long fj_next = fj_tile + fj_group_count_x();");
-  emit_grid_args("fj_next");
+  if (dynamic_tiles_) {
+    w_.open("if (fj_tile_next < fj_tiles) {{ // the next tile's Q");
+  } else {
+    w_.open("if (fj_tile + fj_group_count_x() < fj_tiles) {{ // the next tile's Q");
+    w_.line("const long fj_next = fj_tile + fj_group_count_x();");
+  }
+  emit_grid_args(next);
   emit_stage_issue(*q_load_, name(p_.grid_arg(0)));
   w_.close();
 }

@@ -40,6 +40,8 @@ ResourceEstimate estimate_resources(const AttentionSpec &spec, const ir::Config 
       e.lds_barriers += 8 * 6;
       if (ir::has_block_range(spec, c)) // fj_ring_block: two ints
         e.lds_barriers += 8;
+      if (c.persistent && spec.causal) // fj_tile_slot and fj_tile_bar (emit_persistent)
+        e.lds_barriers += 16 + 32;
     }
   }
   // Per query tile, the arrays the emitter declares: O and S as acc_elems() f32

@@ -83,12 +83,13 @@ public:
       return c;
     c.waves = 8;
     c.block_n = d <= 128 ? 128 : d <= 192 ? 96 : 64;
-    // Persistent from head dim 72 to 128 where every tile has the same work (not
-    // causal, no mask_mod block range: a static walk of uneven tiles ends
-    // unevenly). H200, S = 1024, B = 16: +9% at head dim 80, +5% at 128; head
-    // dims 64 and 256 within the spread; causal 13-57% slower (bench/results/
-    // README.md, session 20).
-    c.persistent = d >= 72 && d <= 128 && !spec.causal && !ir::has_block_range(spec, c);
+    // Persistent from head dim 72 to 128, without a mask_mod block range (the
+    // producer's scan). H200, S = 1024, B = 16, not causal: +9% at head dim 80,
+    // +5% at 128; head dims 64 and 256 within the spread. Causal tiles (uneven
+    // work) come from a counter: H100, S = 1024, +13% at head dim 80, +4% at
+    // 128; head dims 64 and 256 0-8% slower at S >= 4096 (bench/results/
+    // README.md, sessions 20 and 22).
+    c.persistent = d >= 72 && d <= 128 && !ir::has_block_range(spec, c);
     return c;
   }
 

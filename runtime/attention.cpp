@@ -337,9 +337,14 @@ struct Attention::Impl {
   Status check_device_buffers(const AttentionSpec &shape, const AttentionTensors &t,
                               void *stream) const;
   /// One kernel launch: the grid from `shapes` (within CUDA's y/z limits), the
-  /// arguments from `shapes` and `pointers`.
+  /// arguments from `shapes` and `pointers`, and where the kernel takes its
+  /// tiles from a counter (Lowered::tile_counter), a zeroed workspace for it.
   Status launch(const lowering::Lowered &l, runtime::GpuKernel &k, const ir::Bindings &shapes,
                 std::span<const runtime::NamedPointer> pointers, void *stream);
+  /// launch()'s last step: the argument list, then the launch of `geometry`.
+  Status launch_args(const lowering::Lowered &l, runtime::GpuKernel &k,
+                     const runtime::LaunchGeometry &geometry, const ir::Bindings &shapes,
+                     std::span<const runtime::NamedPointer> pointers, void *stream);
   Status run_gpu(const AttentionSpec &shape, const AttentionTensors &t, void *stream);
   /// launch() of a kernel of `shape`'s plan: where it reads a mask tensor's block
   /// summary (Lowered::mask_blocks), the summary kernel runs first over the
@@ -939,6 +944,28 @@ Status Attention::Impl::launch(const lowering::Lowered &l, runtime::GpuKernel &k
                          kCudaGridYZ, l.kernel_name, (*grid)[1], (*grid)[2]);
   runtime::LaunchGeometry geometry = workgroup_geometry(l);
   std::copy(grid->begin(), grid->end(), geometry.grid);
+  if (!l.tile_counter)
+    return launch_args(l, k, geometry, shapes, pointers, stream);
+  // The kernel takes its tiles from a counter (Lowered::tile_counter): a
+  // workspace of this launch alone, zeroed in stream order before it.
+  auto counter = driver->allocate_async(device.index, sizeof(uint64_t), stream);
+  if (!counter)
+    return counter.status().with_context(
+        fmt::format("the tile counter of {} on {}", l.kernel_name, device.id()));
+  Status s = driver->zero_async(device.index, *counter, sizeof(uint64_t), stream);
+  if (s) {
+    std::vector<runtime::NamedPointer> all(pointers.begin(), pointers.end());
+    all.push_back({"fj_tile_counter", *counter});
+    s = launch_args(l, k, geometry, shapes, all, stream);
+  }
+  Status released = driver->release_async(device.index, *counter, stream);
+  return s ? released : s;
+}
+
+Status Attention::Impl::launch_args(const lowering::Lowered &l, runtime::GpuKernel &k,
+                                    const runtime::LaunchGeometry &geometry,
+                                    const ir::Bindings &shapes,
+                                    std::span<const runtime::NamedPointer> pointers, void *stream) {
   auto args = runtime::KernelArgs::make(l.params, shapes, pointers, driver, device.index);
   if (!args)
     return args.status();
@@ -1120,8 +1147,9 @@ std::string Attention::explain() const {
                           ? ir::to_string(axis.extent)
                           : fmt::format("ceil({} / {})", ir::to_string(axis.extent), axis.divisor));
     if (l.persistent_blocks > 0)
-      grid = fmt::format("{} tiles walked by min(tiles, {} per SM) persistent workgroups", grid,
-                         l.persistent_blocks);
+      grid =
+          fmt::format("{} tiles walked by min(tiles, {} per SM) persistent workgroups{}", grid,
+                      l.persistent_blocks, l.tile_counter ? ", each next tile from a counter" : "");
     line("kernel",
          fmt::format("{}: grid {} (from each call's shapes), {} work-items, {} bytes "
                      "LDS, pointers aligned to {} bytes",

@@ -151,6 +151,12 @@ public:
       return FJ_CUDA_CHECK(api_, cuMemFreeAsync, address(pointer), static_cast<CUstream>(stream));
     });
   }
+  Status zero_async(int device, void *pointer, size_t bytes, void *stream) override {
+    return in_context(device, [&] {
+      return FJ_CUDA_CHECK(api_, cuMemsetD8Async, address(pointer), 0, bytes,
+                           static_cast<CUstream>(stream));
+    });
+  }
   Status copy_to_device(int device, void *dst, const void *src, size_t bytes) override {
     return in_context(device,
                       [&] { return FJ_CUDA_CHECK(api_, cuMemcpyHtoD, address(dst), src, bytes); });

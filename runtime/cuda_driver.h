@@ -114,6 +114,8 @@ constexpr int kDefaultDynamicSharedBytes = 48 * 1024;
   X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync",                                            \
     (CUdeviceptr * pointer, size_t bytes, CUmemoryPool pool, CUstream stream))                     \
   X(cuMemFreeAsync, "cuMemFreeAsync", (CUdeviceptr pointer, CUstream stream))                      \
+  X(cuMemsetD8Async, "cuMemsetD8Async",                                                            \
+    (CUdeviceptr pointer, unsigned char value, size_t bytes, CUstream stream))                     \
   X(cuMemcpyHtoD, "cuMemcpyHtoD_v2", (CUdeviceptr dst, const void *src, size_t bytes))             \
   X(cuMemcpyDtoH, "cuMemcpyDtoH_v2", (void *dst, CUdeviceptr src, size_t bytes))                   \
   X(cuStreamSynchronize, "cuStreamSynchronize", (CUstream stream))                                 \

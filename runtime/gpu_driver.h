@@ -75,6 +75,8 @@ public:
   /// release_async. Safe with several streams; cheap once the pool is warm.
   virtual Expected<void *> allocate_async(int device, size_t bytes, void *stream) = 0;
   virtual Status release_async(int device, void *pointer, void *stream) = 0;
+  /// Zeroes `bytes` bytes at `pointer`, in stream order.
+  virtual Status zero_async(int device, void *pointer, size_t bytes, void *stream) = 0;
   /// Synchronous copies between host memory and device memory.
   virtual Status copy_to_device(int device, void *dst, const void *src, size_t bytes) = 0;
   virtual Status copy_to_host(int device, void *dst, const void *src, size_t bytes) = 0;

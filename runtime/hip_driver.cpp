@@ -174,6 +174,12 @@ public:
       return FJ_HIP_CHECK(api_, hipFreeAsync, pointer, static_cast<hipStream_t>(stream));
     });
   }
+  Status zero_async(int device, void *pointer, size_t bytes, void *stream) override {
+    return on_device(api_, device, [&] {
+      return FJ_HIP_CHECK(api_, hipMemsetD8Async, pointer, 0, bytes,
+                          static_cast<hipStream_t>(stream));
+    });
+  }
   Status copy_to_device(int device, void *dst, const void *src, size_t bytes) override {
     return on_device(api_, device,
                      [&] { return FJ_HIP_CHECK(api_, hipMemcpyHtoD, dst, src, bytes); });

@@ -63,6 +63,8 @@ constexpr int kHipAttributeMultiprocessorCount = 63;
   X(hipFree, (void *pointer))                                                                      \
   X(hipMallocAsync, (void **pointer, size_t bytes, hipStream_t stream))                            \
   X(hipFreeAsync, (void *pointer, hipStream_t stream))                                             \
+  X(hipMemsetD8Async,                                                                              \
+    (hipDeviceptr_t pointer, unsigned char value, size_t bytes, hipStream_t stream))               \
   X(hipDeviceGetAttribute, (int *value, int attribute, int device))                                \
   X(hipMemcpyHtoD, (hipDeviceptr_t dst, const void *src, size_t bytes))                            \
   X(hipMemcpyDtoH, (void *dst, hipDeviceptr_t src, size_t bytes))                                  \

@@ -33,6 +33,7 @@ public:
   Status release(int, void *) override { return unused(); }
   Expected<void *> allocate_async(int, size_t, void *) override { return unused(); }
   Status release_async(int, void *, void *) override { return unused(); }
+  Status zero_async(int, void *, size_t, void *) override { return unused(); }
   Status copy_to_device(int, void *, const void *, size_t) override { return unused(); }
   Status copy_to_host(int, void *, const void *, size_t) override { return unused(); }
   Status synchronize(int, void *) override { return unused(); }

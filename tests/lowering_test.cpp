@@ -311,10 +311,12 @@ TEST(Lowering, Sm90CopiesWithTmaWhatATensorMapDescribes) {
 TEST(Lowering, Sm90ProducerWarpgroupFillsARing) {
   const Target sm90 = target("sm_90");
   const AttentionSpec spec = spec_for(128, 128, DType::bf16, /*causal=*/true);
-  const ir::Config config = default_config(spec, sm90);
+  ir::Config config = default_config(spec, sm90);
   EXPECT_EQ(config.stages, 3);
   EXPECT_EQ(config.waves, 8);
   EXPECT_EQ(config.block_n, 128);
+  EXPECT_TRUE(config.persistent);
+  config.persistent = false; // one tile (Sm90PersistentKernelWalksTheTiles: the walk)
   Expected<Lowered> l = generate(spec, config, sm90);
   ASSERT_TRUE(l) << l.status().message();
   const std::string &k = l->kernel_text;
@@ -469,8 +471,47 @@ TEST(Lowering, Sm90PersistentKernelWalksTheTiles) {
   ASSERT_TRUE(e) << e.status().message();
   EXPECT_EQ(e->lds_bytes(), l->lds_bytes);
 
-  // Not where tiles have uneven work, nor outside 72..128.
-  EXPECT_FALSE(default_config(spec_for(128, 128, DType::bf16, /*causal=*/true), sm90).persistent);
+  EXPECT_FALSE(l->tile_counter) << "every tile the same work: a static walk";
+  EXPECT_EQ(k.find("fj_tile_counter"), std::string::npos);
+
+  // Causal tiles differ in work: after its first, a workgroup's tiles come from
+  // the launch's counter. The producer fetches each, hands it to the consumers
+  // in a two-slot ring (a fill and a read barrier per slot), and the consumers
+  // read it after their tile's KV loop, where they issue the next tile's Q.
+  const AttentionSpec causal = spec_for(128, 128, DType::bf16, /*causal=*/true);
+  const ir::Config cc = default_config(causal, sm90);
+  EXPECT_TRUE(cc.persistent);
+  Expected<Lowered> lc = generate(causal, cc, sm90);
+  ASSERT_TRUE(lc) << lc.status().message();
+  EXPECT_TRUE(lc->tile_counter);
+  EXPECT_EQ(lc->params.back().name.rfind("tmap_", 0), 0u) << "tensor maps last";
+  EXPECT_EQ(std::count_if(lc->params.begin(), lc->params.end(),
+                          [](const KernelParam &p) { return p.name == "fj_tile_counter"; }),
+            1);
+  const std::string &kc = lc->kernel_text;
+  EXPECT_EQ(count(kc, "for (long fj_tile = fj_group_id_x(); fj_tile < fj_tiles; ++fj_j) {"), 2);
+  EXPECT_EQ(count(kc, "fj_tile = fj_group_count_x() + long(atomicAdd(fj_tile_counter, 1ull));"), 1)
+      << "the producer's one lane fetches";
+  EXPECT_EQ(count(kc, "fj_mbar_init(fj_tile_bar, 2, 1);"), 1);
+  EXPECT_EQ(count(kc, "fj_mbar_init(fj_tile_bar + 2, 2, kThreads);"), 1);
+  const size_t fetch = kc.find("atomicAdd(fj_tile_counter"),
+               wait_free = kc.find("fj_tma_wait(fj_tile_bar, 2 + (fj_j & 1), fj_slot_phase);"),
+               read = kc.find("fj_tile_next = fj_tile_slot[fj_j & 1];"),
+               next_q_c = kc.find("if (fj_tile_next < fj_tiles) { // the next tile's Q");
+  ASSERT_NE(read, std::string::npos);
+  ASSERT_NE(next_q_c, std::string::npos);
+  EXPECT_LT(wait_free, fetch) << "slot j % 2 refilled once the consumers read tile j - 2";
+  EXPECT_LT(kc.find("fj_tma_wait(fj_tile_bar, fj_j & 1, fj_slot_phase);"), read);
+  EXPECT_LT(read, next_q_c);
+  EXPECT_LT(next_q_c, kc.find("// the last block's O product"));
+  EXPECT_EQ(count(kc, "fj_tile = fj_tile_next;"), 1);
+  EXPECT_EQ(count(kc, "const int q_block = fj_q_blocks - 1 - int(fj_tile % fj_q_blocks);"), 2)
+      << "each head's heaviest tile first";
+  Expected<ResourceEstimate> ec = estimate_resources(causal, cc, sm90);
+  ASSERT_TRUE(ec) << ec.status().message();
+  EXPECT_EQ(ec->lds_bytes(), lc->lds_bytes) << "the tile slots and their barriers counted";
+
+  // Not outside 72..128.
   AttentionSpec masked = spec;
   masked.mask_mod = "q_idx / 256 == kv_idx / 256";
   EXPECT_FALSE(default_config(masked, sm90).persistent);
@@ -481,9 +522,6 @@ TEST(Lowering, Sm90PersistentKernelWalksTheTiles) {
   ir::Config two = config;
   two.stages = 2;
   EXPECT_FALSE(ir::validate(two));
-  ir::Config causal = default_config(spec_for(128, 128, DType::bf16, true), sm90);
-  causal.persistent = true; // allowed when asked (uneven, so not the default)
-  EXPECT_TRUE(generate(spec_for(128, 128, DType::bf16, true), causal, sm90));
 }
 
 TEST(Lowering, Sm90TakesWarpgroupProductsWhereTheyFit) {

@@ -67,8 +67,8 @@ std::vector<FlagSpec> config_flags() {
       {"--persistent", "on|off",
        "with --stages 3: a workgroup per SM walks the (query block, head, batch) tiles, the "
        "producer copying the next tile's K/V while the consumers finish the last",
-       "the target's choice (sm_90: on from head dim 72 to 128, not causal, no mask_mod block "
-       "range)"},
+       "the target's choice (sm_90: on from head dim 72 to 128 without a mask_mod block range; "
+       "causal tiles from a counter)"},
       {"--mma-m", "16|32",
        "queries per matrix-instruction tile: 32 takes the CDNA 32x32 MFMAs (gfx90a, gfx942: "
        "32x32x8; gfx950: 32x32x16), 16 the 16x16 ones",

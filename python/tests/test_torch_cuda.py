@@ -146,25 +146,39 @@ def test_split_kv_decode_matches_sdpa_in_float64(b, sq, sk, hq, hkv, d, causal, 
     assert torch.isfinite(lse).all()
 
 
-@pytest.mark.parametrize("d", [80, 128])
-def test_persistent_kernel_walks_many_tiles(d):
+PERSISTENT_SHAPES = [(3, 1100, 1333, 32, 8, False),  # 9 * 32 * 3 = 864 tiles
+                     (3, 1100, 1333, 32, 8, True),
+                     # Causal, bottom-right, more queries than keys: the first
+                     # query blocks see no key (tiles with no KV block; rows of 0).
+                     (2, 1333, 700, 24, 8, True),
+                     (1, 4100, 4100, 16, 16, True)]  # 33 * 16 = 528 tiles of 1..33 blocks
+
+
+@pytest.mark.parametrize("d", [64, 80, 128])
+@pytest.mark.parametrize("b,sq,sk,hq,hkv,causal", PERSISTENT_SHAPES)
+def test_persistent_kernel_walks_many_tiles(b, sq, sk, hq, hkv, causal, d):
     """More (query block, head, batch) tiles than SMs: the persistent kernel (the sm90
-    default from head dim 72 to 128, not causal) has each workgroup walk several. Against
-    float64, and bit for bit the non-persistent kernel's output (each tile's arithmetic is
-    the same)."""
-    torch.manual_seed(d)
-    b, sq, sk, hq, hkv = 3, 1100, 1333, 32, 8  # 9 * 32 * 3 = 864 tiles
+    default from head dim 72 to 128) has each workgroup walk several: the grid's size
+    apart where tiles are the same work, from the launch's counter where they are not
+    (causal). Against float64, and bit for bit the non-persistent kernel's output (each
+    tile's arithmetic is the same). Head dim 64 forces config persistent on."""
+    torch.manual_seed(d + sq)
     q = (torch.rand(b, sq, hq, d, device="cuda") * 2 - 1).to(torch.bfloat16)
     k = (torch.rand(b, sk, hkv, d, device="cuda") * 2 - 1).to(torch.bfloat16)
     v = (torch.rand(b, sk, hkv, d, device="cuda") * 2 - 1).to(torch.bfloat16)
-    out = flashjit.flash_attn_func(q, k, v)
-    plain = flashjit.flash_attn_func(q, k, v, config={
-        "block_m": 128, "block_n": 128, "waves": 8, "stages": 3, "q_in_lds": 1, "persistent": 0})
+    config = {"block_m": 128, "block_n": 128, "waves": 8, "stages": 3, "q_in_lds": 1}
+    poison = torch.full_like(q, float("nan"))  # freed: the output most likely takes its memory
+    del poison
+    out = flashjit.flash_attn_func(q, k, v, causal=causal, config=dict(config, persistent=1))
+    plain = flashjit.flash_attn_func(q, k, v, causal=causal, config=dict(config, persistent=0))
     torch.cuda.synchronize()
     assert not torch.isnan(out).any()
-    assert (out.double() - reference(q, k, v, False, (-1, -1))).abs().max().item() \
+    assert (out.double() - reference(q, k, v, causal, (-1, -1))).abs().max().item() \
         <= TOL[torch.bfloat16]
     assert torch.equal(out, plain)
+    # Again: the counter starts from zero on every call.
+    assert torch.equal(flashjit.flash_attn_func(q, k, v, causal=causal,
+                                                config=dict(config, persistent=1)), plain)
 
 
 # Integer mask_mods, whose blocks the block-range pass skips (on the H100 the
