@@ -2,7 +2,9 @@
 flush, the device idle between calls is not what is timed. Prints the time per call of
 SDPA's cuDNN backend, of flashjit.flash_attn_func, of flash_attn_with_kvcache (without
 and with a one-token append), of the C call alone (fj_attention_forward_tensors with the
-spec and tensors flash_attn_func built), and a cProfile of flash_attn_func's Python.
+spec and tensors flash_attn_func built), Python's share of a flash_attn_func call (its
+submission time minus the C call's, interleaved in rounds), and a cProfile of
+flash_attn_func's Python.
 
     python3 bench/host_probe.py [B:SK:HQ:HKV:D ...]      default 1:4096:32:8:128
 """
@@ -10,6 +12,7 @@ import cProfile
 import ctypes
 import io
 import pstats
+import statistics
 import sys
 import time
 
@@ -20,6 +23,7 @@ import flashjit  # noqa: E402
 from flashjit import _lib, api  # noqa: E402
 
 CALLS = 2000
+ROUNDS = 25
 
 
 def per_call(fn, calls=CALLS):
@@ -102,6 +106,15 @@ def main():
                                                   ctypes.byref(c["t"]), stream)
         print(f"  fj_attention_forward_tensors:      {per_call(c_call):6.1f} us per call, "
               f"{submitted(c_call):6.1f} submitting")
+        # Python's share, interleaved with the C call so both see the same host load:
+        # rounds of submissions of each, their medians and the difference.
+        py, cc = [], []
+        for _ in range(ROUNDS):
+            py.append(submitted(fj))
+            cc.append(submitted(c_call))
+        py_us, c_us = statistics.median(py), statistics.median(cc)
+        print(f"  interleaved, median of {ROUNDS} rounds: flash_attn_func {py_us:6.1f} us, "
+              f"C call {c_us:6.1f} us, Python's share {py_us - c_us:5.1f} us")
         profile = cProfile.Profile()
         profile.enable()
         for _ in range(500):

@@ -16,7 +16,8 @@ from ._lib import FlashJitError
 _ATTENTIONS = collections.OrderedDict()
 MAX_HANDLES = 64
 # A torch call's repeat (its shapes, strides, dtypes, devices and arguments) -> what the
-# first one built: the _ATTENTIONS key, the spec, and the output shapes (_fast_forward).
+# first one built: the _ATTENTIONS key, the spec (and its address), and the output
+# shapes (_fast_forward).
 _REPEATS = {}
 MAX_REPEATS = 1024
 # The tuning knobs flash_attn_func(config=...) accepts (the config of flashjit emit's flags).
@@ -499,9 +500,6 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     scores (-inf hides a key); it gets no gradient (one that requires grad raises
     NotImplementedError).
     """
-    # Arrays of other frameworks, through DLPack (_from_dlpack).
-    q, k, v, alibi_slopes, sinks, attn_mask = map(_from_dlpack, (q, k, v, alibi_slopes, sinks,
-                                                                 attn_mask))
     if return_attn_probs and return_lse:
         raise ValueError("flashjit: return_attn_probs and return_lse both ask for the LSE: pass "
                          "one (return_attn_probs gives FlashAttention's (out, softmax_lse, None))")
@@ -509,13 +507,23 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     plain = (not dropout_p and alibi_slopes is None and sinks is None and attn_mask is None and
              config is None and arch is None)
     repeat = None
-    if plain:
+    if plain:  # a repeat of a plain torch call first: nothing to convert or check again
         repeat = _repeat_key(q, k, v, softmax_scale, causal, window_size, softcap, want_lse,
                              num_splits, score_mod, mask_mod)
         if repeat is not None:
             done = _fast_forward(repeat, q, k, v)
             if done is not None:
-                return _returned(*done, return_attn_probs, return_lse)
+                if return_attn_probs:
+                    return _returned(*done, return_attn_probs, return_lse)
+                return done if return_lse else done[0]
+    # Arrays of other frameworks, through DLPack (_from_dlpack).
+    q, k, v, alibi_slopes, sinks, attn_mask = map(_from_dlpack, (q, k, v, alibi_slopes, sinks,
+                                                                 attn_mask))
+    if plain and repeat is None:  # a first call, or torch tensors that came through DLPack
+        if _Torch.module is None and _kind(q) == "torch" and not torch_ops.compiling():
+            _Torch.get()  # outside any trace: from now on _repeat_key gives keys
+        repeat = _repeat_key(q, k, v, softmax_scale, causal, window_size, softcap, want_lse,
+                             num_splits, score_mod, mask_mod)
     if dropout_p and dropout_seed is None and _kind(q) == "torch" and torch_ops.compiling():
         raise NotImplementedError("flashjit: under torch.compile, dropout needs dropout_seed (a "
                                   "seed drawn while tracing would be baked into the graph: the "
@@ -582,19 +590,45 @@ def _returned(out, lse, return_attn_probs, return_lse, probs=None):
     return (out, lse) if return_lse else out
 
 
+class _Torch:
+    """What the repeat path reads of torch on every call, looked up once torch is
+    imported: the Tensor type, grad mode, torch.compile's tracing flag, the current raw
+    CUDA stream."""
+    module = None
+
+    @classmethod
+    def get(cls):
+        torch = sys.modules.get("torch")
+        if torch is not cls.module and torch is not None:
+            cls.tensor = torch.Tensor
+            cls.float32 = torch.float32
+            cls.grad_enabled = torch.is_grad_enabled
+            check = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+            cls.compiling = check or (lambda: False)
+            get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+            cls.stream = get or (lambda index: torch.cuda.current_stream(index).cuda_stream)
+            cls.module = torch
+        return torch
+
+
 def _repeat_key(q, k, v, *args):
     """The _REPEATS key of a plain torch call (no per-call arrays, grad not needed, not
-    under torch.compile), None for any other call."""
+    under torch.compile), None for any other call. None too until a call has recorded
+    a repeat (and with it looked up _Torch): a first call may be inside a
+    torch.compile trace, which must not see _Torch change."""
     torch = sys.modules.get("torch")
-    if torch is None or type(q) is not torch.Tensor or type(k) is not torch.Tensor or \
-            type(v) is not torch.Tensor:
+    if torch is None or torch is not _Torch.module:
         return None
-    if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
+    tensor = _Torch.tensor
+    if type(q) is not tensor or type(k) is not tensor or type(v) is not tensor:
         return None
-    if torch_ops.compiling():
+    if (q.requires_grad or k.requires_grad or v.requires_grad) and _Torch.grad_enabled():
         return None
+    if _Torch.compiling():
+        return None
+    # get_device: the index, -1 on the CPU (cheaper than .device, an object per call).
     key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype,
-           v.dtype, q.device, k.device, v.device, *args)
+           v.dtype, q.get_device(), k.get_device(), v.get_device(), *args)
     try:
         hash(key)
     except TypeError:  # e.g. window_size as a list: the full path takes it
@@ -608,6 +642,13 @@ def _raw_stream(torch, index):
     return get(index) if get else torch.cuda.current_stream(index).cuda_stream
 
 
+# fj_attention_forward_shape with every argument a pointer-sized integer: the repeat
+# path's call (no fj_tensors to build; the spec's address is kept with the repeat).
+_FORWARD_POINTERS = _lib.lib["fj_attention_forward_shape"]
+_FORWARD_POINTERS.argtypes = [ctypes.c_void_p] * 8
+_FORWARD_POINTERS.restype = ctypes.c_int
+
+
 def _fast_forward(key, q, k, v):
     """A repeat of a plain torch call that ran before: the same spec (its shapes,
     strides and arguments are the key's), new pointers and outputs. (out, lse), or
@@ -615,8 +656,19 @@ def _fast_forward(key, q, k, v):
     seen = _REPEATS.get(key)
     if seen is None:
         return None
-    handle_key, spec, out_shape, lse_shape, index, _ = seen
-    return _fast_call(handle_key, spec, out_shape, lse_shape, index, q, k, v)
+    handle_key, spec, out_shape, lse_shape, index, _, spec_address = seen
+    handle = _ATTENTIONS.get(handle_key)
+    if handle is None:
+        return None
+    _ATTENTIONS.move_to_end(handle_key)
+    out = q.new_empty(out_shape)
+    lse = q.new_empty(lse_shape, dtype=_Torch.float32) if lse_shape else None
+    code = _FORWARD_POINTERS(handle.value, spec_address, q.data_ptr(), k.data_ptr(),
+                             v.data_ptr(), out.data_ptr(),
+                             lse.data_ptr() if lse is not None else None, _Torch.stream(index))
+    if code:
+        _lib.check(code, "fj_attention_forward_shape")
+    return out, lse
 
 
 def _fast_call(handle_key, spec, out_shape, lse_shape, index, q, k, v, **pointers):
@@ -710,7 +762,7 @@ def _attention_forward(q, k, v, want_lse, softmax_scale, causal, window_size, so
         # The spec's score_mod / mask_mod point into `keep`'s strings: kept with it.
         _REPEATS[repeat] = (_handle_key(signature, device), spec, tuple(out16.shape),
                             tuple(lse.shape) if lse is not None else None,
-                            q.device.index or 0, keep)
+                            q.device.index or 0, keep, ctypes.addressof(spec))
     del keep, mask_view
     out = out16
     if kind == "numpy" and dtype == "bf16":
