@@ -627,13 +627,19 @@ def _repeat_key(q, k, v, *args):
     if _Torch.compiling():
         return None
     # get_device: the index, -1 on the CPU (cheaper than .device, an object per call).
-    key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype,
-           v.dtype, q.get_device(), k.get_device(), v.get_device(), *args)
+    # Not hashed here (a tuple's hash is not kept, and the lookup hashes it): an
+    # unhashable key (window_size as a list) is never looked up or recorded.
+    return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype,
+            v.dtype, q.get_device(), k.get_device(), v.get_device(), *args)
+
+
+def _hashable(key):
+    """Whether `key` hashes (a tuple may hold a list)."""
     try:
         hash(key)
-    except TypeError:  # e.g. window_size as a list: the full path takes it
-        return None
-    return key
+        return True
+    except TypeError:
+        return False
 
 
 def _raw_stream(torch, index):
@@ -653,7 +659,10 @@ def _fast_forward(key, q, k, v):
     """A repeat of a plain torch call that ran before: the same spec (its shapes,
     strides and arguments are the key's), new pointers and outputs. (out, lse), or
     None when the call has not run before or its handle was evicted."""
-    seen = _REPEATS.get(key)
+    try:
+        seen = _REPEATS.get(key)
+    except TypeError:  # e.g. window_size as a list: the full path takes it
+        return None
     if seen is None:
         return None
     handle_key, spec, out_shape, lse_shape, index, _, spec_address = seen
@@ -756,7 +765,7 @@ def _attention_forward(q, k, v, want_lse, softmax_scale, causal, window_size, so
     handle = _attention(signature, spec, device, config, kind)  # creating one validates the spec
     _forward(handle, spec, kind, stream, *ins, out16, lse, alibi_slopes=slopes, sinks=sink_ptr,
              attn_mask=mask_ptr)
-    if repeat is not None:
+    if repeat is not None and _hashable(repeat):
         if len(_REPEATS) >= MAX_REPEATS:
             _REPEATS.clear()
         # The spec's score_mod / mask_mod point into `keep`'s strings: kept with it.
