@@ -756,6 +756,45 @@ TEST(RuntimeShapes, WarmupThenCreateIsADiskHitAndADamagedEntryRecompiles) {
   EXPECT_EQ(std::system(again.c_str()), 0) << again;
 }
 
+TEST(RuntimeShapes, WarmupOfMasksAndModifiersIsADiskHit) {
+  SKIP_WITHOUT_EMULATOR();
+  const char *dir = std::getenv("FLASHJIT_CACHE_DIR");
+  ASSERT_NE(dir, nullptr);
+  const std::string manifest = std::string(dir) + "/../warmup-masks.json";
+  {
+    std::FILE *f = std::fopen(manifest.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    // Head dim 40: signatures no other test of this process compiles.
+    std::fputs(R"([{"arch": "gfx1201", "heads": 4, "seqlen_q": 200, "head_dim": 40,
+                    "attn_mask": "bool:bk", "compiler": "llvm"},
+                   {"arch": "gfx1201", "heads": 4, "seqlen_q": 200, "head_dim": 40,
+                    "mask_mod": "q_idx / 64 == kv_idx / 64", "softcap": 20, "alibi": "heads",
+                    "compiler": "llvm"}])",
+               f);
+    std::fclose(f);
+  }
+  const std::string cmd = fmt::format("FLASHJIT_CACHE_DIR='{}' '{}' warmup '{}' > /dev/null", dir,
+                                      FLASHJIT_CLI, manifest);
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::remove(manifest.c_str());
+  Options options;
+  options.compiler = "llvm";
+  // Other batch, heads and lengths: the same signatures, so the same entries.
+  AttentionSpec padded = make_spec(3, 2, 2, 77, 91, 40, 40, DType::bf16);
+  padded.mask = MaskType::boolean;
+  padded.mask_strides = *dense_mask_strides("bk", 3, 2, 77, 91);
+  auto a = Attention::create(padded, "emulator:gfx1201", options);
+  ASSERT_TRUE(a) << a.status().message();
+  EXPECT_HAS(a->explain(), "disk hit");
+  AttentionSpec modified = make_spec(1, 4, 4, 130, 130, 40, 40, DType::bf16);
+  modified.mask_mod = "q_idx / 64 == kv_idx / 64";
+  modified.softcap = 7.5; // a run-time value: any cap, the same kernel
+  modified.alibi = Alibi::heads;
+  auto b = Attention::create(modified, "emulator:gfx1201", options);
+  ASSERT_TRUE(b) << b.status().message();
+  EXPECT_HAS(b->explain(), "disk hit");
+}
+
 /// Runs `attn` for `shape` on fresh random inputs in GPU memory (O and LSE
 /// poisoned) and checks O, the LSE and the gaps between rows against the float64
 /// reference (tolerance_for the dtype).

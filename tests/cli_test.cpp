@@ -9,6 +9,7 @@
 #include "tools/cli.h"
 #include "tools/commands.h"
 #include "tools/json.h"
+#include "tools/manifest.h"
 #include "tools/run_estimate.h"
 #include "tools/safe_write.h"
 #include "tools/spec_flags.h"
@@ -297,6 +298,53 @@ TEST_F(TempDir, Issue18Finding14WarmupPastTheCacheLimitFails) {
   EXPECT_HAS(unlimited.out, "warmup: 2 of 2 kernels ready");
   Ran bad = run_tool(env + "lots", "cache stats");
   EXPECT_HAS(bad.err, "FLASHJIT_CACHE_MAX_BYTES=lots: expected a size in bytes");
+}
+
+/// A manifest names masks and score modifiers as the CLI's flags do (flashjit
+/// emit --help): each field sets the spec's kind, so a warmed-up kernel is the
+/// one Attention::create of the same spec builds.
+TEST(Manifest, NamesMasksAndScoreModifiers) {
+  auto items = cli::parse_manifest(
+      R"([{"arch": "gfx1201", "batch": 2, "heads": 4, "seqlen_q": 100, "seqlen_k": 300,
+           "attn_mask": "f16:bk", "softcap": 30, "alibi": "batch-heads", "dropout": 0.1,
+           "sinks": true},
+          {"arch": "sm_90", "mask_mod": "q_idx >= kv_idx", "score_mod": "score * 0.5",
+           "f32_io": true}])",
+      "m.json");
+  ASSERT_TRUE(items) << items.status().message();
+  ASSERT_EQ(items->size(), 2u);
+  const AttentionSpec &a = (*items)[0].spec;
+  EXPECT_EQ(a.mask, MaskType::f16);
+  EXPECT_EQ(a.mask_strides.batch, 300) << "[batch, seqlen_k]: dense over b and k";
+  EXPECT_EQ(a.mask_strides.head, 0);
+  EXPECT_EQ(a.mask_strides.q, 0);
+  EXPECT_EQ(a.mask_strides.k, 1);
+  EXPECT_EQ(a.softcap, 30);
+  EXPECT_EQ(a.alibi, Alibi::batch_heads);
+  EXPECT_EQ(a.dropout_p, 0.1);
+  EXPECT_TRUE(a.sinks);
+  const AttentionSpec &b = (*items)[1].spec;
+  EXPECT_EQ(b.mask_mod, "q_idx >= kv_idx");
+  EXPECT_EQ(b.score_mod, "score * 0.5");
+  EXPECT_TRUE(b.f32_io);
+  EXPECT_EQ(b.mask, MaskType::none);
+  EXPECT_EQ(b.alibi, Alibi::none);
+
+  auto error = [](const std::string &item) {
+    auto r = cli::parse_manifest("[" + item + "]", "m.json");
+    return r ? std::string("accepted") : r.status().message();
+  };
+  EXPECT_HAS(error(R"({"arch": "gfx1201", "alibi": "rows"})"),
+             "'alibi' must be \"heads\" (slopes [heads]) or \"batch-heads\"");
+  EXPECT_HAS(error(R"({"arch": "gfx1201", "attn_mask": "int8:bk"})"),
+             "'attn_mask': --attn-mask expects TYPE[:AXES] with TYPE bool, f32, f16 or bf16");
+  EXPECT_HAS(error(R"({"arch": "gfx1201", "attn_mask": "bool:bx"})"), "'attn_mask'");
+  EXPECT_HAS(error(R"({"arch": "gfx1201", "dropout": 1.5})"), "dropout_p (1.5) must be in [0, 1)");
+  EXPECT_HAS(error(R"({"arch": "gfx1201", "softcap": -1})"), "softcap (-1) must be 0 (off)");
+  EXPECT_HAS(error(R"({"arch": "gfx1201", "softcap": "30"})"), "'softcap' must be a number >= 0");
+  EXPECT_HAS(error(R"({"arch": "gfx1201", "mask_mod": 1})"), "'mask_mod' must be a string");
+  EXPECT_HAS(error(R"({"arch": "gfx1201", "mask_mod": "q_idx >="})"), "mask_mod");
+  EXPECT_HAS(error(R"({"arch": "gfx1201", "sinks": 1})"), "'sinks' must be true or false");
 }
 
 /// Finding 13: manifests took hex numbers, NaN and 1e15 as integers.

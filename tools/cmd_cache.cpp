@@ -204,10 +204,26 @@ WarmupResult warm_one(const WarmupItem &w, const std::string &compiler_name,
   // here that is a failure: a later process would not find it.
   if (Status s = cache.stored(c->cache_key); !s)
     return fail_with(s.with_context(what));
+  std::string also;
+  if (w.spec.mask != MaskType::none) {
+    // A mask tensor's plan runs its block summary first (on a GPU; the
+    // emulator runs it itself): warmed up beside the attention kernel.
+    auto summary =
+        pipeline::generate(w.spec, w.arch, options, nullptr, pipeline::KernelKind::mask_blocks);
+    if (!summary)
+      return fail_with(summary.status().with_context(what + ": the mask's block summary"));
+    auto sc = pipeline::compile(*summary, options, cache);
+    if (!sc)
+      return fail_with(sc.status().with_context(what + ": the mask's block summary"));
+    if (Status s = cache.stored(sc->cache_key); !s)
+      return fail_with(s.with_context(what + ": the mask's block summary"));
+    also = fmt::format("; the mask's block summary {} (key {})", sc->cache_outcome,
+                       sc->cache_key.substr(0, 16));
+  }
   WarmupResult r{Status::ok(),
-                 fmt::format("{}: {} in {:.1f} ms ({}, {} bytes, key {})", what, c->cache_outcome,
+                 fmt::format("{}: {} in {:.1f} ms ({}, {} bytes, key {}){}", what, c->cache_outcome,
                              c->seconds * 1e3, c->compiler, c->code.bytes.size(),
-                             c->cache_key.substr(0, 16)),
+                             c->cache_key.substr(0, 16), also),
                  what, c->cache_key};
   r.target = g->target.target_id();
   r.signature = w.spec.signature().summary();

@@ -1,6 +1,7 @@
 #include "tools/manifest.h"
 
 #include "tools/json.h"
+#include "tools/spec_flags.h"
 
 #include <fmt/format.h>
 
@@ -28,9 +29,10 @@ Expected<WarmupItem> parse_item(const json::Value &item) {
     return Status::error("each item must be an object like {{\"arch\": \"gfx1201\", "
                          "\"head_dim\": 128}}");
   static const std::vector<std::string_view> known = {
-      "arch",     "compiler",   "batch",   "heads",  "kv_heads", "seqlen_q", "seqlen_k",
-      "head_dim", "head_dim_v", "dtype",   "layout", "causal",   "window",   "scale",
-      "lse",      "block_m",    "block_n", "waves",  "mma_m"};
+      "arch",     "compiler",   "batch",   "heads",     "kv_heads", "seqlen_q",  "seqlen_k",
+      "head_dim", "head_dim_v", "dtype",   "layout",    "causal",   "window",    "scale",
+      "lse",      "softcap",    "alibi",   "score_mod", "mask_mod", "attn_mask", "dropout",
+      "sinks",    "f32_io",     "block_m", "block_n",   "waves",    "mma_m"};
   for (const auto &member : item.items())
     if (const std::string &key = member.key();
         std::find(known.begin(), known.end(), key) == known.end()) {
@@ -97,11 +99,35 @@ Expected<WarmupItem> parse_item(const json::Value &item) {
     return lay.status().with_context("'layout'");
   FJ_RETURN_IF_ERROR(boolean("causal", s.causal));
   FJ_RETURN_IF_ERROR(boolean("lse", s.lse));
-  if (auto v = item.find("scale"); v != item.end()) {
-    if (!v->is_number() || !(v->get<double>() > 0) || !std::isfinite(v->get<double>()))
-      return Status::error("'scale' must be a finite positive number, like 0.125");
-    s.scale = v->get<double>();
-  }
+  FJ_RETURN_IF_ERROR(boolean("sinks", s.sinks));
+  FJ_RETURN_IF_ERROR(boolean("f32_io", s.f32_io));
+  // A finite number (AttentionSpec::validate checks the ranges).
+  auto real = [&](const char *field, double &out, const char *what) -> Status {
+    if (auto v = item.find(field); v != item.end()) {
+      if (!v->is_number() || !std::isfinite(v->get<double>()))
+        return Status::error("'{}' must be {}", field, what);
+      out = v->get<double>();
+    }
+    return Status::ok();
+  };
+  FJ_RETURN_IF_ERROR(real("scale", s.scale, "a finite positive number, like 0.125"));
+  if (item.contains("scale") && !(s.scale > 0))
+    return Status::error("'scale' must be a finite positive number, like 0.125");
+  // The score modifiers and masks, with the CLI's meanings (flashjit emit --help):
+  // the values a kernel takes per call (the cap, slopes, mask, dropout's seed)
+  // change nothing in it, so only their kind matters here.
+  FJ_RETURN_IF_ERROR(real("softcap", s.softcap, "a number >= 0, like 30 (0: off)"));
+  FJ_RETURN_IF_ERROR(real("dropout", s.dropout_p, "a probability in [0, 1), like 0.1"));
+  std::string alibi, attn_mask;
+  FJ_RETURN_IF_ERROR(str("alibi", alibi));
+  if (!alibi.empty() && alibi != "heads" && alibi != "batch-heads")
+    return Status::error("'alibi' must be \"heads\" (slopes [heads]) or \"batch-heads\" "
+                         "([batch, heads]), got \"{}\"",
+                         alibi);
+  s.alibi = alibi.empty() ? Alibi::none : alibi == "heads" ? Alibi::heads : Alibi::batch_heads;
+  FJ_RETURN_IF_ERROR(str("score_mod", s.score_mod));
+  FJ_RETURN_IF_ERROR(str("mask_mod", s.mask_mod));
+  FJ_RETURN_IF_ERROR(str("attn_mask", attn_mask));
   if (auto v = item.find("window"); v != item.end()) {
     if (!v->is_array() || v->size() != 2)
       return Status::error("'window' must be [left, right] (-1 = unbounded)");
@@ -113,6 +139,8 @@ Expected<WarmupItem> parse_item(const json::Value &item) {
     s.window = Window{*l, *r};
   }
   s.set_layout(*lay);
+  if (!attn_mask.empty()) // its strides follow the shapes above
+    FJ_RETURN_IF_ERROR(set_attn_mask(attn_mask, s).with_context("'attn_mask'"));
   FJ_RETURN_IF_ERROR(s.validate());
   for (auto [field, out] : {std::pair{"block_m", &w.block_m}, std::pair{"block_n", &w.block_n},
                             std::pair{"waves", &w.waves}, std::pair{"mma_m", &w.mma_m}})

@@ -80,10 +80,6 @@ std::vector<FlagSpec> config_flags() {
   };
 }
 
-namespace {
-
-/// `--attn-mask TYPE[:AXES]`: the mask type and dense strides over the named
-/// axes of [batch, heads, seqlen_q, seqlen_k] (0 for the broadcast ones).
 Status set_attn_mask(const std::string &value, AttentionSpec &s) {
   const size_t colon = value.find(':');
   auto type = parse_mask_type(value.substr(0, colon));
@@ -99,8 +95,6 @@ Status set_attn_mask(const std::string &value, AttentionSpec &s) {
   s.mask_strides = *strides;
   return Status::ok();
 }
-
-} // namespace
 
 Expected<AttentionSpec> spec_from(const Args &a) {
   AttentionSpec s;
