@@ -341,6 +341,10 @@ struct Attention::Impl {
   /// tiles from a counter (Lowered::tile_counter), a zeroed workspace for it.
   Status launch(const lowering::Lowered &l, runtime::GpuKernel &k, const ir::Bindings &shapes,
                 std::span<const runtime::NamedPointer> pointers, void *stream);
+  /// Runs `use` on `bytes` of stream-ordered device memory, released in stream
+  /// order after the work `use` queued (`what` names it in errors).
+  Status with_workspace(int64_t bytes, void *stream, std::string_view what,
+                        const std::function<Status(void *)> &use);
   /// launch()'s last step: the argument list, then the launch of `geometry`.
   Status launch_args(const lowering::Lowered &l, runtime::GpuKernel &k,
                      const runtime::LaunchGeometry &geometry, const ir::Bindings &shapes,
@@ -436,22 +440,26 @@ Status Attention::Impl::launch_reading_mask(const lowering::Lowered &l, runtime:
   for (const runtime::NamedPointer &p : pointers)
     mask = p.name == "attn_mask" ? p.pointer : mask;
   const int64_t bytes = lowering::mask_blocks_bytes(shape, l.mask_blocks);
+  return with_workspace(bytes, stream, "the mask's block summary", [&](void *blocks) {
+    if (bytes > 0) {
+      const runtime::NamedPointer summary[] = {{"attn_mask", mask}, {"attn_mask_blocks", blocks}};
+      FJ_RETURN_IF_ERROR(launch(mask_generated->lowered, *mask_kernel,
+                                lowering::bind_mask_blocks(shape, l.mask_blocks), summary, stream));
+    }
+    std::vector<runtime::NamedPointer> all(pointers.begin(), pointers.end());
+    all.push_back({"attn_mask_blocks", blocks});
+    return launch(l, k, shapes, all, stream);
+  });
+}
+
+Status Attention::Impl::with_workspace(int64_t bytes, void *stream, std::string_view what,
+                                       const std::function<Status(void *)> &use) {
   auto buffer = driver->allocate_async(device.index, size_t(std::max<int64_t>(bytes, 1)), stream);
   if (!buffer)
     return buffer.status().with_context(
-        fmt::format("the mask's block summary of {} bytes on {}", bytes, device.id()));
-  Status s;
-  if (bytes > 0) {
-    const runtime::NamedPointer summary[] = {{"attn_mask", mask}, {"attn_mask_blocks", *buffer}};
-    s = launch(mask_generated->lowered, *mask_kernel,
-               lowering::bind_mask_blocks(shape, l.mask_blocks), summary, stream);
-  }
-  if (s) {
-    std::vector<runtime::NamedPointer> all(pointers.begin(), pointers.end());
-    all.push_back({"attn_mask_blocks", *buffer});
-    s = launch(l, k, shapes, all, stream);
-  }
-  // Released in stream order: after the kernel has read it.
+        fmt::format("{} of {} bytes on {}", what, bytes, device.id()));
+  Status s = use(*buffer);
+  // Released in stream order: after the kernels `use` queued have read it.
   Status released = driver->release_async(device.index, *buffer, stream);
   return s ? released : s;
 }
@@ -565,33 +573,26 @@ Expected<const Attention::Impl::SplitKv *> Attention::Impl::split_kv(Failure *fa
 Status Attention::Impl::run_split_gpu(const SplitKv &sk, const AttentionSpec &shape, int64_t splits,
                                       const AttentionTensors &t, void *stream) {
   const ir::SplitWorkspace ws = ir::split_workspace(shape, splits);
-  auto workspace = driver->allocate_async(device.index, size_t(ws.bytes()), stream);
-  if (!workspace)
-    return workspace.status().with_context(
-        fmt::format("split-KV workspace of {} bytes on {}", ws.bytes(), device.id()));
-  float *o_partial = static_cast<float *>(*workspace);
-  float *lse_partial = o_partial + ws.o_elements;
-  const runtime::NamedPointer first[] = {{"Q", t.q},
-                                         {"K", t.k},
-                                         {"V", t.v},
-                                         {"O", o_partial},
-                                         {"LSE", lse_partial},
-                                         {"cu_seqlens_k", t.cu_seqlens_k},
-                                         {"seqused_k", t.seqused_k},
-                                         {"block_table", t.block_table},
-                                         {"alibi_slopes", t.alibi_slopes},
-                                         {"attn_mask", t.attn_mask}};
-  const runtime::NamedPointer second[] = {
-      {"O_partial", o_partial}, {"LSE_partial", lse_partial}, {"O", t.out}, {"LSE", t.lse}};
-  Status s = launch_reading_mask(sk.partial.lowered, *sk.partial_kernel,
-                                 ir::bind_split_kv(shape, splits), first, shape, stream);
-  if (s)
-    s = launch(sk.combine.lowered, *sk.combine_kernel, lowering::bind_split_combine(shape, splits),
-               second, stream);
-  // Released in stream order: after the combine has read it.
-  Status released = driver->release_async(device.index, *workspace, stream);
-  FJ_RETURN_IF_ERROR(s);
-  FJ_RETURN_IF_ERROR(released);
+  FJ_RETURN_IF_ERROR(with_workspace(ws.bytes(), stream, "split-KV workspace", [&](void *w) {
+    float *o_partial = static_cast<float *>(w);
+    float *lse_partial = o_partial + ws.o_elements;
+    const runtime::NamedPointer first[] = {{"Q", t.q},
+                                           {"K", t.k},
+                                           {"V", t.v},
+                                           {"O", o_partial},
+                                           {"LSE", lse_partial},
+                                           {"cu_seqlens_k", t.cu_seqlens_k},
+                                           {"seqused_k", t.seqused_k},
+                                           {"block_table", t.block_table},
+                                           {"alibi_slopes", t.alibi_slopes},
+                                           {"attn_mask", t.attn_mask}};
+    const runtime::NamedPointer second[] = {
+        {"O_partial", o_partial}, {"LSE_partial", lse_partial}, {"O", t.out}, {"LSE", t.lse}};
+    FJ_RETURN_IF_ERROR(launch_reading_mask(sk.partial.lowered, *sk.partial_kernel,
+                                           ir::bind_split_kv(shape, splits), first, shape, stream));
+    return launch(sk.combine.lowered, *sk.combine_kernel,
+                  lowering::bind_split_combine(shape, splits), second, stream);
+  }));
   if (options.synchronize)
     FJ_RETURN_IF_ERROR(driver->synchronize(device.index, stream)
                            .with_context(fmt::format("running split-KV {} on {}",
@@ -948,18 +949,12 @@ Status Attention::Impl::launch(const lowering::Lowered &l, runtime::GpuKernel &k
     return launch_args(l, k, geometry, shapes, pointers, stream);
   // The kernel takes its tiles from a counter (Lowered::tile_counter): a
   // workspace of this launch alone, zeroed in stream order before it.
-  auto counter = driver->allocate_async(device.index, sizeof(uint64_t), stream);
-  if (!counter)
-    return counter.status().with_context(
-        fmt::format("the tile counter of {} on {}", l.kernel_name, device.id()));
-  Status s = driver->zero_async(device.index, *counter, sizeof(uint64_t), stream);
-  if (s) {
+  return with_workspace(sizeof(uint64_t), stream, "the tile counter", [&](void *counter) {
+    FJ_RETURN_IF_ERROR(driver->zero_async(device.index, counter, sizeof(uint64_t), stream));
     std::vector<runtime::NamedPointer> all(pointers.begin(), pointers.end());
-    all.push_back({"fj_tile_counter", *counter});
-    s = launch_args(l, k, geometry, shapes, all, stream);
-  }
-  Status released = driver->release_async(device.index, *counter, stream);
-  return s ? released : s;
+    all.push_back({"fj_tile_counter", counter});
+    return launch_args(l, k, geometry, shapes, all, stream);
+  });
 }
 
 Status Attention::Impl::launch_args(const lowering::Lowered &l, runtime::GpuKernel &k,

@@ -423,9 +423,8 @@ def _handle_key(signature, device, config=None):
 
 def _attention(signature, spec, device, config=None, kind=None):
     key = _handle_key(signature, device, config)
-    handle = _ATTENTIONS.get(key)
+    handle = _live_handle(key)
     if handle is not None:
-        _ATTENTIONS.move_to_end(key)
         return handle
     h = ctypes.c_void_p()
     options = _options(config)
@@ -513,9 +512,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         if repeat is not None:
             done = _fast_forward(repeat, q, k, v)
             if done is not None:
-                if return_attn_probs:
-                    return _returned(*done, return_attn_probs, return_lse)
-                return done if return_lse else done[0]
+                return _returned(*done, return_attn_probs, return_lse)
     # Arrays of other frameworks, through DLPack (_from_dlpack).
     q, k, v, alibi_slopes, sinks, attn_mask = map(_from_dlpack, (q, k, v, alibi_slopes, sinks,
                                                                  attn_mask))
@@ -603,10 +600,8 @@ class _Torch:
             cls.tensor = torch.Tensor
             cls.float32 = torch.float32
             cls.grad_enabled = torch.is_grad_enabled
-            check = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-            cls.compiling = check or (lambda: False)
-            get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-            cls.stream = get or (lambda index: torch.cuda.current_stream(index).cuda_stream)
+            cls.compiling = torch_ops.compiling_check(torch)
+            cls.stream = _stream_getter(torch)
             cls.module = torch
         return torch
 
@@ -642,10 +637,23 @@ def _hashable(key):
         return False
 
 
+def _stream_getter(torch):
+    """A function of a CUDA device index: torch's current stream there, as a pointer."""
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return get or (lambda index: torch.cuda.current_stream(index).cuda_stream)
+
+
 def _raw_stream(torch, index):
     """torch's current stream on CUDA device `index`, as a pointer."""
-    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return get(index) if get else torch.cuda.current_stream(index).cuda_stream
+    return _stream_getter(torch)(index)
+
+
+def _live_handle(handle_key):
+    """The handle of `handle_key`, now the most recently used; None once evicted."""
+    handle = _ATTENTIONS.get(handle_key)
+    if handle is not None:
+        _ATTENTIONS.move_to_end(handle_key)
+    return handle
 
 
 # fj_attention_forward_shape with every argument a pointer-sized integer: the repeat
@@ -666,10 +674,9 @@ def _fast_forward(key, q, k, v):
     if seen is None:
         return None
     handle_key, spec, out_shape, lse_shape, index, _, spec_address = seen
-    handle = _ATTENTIONS.get(handle_key)
+    handle = _live_handle(handle_key)
     if handle is None:
         return None
-    _ATTENTIONS.move_to_end(handle_key)
     out = q.new_empty(out_shape)
     lse = q.new_empty(lse_shape, dtype=_Torch.float32) if lse_shape else None
     code = _FORWARD_POINTERS(handle.value, spec_address, q.data_ptr(), k.data_ptr(),
@@ -685,10 +692,9 @@ def _fast_call(handle_key, spec, out_shape, lse_shape, index, q, k, v, **pointer
     first call built, new outputs of those shapes, the named arrays' `pointers`, torch's
     current stream on CUDA device `index`. (out, lse), or None when the handle was
     evicted."""
-    handle = _ATTENTIONS.get(handle_key)
+    handle = _live_handle(handle_key)
     if handle is None:
         return None
-    _ATTENTIONS.move_to_end(handle_key)
     import torch
     out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device) if lse_shape else None

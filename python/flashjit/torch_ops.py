@@ -43,11 +43,15 @@ def register_after_torch_import():
         sys.meta_path.insert(0, _AfterTorchImport())
 
 
+def compiling_check(torch):
+    """torch.compiler.is_compiling, or a function that says False where torch has none."""
+    return getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+
+
 def compiling():
     """Whether torch.compile is tracing the caller (False without torch.compiler)."""
     import torch
-    check = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-    return bool(check and check())
+    return bool(compiling_check(torch)())
 
 
 def ops():
