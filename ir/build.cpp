@@ -313,8 +313,7 @@ Expected<std::string> score_function(const AttentionSpec &spec, const Program &p
     // columns past the lengths (masked anyway) read no element: the mask holds
     // only [seqlen_q, seqlen_k] per head.
     const std::string inside = "q_idx < seqlen_q && kv_idx < seqlen_k";
-    const std::string element = "attn_mask[b * mask_batch_stride + h * mask_head_stride + "
-                                "q_idx * mask_q_stride + kv_idx * mask_k_stride]";
+    const std::string element(kMaskElement);
     FJ_RETURN_IF_ERROR(wrap(spec.mask == MaskType::boolean
                                 ? "(" + inside + " && " + element + " != 0) ? score : -inf"
                                 : "score + ((" + inside + ") ? " + element + " : 0)",

@@ -3,6 +3,8 @@
 
 #include "ir/ir.h"
 
+#include <string_view>
+
 namespace flashjit::ir {
 
 /// Tuning knobs. Later issues search over these; every field changes the program
@@ -36,6 +38,12 @@ Status validate(const Config &c);
 
 /// Head dim rounded up to the config's padding.
 inline int64_t padded(int64_t d, int64_t pad) { return (d + pad - 1) / pad * pad; }
+
+/// A mask tensor's element of (b, h, q_idx, kv_idx) as score functions read it
+/// (score_function): lowering loads these elements a row's run at a time.
+inline constexpr std::string_view kMaskElement =
+    "attn_mask[b * mask_batch_stride + h * mask_head_stride + q_idx * mask_q_stride + "
+    "kv_idx * mask_k_stride]";
 
 /// The shape-free forward program of `spec`'s signature: lengths, batch,
 /// heads, strides, window sizes and the scale are scalar parameters (bound by

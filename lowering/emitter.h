@@ -52,6 +52,22 @@ inline std::string c_scalar_type(ir::ScalarType t) {
   return "?";
 }
 
+/// An array parameter's element in C; each reads as a float
+/// (templates/attention_common.hip).
+inline const char *array_element_type(ir::ArrayElement e) {
+  switch (e) {
+  case ir::ArrayElement::u8:
+    return "unsigned char";
+  case ir::ArrayElement::f16:
+    return "fj_f16_elem";
+  case ir::ArrayElement::bf16:
+    return "fj_bf16_elem";
+  case ir::ArrayElement::f32:
+    return "float";
+  }
+  return "float";
+}
+
 inline std::string float_literal(double x) {
   if (std::isinf(x))
     return x < 0 ? "-FJ_INF" : "FJ_INF";
@@ -354,6 +370,14 @@ private:
   // run is in bounds and aligned, else element by element with bounds checks.
   void emit_run_load(const std::string &frag, int first, int len, bool whole,
                      const std::string &dim, const std::string &dim_stride);
+  // The mask tensor's elements of the ScoreMod `op`'s tile, a row's run of
+  // consecutive keys in one load where the run is in bounds and the row's key
+  // stride is 1 (0 past the lengths). emit_mask_rows declares `var`_src and
+  // `var`_ok, [kQTiles][runs]: where each row of the lane's runs starts and
+  // whether its runs load whole; then, with qt and c in scope,
+  // emit_mask_columns declares float `var`[kAccElems] and loads column tile c's.
+  void emit_mask_rows(const Op &op, const std::string &var);
+  void emit_mask_columns(const Op &op, const std::string &var);
   std::string declare(ValueId v);
   // Emits `for` headers over a value's fragments; returns the element expression.
   std::string open_elements(const Type &t, const std::string &var);

@@ -10,6 +10,7 @@
 // walk; lowering/emitter.h says where memory, loops and the rule choice live.
 #include "lowering/emitter.h"
 
+#include "ir/build.h"
 #include "ir/expr.h"
 #include "lowering/resources.h"
 #include "templates/templates.h"
@@ -59,6 +60,29 @@ ir::Expr take_element_draws(ir::Expr e, std::vector<ir::Expr> &draws) {
   }
   for (ir::Expr &a : e.args)
     a = take_element_draws(std::move(a), draws);
+  return e;
+}
+
+/// The name a mask tensor's element takes in a score function once
+/// emit_mask_elements has loaded the tile's (not a name the expression
+/// language accepts, so it cannot collide).
+constexpr std::string_view kMaskVar = "@mask";
+
+/// `e` with each read of the mask tensor's element (ir::kMaskElement), and each
+/// `inside ? element : 0` around one (emit_mask_elements gives 0 outside), as
+/// variable @mask; `found` counts them.
+ir::Expr take_mask_elements(ir::Expr e, const std::string &element, const std::string &guarded,
+                            int &found) {
+  if ((e.kind == ir::Expr::Kind::load && e.name == "attn_mask" && ir::print_expr(e) == element) ||
+      (e.kind == ir::Expr::Kind::select && ir::print_expr(e) == guarded)) {
+    ++found;
+    ir::Expr var;
+    var.kind = ir::Expr::Kind::var;
+    var.name = kMaskVar;
+    return var;
+  }
+  for (ir::Expr &a : e.args)
+    a = take_mask_elements(std::move(a), element, guarded, found);
   return e;
 }
 
@@ -520,12 +544,8 @@ Expected<Lowered> KernelEmitter::run() {
   for (const std::string &index : p_.indices)
     params.push_back({index, KernelParam::Kind::tensor, ir::ScalarType::i64, "const int *"});
   for (const ir::ArrayParam &array : p_.arrays) {
-    // Each element reads as a float (templates/attention_common.hip).
-    const char *element = array.element == ir::ArrayElement::u8     ? "const unsigned char *"
-                          : array.element == ir::ArrayElement::f16  ? "const fj_f16_elem *"
-                          : array.element == ir::ArrayElement::bf16 ? "const fj_bf16_elem *"
-                                                                    : "const float *";
-    params.push_back({array.name, KernelParam::Kind::tensor, ir::ScalarType::i64, element});
+    params.push_back({array.name, KernelParam::Kind::tensor, ir::ScalarType::i64,
+                      fmt::format("const {} *", array_element_type(array.element))});
   }
   for (const ir::ScalarParam &sp : p_.scalars)
     params.push_back({sp.name, KernelParam::Kind::scalar, sp.type, c_scalar_type(sp.type)});
@@ -1063,6 +1083,8 @@ Status KernelEmitter::emit_op(const Op &op) {
     const std::string src = name(op.operands[0]), qb = name(op.operands[1]),
                       kb = name(op.operands[2]);
     const bool transposed = op.int_attr("transposed") != 0;
+    const std::string mask_var = "fj_mask_" + name(op.results[0]);
+    std::string mask_elem; // @mask in C: this element of mask_var
     // Rows are queries of %op1's block and columns keys of %op2's, or the
     // reverse in the backward's transposed tiles.
     const std::string row =
@@ -1082,6 +1104,8 @@ Status KernelEmitter::emit_op(const Op &op) {
         return kv_idx;
       if (var.starts_with(kDrawVar)) // a draw of this element's own position
         return fmt::format("fj_draw_slot(fj_draw{}, {})", var.substr(kDrawVar.size()), kv_idx);
+      if (var == kMaskVar)
+        return mask_elem;
       if (var == "seqlen_q")
         return seq_const(*p_.tensor("Q"));
       return seq_const(*p_.tensor("K"));
@@ -1092,19 +1116,55 @@ Status KernelEmitter::emit_op(const Op &op) {
       if (!e)
         return e.status();
       w_.line("// {}", f->text);
+      int mask_reads = 0;
+      if (p_.array("attn_mask")) {
+        // The mask tensor's elements, loaded a row's run at a time
+        // (emit_mask_rows, emit_mask_columns) before the elements' arithmetic.
+        const std::string element(ir::kMaskElement);
+        auto guarded =
+            ir::parse_expr("(q_idx < seqlen_q && kv_idx < seqlen_k) ? " + element + " : 0",
+                           p_.expr_scope(), "the mask tensor's element");
+        auto canonical = ir::parse_expr(element, p_.expr_scope(), "the mask tensor's element");
+        if (!guarded || !canonical)
+          return !guarded ? guarded.status() : canonical.status();
+        *e = take_mask_elements(std::move(*e), ir::print_expr(*canonical), ir::print_expr(*guarded),
+                                mask_reads);
+      }
       std::vector<ir::Expr> draws; // uniform(seed, offset, b, h, q_idx, kv_idx) calls
-      const std::string code = ir::emit_c(take_element_draws(*e, draws), names);
-      if (draws.empty()) {
-        const std::string dst = open_elements(t, name(op.results[0]));
-        w_.line("{} = {};", dst, code);
+      const ir::Expr body = take_element_draws(*e, draws);
+      // With draws, the elements go through emit_draws' own order: the tile's
+      // mask elements are loaded first, whole.
+      mask_elem = mask_var + (draws.empty() ? "[e]" : "_tile[qt][c][e]");
+      const std::string code = ir::emit_c(body, names);
+      const std::string dst = name(op.results[0]);
+      if (mask_reads) {
+        emit_mask_rows(op, mask_var);
+        if (!draws.empty())
+          w_.line("float {}_tile[kQTiles][{}][kAccElems];", mask_var, col_tiles(t.cols));
+        open_query_tiles();
+        w_.line("#pragma unroll");
+        w_.open("for (int c = 0; c < {}; ++c) {{", col_tiles(t.cols));
+        emit_mask_columns(op, mask_var);
+        w_.line("#pragma unroll");
+        w_.open("for (int e = 0; e < kAccElems; ++e) {{");
+        if (draws.empty())
+          w_.line("{}[qt][c][e] = {};", dst, code);
+        else
+          w_.line("{0}_tile[qt][c][e] = {0}[e];", mask_var);
+        w_.close();
+        w_.close();
+        w_.close();
+        if (draws.empty())
+          return Status::ok();
+      } else if (draws.empty()) {
+        w_.line("{} = {};", open_elements(t, dst), code);
         close_elements(t);
         return Status::ok();
       }
-      emit_draws(draw_plan(transposed, col_tiles(t.cols)), draws, names, q_idx, kv_idx,
-                 [&](int c, int e) {
-                   w_.line("{{ const int c = c0 + {}, e = {}; {}[qt][c][e] = {}; }}", c, e,
-                           name(op.results[0]), code);
-                 });
+      emit_draws(
+          draw_plan(transposed, col_tiles(t.cols)), draws, names, q_idx, kv_idx, [&](int c, int e) {
+            w_.line("{{ const int c = c0 + {}, e = {}; {}[qt][c][e] = {}; }}", c, e, dst, code);
+          });
       return Status::ok();
     };
     w_.line("{};", declare(op.results[0]));

@@ -521,6 +521,78 @@ Status KernelEmitter::emit_store(const Op &op) {
   return Status::ok();
 }
 
+namespace {
+
+/// What emit_mask_rows and emit_mask_columns share: the tile's rows and columns
+/// as ScoreMod has them (rows of %op1's block, columns of %op2's: queries and
+/// keys, or keys and queries in the backward's transposed tiles).
+struct MaskTile {
+  std::string rows_end, cols_end, row_stride, col_stride;
+};
+
+MaskTile mask_tile(const Op &op, const std::string &sq, const std::string &sk) {
+  if (op.int_attr("transposed") != 0)
+    return {sk, sq, "mask_k_stride", "mask_q_stride"};
+  return {sq, sk, "mask_q_stride", "mask_k_stride"};
+}
+
+} // namespace
+
+void KernelEmitter::emit_mask_rows(const Op &op, const std::string &var) {
+  const MaskTile m = mask_tile(op, seq_const(*p_.tensor("Q")), seq_const(*p_.tensor("K")));
+  const int len = rules_.acc_run_len();
+  const std::vector<FragmentRun> runs = rules_.acc_runs();
+  w_.line("// The mask tensor's rows of this tile: a run of {} consecutive {} per load where", len,
+          op.int_attr("transposed") != 0 ? "queries" : "keys");
+  w_.line("// the run is in bounds and aligned.");
+  w_.line("const {} *{}_src[kQTiles][{}];", array_element_type(p_.array("attn_mask")->element), var,
+          runs.size());
+  w_.line("bool {}_ok[kQTiles][{}];", var, runs.size());
+  open_query_tiles();
+  for (size_t r = 0; r < runs.size(); ++r) {
+    w_.open("{{");
+    w_.line("const int row = {} * kBlockM + local_row(qt, {});", name(op.operands[1]), runs[r].row);
+    // A row past the lengths reads nothing (null): none of its elements is inside.
+    w_.line("{}_src[qt][{}] = row < {} ? attn_mask + ((long){} * mask_batch_stride + (long){} * "
+            "mask_head_stride + (long)row * {}) : nullptr;",
+            var, r, m.rows_end, name(p_.grid_arg(2)), name(p_.grid_arg(1)), m.row_stride);
+    w_.line(
+        "{0}_ok[qt][{1}] = {0}_src[qt][{1}] && {2} == 1 && (unsigned long long){0}_src[qt][{1}] "
+        "% (sizeof(*attn_mask) * {3} < 16 ? sizeof(*attn_mask) * {3} : 16) == 0;",
+        var, r, m.col_stride, len);
+    w_.close();
+  }
+  w_.close();
+}
+
+void KernelEmitter::emit_mask_columns(const Op &op, const std::string &var) {
+  const MaskTile m = mask_tile(op, seq_const(*p_.tensor("Q")), seq_const(*p_.tensor("K")));
+  const int len = rules_.acc_run_len();
+  const std::vector<FragmentRun> runs = rules_.acc_runs();
+  w_.line("float {}[kAccElems];", var);
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const int first = int(r) * len;
+    w_.open("{{");
+    w_.line("const auto *const src = {}_src[qt][{}];", var, r);
+    w_.line("const int col = {} * kBlockN + c * kNTile + {};", name(op.operands[2]), runs[r].col);
+    const std::string element =
+        fmt::format("{}[{}]", var, first ? fmt::format("{} + i", first) : "i");
+    if (len > 1) {
+      w_.line("if ({}_ok[qt][{}] && col + {} <= {})", var, r, len, m.cols_end);
+      w_.line("  fj_mask_run<{}>(src + col, {}{});", len, var,
+              first ? fmt::format(" + {}", first) : "");
+      w_.line("else");
+      w_.indent(1);
+    }
+    w_.line("for (int i = 0; i < {}; ++i)", len);
+    w_.line("  {} = src && col + i < {} ? float(src[(long)(col + i) * {}]) : 0.0f;", element,
+            m.cols_end, m.col_stride);
+    if (len > 1)
+      w_.indent(-1);
+    w_.close();
+  }
+}
+
 void KernelEmitter::emit_run_load(const std::string &frag, int first, int len, bool whole,
                                   const std::string &dim, const std::string &dim_stride) {
   w_.line("if (kVecLoads && d0 + {} <= {})", len, dim);

@@ -10,6 +10,45 @@ struct fj_bf16_elem {
   FJ_METHOD operator float() const { return fj_bf16_to_f32(bits); }
 };
 
+// A run of N consecutive elements of a mask tensor's row as floats, in loads of
+// up to 16 bytes; the caller checks that `p` is aligned to min(N elements, 16
+// bytes) (lowering's emit_mask_elements: the row's key stride is 1).
+struct alignas(8) fj_word8 {
+  unsigned w[2];
+};
+struct alignas(16) fj_word16 {
+  unsigned w[4];
+};
+template <int kBytes> struct fj_word_of;
+template <> struct fj_word_of<2> {
+  using type = unsigned short;
+};
+template <> struct fj_word_of<4> {
+  using type = unsigned;
+};
+template <> struct fj_word_of<8> {
+  using type = fj_word8;
+};
+template <> struct fj_word_of<16> {
+  using type = fj_word16;
+};
+template <int N, class T> FJ_DEVICE void fj_mask_run(const T *p, float *out) {
+  constexpr int kBytes = N * int(sizeof(T));
+  constexpr int kChunk = kBytes < 16 ? kBytes : 16, kPer = kChunk / int(sizeof(T));
+  using W = typename fj_word_of<kChunk>::type;
+#pragma unroll
+  for (int i = 0; i < N; i += kPer) {
+    union {
+      W word;
+      T elems[kPer];
+    } run;
+    run.word = *reinterpret_cast<const W *>(p + i);
+#pragma unroll
+    for (int j = 0; j < kPer; ++j)
+      out[i + j] = float(run.elems[j]);
+  }
+}
+
 // ---- uniform draws (dropout) ----
 // Philox-4x32-10 as ir::philox_uniform computes it on the host, bit for bit: the
 // key is Philox of (seed, offset) under a fixed key (the same for every element

@@ -115,6 +115,35 @@ TEST(Lowering, SameSpecGivesByteIdenticalSource) {
     }
 }
 
+// A mask tensor's mixed blocks read each lane's run of consecutive keys at once
+// where the rows allow (emit_mask_rows / emit_mask_columns), as many keys as the
+// rules' accumulator runs hold; the score arithmetic reads no element itself.
+TEST(Lowering, MaskTensorRowsAreReadARunAtATime) {
+  const struct {
+    const char *arch;
+    int run; // Rules::acc_run_len of the default rules
+  } cases[] = {{"sm_80", 2}, {"sm_90", 2}, {"gfx942", 4}, {"gfx1201", 8}, {"gfx1100", 1}};
+  for (const auto &c : cases)
+    for (MaskType mask : {MaskType::boolean, MaskType::bf16, MaskType::f32}) {
+      SCOPED_TRACE(fmt::format("{} {}", c.arch, mask_type_name(mask)));
+      AttentionSpec spec = spec_for(64, 64, DType::bf16);
+      spec.mask = mask;
+      spec.mask_strides =
+          dense_mask_strides("bhqk", spec.batch, spec.heads, spec.seqlen_q, spec.seqlen_k).value();
+      const Lowered l = generate_ok(spec, target(c.arch));
+      const std::string &k = l.kernel_text;
+      // One load per run of the lane's accumulator runs, each with its fallback
+      // element by element; no element read per score.
+      const int fallbacks = count(k, "float(src[(long)(col + i) * mask_k_stride])");
+      EXPECT_GE(fallbacks, 1);
+      EXPECT_EQ(count(k, fmt::format("fj_mask_run<{}>", c.run)), c.run > 1 ? fallbacks : 0);
+      EXPECT_EQ(count(k, "fj_mask_run<"), c.run > 1 ? fallbacks : 0);
+      for (const std::string &line : lines_of(k))
+        if (line.find("attn_mask[") != std::string::npos)
+          EXPECT_EQ(line.substr(line.find_first_not_of(' '), 2), "//") << line;
+    }
+}
+
 TEST(Lowering, DifferentSpecsGiveDifferentSources) {
   const Target t = target("gfx1201");
   AttentionSpec causal = spec_for(64, 64, DType::bf16, /*causal=*/true);

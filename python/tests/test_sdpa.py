@@ -126,6 +126,38 @@ def test_attn_mask_matches_float64(kind, mshape, causal, dtype):
     np.testing.assert_allclose(np.asarray(out, np.float64), t(ref), atol=tol, rtol=0)
 
 
+@pytest.mark.parametrize("arch", ["gfx1201", "gfx942", "gfx1100"])
+@pytest.mark.parametrize("kind,view", [
+    ("float32", "transposed"),  # key stride sq: one element per load
+    ("float16", "offset"),      # a view one element into its rows (odd row stride 73)
+    ("bool", "offset"),
+])
+def test_attn_mask_views_match_float64(arch, kind, view):
+    """Masks whose rows a kernel cannot read a run at a time (the key stride is not 1, or
+    a row starts off the run's alignment) give the same results, element by element."""
+    rng = np.random.default_rng(len(kind) + len(view))
+    b, hq, sq, sk, d = 1, 2, 40, 72, 32
+    q, k, v = (make(rng, (b, hq, s, d), "f16") for s in (sq, sk, sk))
+    keep = True if kind == "bool" else 0.5  # key 0 of every query (mask_case's rule)
+    if view == "transposed":
+        stored = mask_case(rng, kind, (sk, sq), np.float32)
+        stored[0, :] = keep
+        mask = stored.T
+        assert mask.strides[1] != mask.itemsize
+    else:
+        stored = mask_case(rng, kind, (sq, sk + 1), np.float16)
+        stored[:, 1] = keep
+        mask = stored[:, 1:]
+        assert mask.ctypes.data % 4 != 0 or mask.dtype == bool
+    out = flashjit.scaled_dot_product_attention(q, k, v, attn_mask=mask, arch=arch)
+    t = (lambda x: x.transpose(0, 2, 1, 3))
+    if kind == "bool":
+        ref, _ = attention(t(q), t(k), t(v), mask=mask)
+    else:
+        ref, _ = attention(t(q), t(k), t(v), bias=np.asarray(mask, np.float64))
+    np.testing.assert_allclose(np.asarray(out, np.float64), t(ref), atol=4e-3, rtol=0)
+
+
 def test_attn_mask_gradients_match_float64():
     rng = np.random.default_rng(11)
     b, hq, hkv, sq, sk, d = 1, 4, 2, 48, 40, 32
