@@ -378,6 +378,12 @@ private:
   // emit_mask_columns declares float `var`[kAccElems] and loads column tile c's.
   void emit_mask_rows(const Op &op, const std::string &var);
   void emit_mask_columns(const Op &op, const std::string &var);
+  // Issues the mask tensor's loads of the ScoreMod ops of a loop body between
+  // `from` and `to` before the block's S product, where their bits fit a
+  // register budget: `var`_w[kQTiles][col tiles][runs], which emit_mask_columns
+  // then unpacks (early_masks_).
+  void emit_early_masks(const std::vector<Op> &body, size_t from, size_t to);
+  std::set<const Op *> early_masks_;
   std::string declare(ValueId v);
   // Emits `for` headers over a value's fragments; returns the element expression.
   std::string open_elements(const Type &t, const std::string &var);

@@ -1138,7 +1138,8 @@ Status KernelEmitter::emit_op(const Op &op) {
       const std::string code = ir::emit_c(body, names);
       const std::string dst = name(op.results[0]);
       if (mask_reads) {
-        emit_mask_rows(op, mask_var);
+        if (!early_masks_.count(&op)) // else issued before the S product
+          emit_mask_rows(op, mask_var);
         if (!draws.empty())
           w_.line("float {}_tile[kQTiles][{}][kAccElems];", mask_var, col_tiles(t.cols));
         open_query_tiles();

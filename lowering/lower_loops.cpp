@@ -408,6 +408,7 @@ Status KernelEmitter::emit_overlapped(const Op &loop) {
     def_of_[r] = &o;
   for (size_t i = 0; i < plan.s_at; ++i)
     FJ_RETURN_IF_ERROR(emit(body[i]));
+  emit_early_masks(body, plan.s_at + 1, plan.o_at);
   emit_ir_comment(s, ": left in flight");
   FJ_RETURN_IF_ERROR(emit_product(s, -1, /*wait=*/false));
   w_.open("if ({} > kv_begin) {{ // the previous block's O product, beside this S", kb);
@@ -808,6 +809,7 @@ Status KernelEmitter::emit_for(const Op &op) {
   const std::set<std::string> at_entry = read_since_barrier_;
   auto body = [&] {
     predeclared_.clear();
+    early_masks_.clear();
     if (overlap_) {
       predeclared_.insert(op.body[overlap_->o_at].results[0]);
       return emit_overlapped(op);
@@ -824,6 +826,7 @@ Status KernelEmitter::emit_for(const Op &op) {
   predeclared_.clear();
   staged_.clear();
   range_loop_ = nullptr;
+  early_masks_.clear();
   const Op &y = op.body.back();
   if (prefetch || *producer)
     w_.line("fj_copy ^= 1;");

@@ -565,11 +565,68 @@ void KernelEmitter::emit_mask_rows(const Op &op, const std::string &var) {
   w_.close();
 }
 
+void KernelEmitter::emit_early_masks(const std::vector<Op> &body, size_t from, size_t to) {
+  early_masks_.clear();
+  const ir::ArrayParam *mask = p_.array("attn_mask");
+  const int len = rules_.acc_run_len();
+  const std::vector<FragmentRun> runs = rules_.acc_runs();
+  if (!mask || len < 2)
+    return;
+  const int run_bytes = len * (mask->element == ir::ArrayElement::u8    ? 1
+                               : mask->element == ir::ArrayElement::f32 ? 4
+                                                                        : 2);
+  // The bits live across the S product: one register per run (a pair of 16-bit
+  // elements, at most 4 bytes), at most 32 of them (wider runs spilled at D = 256).
+  constexpr int kBudgetRegs = 32;
+  for (size_t i = from; i < to; ++i) {
+    const Op &op = body[i];
+    if (op.kind != OpKind::ScoreMod || run_bytes > 4 ||
+        p_.function(op.symbol_attr("function"))->text.find("attn_mask[") == std::string::npos)
+      continue;
+    const Type &t = type(op.results[0]);
+    const int regs = q_tiles_ * col_tiles(t.cols) * int(runs.size()) * ((run_bytes + 3) / 4);
+    if (regs > kBudgetRegs)
+      continue;
+    const MaskTile m = mask_tile(op, seq_const(*p_.tensor("Q")), seq_const(*p_.tensor("K")));
+    const std::string var = "fj_mask_" + name(op.results[0]);
+    w_.line("// IR: the mask tensor's elements that %{} = score_mod reads, issued before the",
+            name(op.results[0]));
+    w_.line("// S product (their latency hides behind it), kept as bits: {} registers per lane.",
+            regs);
+    emit_mask_rows(op, var);
+    w_.line("fj_mask_bits<{}, {}> {}_w[kQTiles][{}][{}];", len, array_element_type(mask->element),
+            var, col_tiles(t.cols), runs.size());
+    if (block_full_applies(op))
+      w_.open("if (!fj_block_full) {{ // the block's class: full blocks read no element");
+    else
+      w_.open("{{");
+    open_query_tiles();
+    w_.line("#pragma unroll");
+    w_.open("for (int c = 0; c < {}; ++c) {{", col_tiles(t.cols));
+    for (size_t r = 0; r < runs.size(); ++r) {
+      w_.line("{{ const int col = {} * kBlockN + c * kNTile + {};", name(op.operands[2]),
+              runs[r].col);
+      w_.line("  {0}_w[qt][c][{1}] = fj_mask_fetch<{2}>({0}_src[qt][{1}], col, {0}_ok[qt][{1}] && "
+              "col + {2} <= {3}, {0}_src[qt][{1}] ? {3} - col : 0, {4}); }}",
+              var, r, len, m.cols_end, m.col_stride);
+    }
+    w_.close();
+    w_.close();
+    w_.close();
+    early_masks_.insert(&op);
+  }
+}
+
 void KernelEmitter::emit_mask_columns(const Op &op, const std::string &var) {
   const MaskTile m = mask_tile(op, seq_const(*p_.tensor("Q")), seq_const(*p_.tensor("K")));
   const int len = rules_.acc_run_len();
   const std::vector<FragmentRun> runs = rules_.acc_runs();
   w_.line("float {}[kAccElems];", var);
+  if (early_masks_.count(&op)) {
+    for (size_t r = 0; r < runs.size(); ++r)
+      w_.line("fj_mask_unpack({}_w[qt][c][{}], {} + {});", var, r, var, int(r) * len);
+    return;
+  }
   for (size_t r = 0; r < runs.size(); ++r) {
     const int first = int(r) * len;
     w_.open("{{");

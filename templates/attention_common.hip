@@ -32,6 +32,31 @@ template <> struct fj_word_of<8> {
 template <> struct fj_word_of<16> {
   using type = fj_word16;
 };
+// A run of N mask elements of at most 8 bytes kept as their bits (one word),
+// loaded whole where `whole`, else element by element (the first `valid` of
+// them, the rest 0): the loads issued before a block's S product.
+template <int N, class T> union fj_mask_bits {
+  typename fj_word_of<N * int(sizeof(T))>::type word;
+  T elems[N];
+};
+template <int N, class T>
+FJ_DEVICE fj_mask_bits<N, T> fj_mask_fetch(const T *row, int col, bool whole, int valid,
+                                           long stride) {
+  fj_mask_bits<N, T> b;
+  if (whole) {
+    b.word = *reinterpret_cast<const decltype(b.word) *>(row + col);
+    return b;
+  }
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+    b.elems[i] = i < valid ? row[(long)(col + i) * stride] : T{};
+  return b;
+}
+template <int N, class T> FJ_DEVICE void fj_mask_unpack(const fj_mask_bits<N, T> &b, float *out) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+    out[i] = float(b.elems[i]);
+}
 template <int N, class T> FJ_DEVICE void fj_mask_run(const T *p, float *out) {
   constexpr int kBytes = N * int(sizeof(T));
   constexpr int kChunk = kBytes < 16 ? kBytes : 16, kPer = kChunk / int(sizeof(T));
