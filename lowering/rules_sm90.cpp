@@ -79,7 +79,15 @@ public:
       return std::nullopt;
     ir::Config c = default_config(spec);
     c.stages = 3;
-    if (d <= 64)
+    // A 16-bit additive mask tensor (a bias: typically every block mixed) takes
+    // two consumer warpgroups at head dim 64 too, whose one query tile per warp
+    // lets the mask's loads go before the S product (emit_early_masks; f32 runs
+    // are too wide for it). H100, B*S = 16k, a random bf16 [S, S] bias: 1717 ->
+    // 1034 us at S = 1024, 7643 -> 3328 at 4096; a key-padding mask (few mixed
+    // blocks) 6-13% slower at S = 4096, so bool masks keep the one-warpgroup
+    // config (bench/mask_config_probe.py).
+    const bool bias = spec.mask == MaskType::bf16 || spec.mask == MaskType::f16;
+    if (d <= 64 && !bias)
       return c;
     c.waves = 8;
     c.block_n = d <= 128 ? 128 : d <= 192 ? 96 : 64;
