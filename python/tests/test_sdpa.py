@@ -158,12 +158,24 @@ def test_attn_mask_views_match_float64(arch, kind, view):
     np.testing.assert_allclose(np.asarray(out, np.float64), t(ref), atol=4e-3, rtol=0)
 
 
-def test_attn_mask_gradients_match_float64():
+@pytest.mark.parametrize("view", ["dense", "transposed", "offset"])
+def test_attn_mask_gradients_match_float64(view):
+    """The backward reads the mask in dQ's tiles (rows of queries) and dK/dV's transposed
+    ones (rows of keys): a run at a time along whichever axis has stride 1, else element by
+    element (a transposed mask; one a f16 element into rows of odd stride)."""
     rng = np.random.default_rng(11)
     b, hq, hkv, sq, sk, d = 1, 4, 2, 48, 40, 32
     q, k, v, dout = (make(rng, (b, s, h, d), "f16") for s, h in
                      ((sq, hq), (sk, hkv), (sk, hkv), (sq, hq)))
-    bias = mask_case(rng, "float32", (b, 1, sq, sk), np.float32)
+    if view == "dense":
+        bias = mask_case(rng, "float32", (b, 1, sq, sk), np.float32)
+    elif view == "transposed":
+        bias = mask_case(rng, "float32", (sk, sq), np.float32).T
+        bias[:, 0] = 0.5
+    else:
+        stored = mask_case(rng, "float16", (sq, sk + 1), np.float16)
+        stored[:, 1] = 0.5
+        bias = stored[:, 1:]
     out, lse = flashjit.flash_attn_func(q, k, v, attn_mask=bias, return_lse=True, arch=ARCH)
     dq, dk, dv = flashjit.flash_attn_backward(dout, q, k, v, out, lse, attn_mask=bias, arch=ARCH)
     want = attention_grads(q, k, v, dout, bias=np.asarray(bias, np.float64))
