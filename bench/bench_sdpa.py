@@ -137,15 +137,18 @@ def main():
                 best = max(v for n, v in tf.items() if n != "flashjit" and v)
                 ratio = tf["flashjit"] / best
                 fmt = lambda x: f"{x:7.1f}" if x else "    n/a"
+                other = (f"  vs FLASH {tf['flashjit'] / tf['flash']:.2f}, {config}{note}"
+                         if config else "")
                 print(f"{s:6d} {d:4d} {str(causal):>6} {tf['flashjit']:9.1f} {fmt(tf['cudnn'])} "
-                      f"{fmt(tf['flash'])} {fmt(tf['efficient']):>9} {ratio:6.2f}"
-                      + (f"  vs FLASH {tf['flashjit'] / tf['flash']:.2f}, {config}{note}" if config else ""), flush=True)
+                      f"{fmt(tf['flash'])} {fmt(tf['efficient']):>9} {ratio:6.2f}{other}",
+                      flush=True)
                 rows.append(dict(seqlen=s, batch=b, heads=args.heads, head_dim=d, causal=causal,
                                  flashjit=tf["flashjit"], cudnn=tf["cudnn"], flash=tf["flash"],
                                  efficient=tf["efficient"], ratio_to_best=ratio,
-                                 ratio_to_flash=tf["flashjit"] / tf["flash"] if tf["flash"] else None,
-                                 config=" ".join(f"{k}={v}" for k, v in config.items()) + note
-                                 if config else "default"))
+                                 ratio_to_flash=(tf["flashjit"] / tf["flash"]
+                                                 if tf["flash"] else None),
+                                 config=(" ".join(f"{k}={v}" for k, v in config.items()) + note
+                                         if config else "default")))
                 del q, k, v
     csv_path = out_dir / f"{stem}.csv"
     with open(csv_path, "w", newline="") as f:
