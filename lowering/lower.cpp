@@ -64,12 +64,12 @@ ir::Expr take_element_draws(ir::Expr e, std::vector<ir::Expr> &draws) {
 }
 
 /// The name a mask tensor's element takes in a score function once
-/// emit_mask_elements has loaded the tile's (not a name the expression
-/// language accepts, so it cannot collide).
+/// emit_mask_columns has loaded it (not a name the expression language
+/// accepts, so it cannot collide).
 constexpr std::string_view kMaskVar = "@mask";
 
 /// `e` with each read of the mask tensor's element (ir::kMaskElement), and each
-/// `inside ? element : 0` around one (emit_mask_elements gives 0 outside), as
+/// `inside ? element : 0` around one (emit_mask_columns gives 0 outside), as
 /// variable @mask; `found` counts them.
 ir::Expr take_mask_elements(ir::Expr e, const std::string &element, const std::string &guarded,
                             int &found) {
