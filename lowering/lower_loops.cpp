@@ -814,7 +814,24 @@ Status KernelEmitter::emit_for(const Op &op) {
       predeclared_.insert(op.body[overlap_->o_at].results[0]);
       return emit_overlapped(op);
     }
-    return interleave ? emit_interleaved(op, s_at, o_at) : emit_ops(op.body);
+    if (interleave)
+      return emit_interleaved(op, s_at, o_at);
+    // One S and one O product: the mask's loads go before S where they fit,
+    // up to head dim 128. Above, the sm80 rules' registers are full: on an
+    // H100 (sm80 rules, Q in registers) a bias at head dim 256 ran 3-16%
+    // slower with them early, at 128 1.1-1.6x faster (bench/results/README.md).
+    size_t s = 0, o = 0;
+    const int64_t dims = std::max(p_.tensor("Q")->dim, p_.tensor("V")->dim);
+    if (dims > 128 || !find_products(op, s, o))
+      return emit_ops(op.body);
+    for (size_t i = 0; i < op.body.size(); ++i) {
+      if (i == s)
+        emit_early_masks(op.body, s + 1, o);
+      for (ValueId r : op.body[i].results)
+        def_of_[r] = &op.body[i];
+      FJ_RETURN_IF_ERROR(emit_op(op.body[i]));
+    }
+    return Status::ok();
   };
   staged_.clear();
   FJ_RETURN_IF_ERROR(body());

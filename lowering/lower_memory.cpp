@@ -570,7 +570,9 @@ void KernelEmitter::emit_early_masks(const std::vector<Op> &body, size_t from, s
   const ir::ArrayParam *mask = p_.array("attn_mask");
   const int len = rules_.acc_run_len();
   const std::vector<FragmentRun> runs = rules_.acc_runs();
-  if (!mask || len < 2)
+  // One query tile per wave: with two, the sm80 kernels spilled 36-408 bytes
+  // (head dims 64 and 96).
+  if (!mask || len < 2 || !rules_.early_mask_loads() || q_tiles_ != 1)
     return;
   const int run_bytes = len * (mask->element == ir::ArrayElement::u8    ? 1
                                : mask->element == ir::ArrayElement::f32 ? 4
@@ -584,7 +586,7 @@ void KernelEmitter::emit_early_masks(const std::vector<Op> &body, size_t from, s
         p_.function(op.symbol_attr("function"))->text.find("attn_mask[") == std::string::npos)
       continue;
     const Type &t = type(op.results[0]);
-    const int regs = q_tiles_ * col_tiles(t.cols) * int(runs.size()) * ((run_bytes + 3) / 4);
+    const int regs = col_tiles(t.cols) * int(runs.size()) * ((run_bytes + 3) / 4);
     if (regs > kBudgetRegs)
       continue;
     const MaskTile m = mask_tile(op, seq_const(*p_.tensor("Q")), seq_const(*p_.tensor("K")));

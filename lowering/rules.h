@@ -187,6 +187,10 @@ public:
 
   /// Whether V is staged transposed ([dim][key]) in LDS rather than row-major.
   virtual bool v_transposed() const { return true; }
+  /// Whether the KV loop issues a mask tensor's loads of a block before its S
+  /// product where their bits fit (KernelEmitter::emit_early_masks); measured
+  /// on NVIDIA only.
+  virtual bool early_mask_loads() const { return false; }
   /// The default tuning config for a spec (block sizes, waves, pipeline stages):
   /// 4 waves of 16 queries; block_n shrinks as the head dims grow.
   virtual ir::Config default_config(const AttentionSpec &spec) const;
