@@ -52,20 +52,24 @@ inline std::string c_scalar_type(ir::ScalarType t) {
   return "?";
 }
 
-/// An array parameter's element in C; each reads as a float
+/// An array parameter's element in C and its bytes; each reads as a float
 /// (templates/attention_common.hip).
-inline const char *array_element_type(ir::ArrayElement e) {
+struct ArrayElementC {
+  const char *type;
+  int bytes;
+};
+inline ArrayElementC array_element_c(ir::ArrayElement e) {
   switch (e) {
   case ir::ArrayElement::u8:
-    return "unsigned char";
+    return {"unsigned char", 1};
   case ir::ArrayElement::f16:
-    return "fj_f16_elem";
+    return {"fj_f16_elem", 2};
   case ir::ArrayElement::bf16:
-    return "fj_bf16_elem";
+    return {"fj_bf16_elem", 2};
   case ir::ArrayElement::f32:
-    return "float";
+    return {"float", 4};
   }
-  return "float";
+  return {"float", 4};
 }
 
 inline std::string float_literal(double x) {

@@ -545,7 +545,7 @@ Expected<Lowered> KernelEmitter::run() {
     params.push_back({index, KernelParam::Kind::tensor, ir::ScalarType::i64, "const int *"});
   for (const ir::ArrayParam &array : p_.arrays) {
     params.push_back({array.name, KernelParam::Kind::tensor, ir::ScalarType::i64,
-                      fmt::format("const {} *", array_element_type(array.element))});
+                      fmt::format("const {} *", array_element_c(array.element).type)});
   }
   for (const ir::ScalarParam &sp : p_.scalars)
     params.push_back({sp.name, KernelParam::Kind::scalar, sp.type, c_scalar_type(sp.type)});

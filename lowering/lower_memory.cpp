@@ -545,8 +545,8 @@ void KernelEmitter::emit_mask_rows(const Op &op, const std::string &var) {
   w_.line("// The mask tensor's rows of this tile: a run of {} consecutive {} per load where", len,
           op.int_attr("transposed") != 0 ? "queries" : "keys");
   w_.line("// the run is in bounds and aligned.");
-  w_.line("const {} *{}_src[kQTiles][{}];", array_element_type(p_.array("attn_mask")->element), var,
-          runs.size());
+  w_.line("const {} *{}_src[kQTiles][{}];", array_element_c(p_.array("attn_mask")->element).type,
+          var, runs.size());
   w_.line("bool {}_ok[kQTiles][{}];", var, runs.size());
   open_query_tiles();
   for (size_t r = 0; r < runs.size(); ++r) {
@@ -574,19 +574,18 @@ void KernelEmitter::emit_early_masks(const std::vector<Op> &body, size_t from, s
   // (head dims 64 and 96).
   if (!mask || len < 2 || !rules_.early_mask_loads() || q_tiles_ != 1)
     return;
-  const int run_bytes = len * (mask->element == ir::ArrayElement::u8    ? 1
-                               : mask->element == ir::ArrayElement::f32 ? 4
-                                                                        : 2);
   // The bits live across the S product: one register per run (a pair of 16-bit
   // elements, at most 4 bytes), at most 32 of them (wider runs spilled at D = 256).
+  if (len * array_element_c(mask->element).bytes > 4)
+    return;
   constexpr int kBudgetRegs = 32;
   for (size_t i = from; i < to; ++i) {
     const Op &op = body[i];
-    if (op.kind != OpKind::ScoreMod || run_bytes > 4 ||
+    if (op.kind != OpKind::ScoreMod ||
         p_.function(op.symbol_attr("function"))->text.find("attn_mask[") == std::string::npos)
       continue;
     const Type &t = type(op.results[0]);
-    const int regs = col_tiles(t.cols) * int(runs.size()) * ((run_bytes + 3) / 4);
+    const int regs = col_tiles(t.cols) * int(runs.size());
     if (regs > kBudgetRegs)
       continue;
     const MaskTile m = mask_tile(op, seq_const(*p_.tensor("Q")), seq_const(*p_.tensor("K")));
@@ -596,7 +595,7 @@ void KernelEmitter::emit_early_masks(const std::vector<Op> &body, size_t from, s
     w_.line("// S product (their latency hides behind it), kept as bits: {} registers per lane.",
             regs);
     emit_mask_rows(op, var);
-    w_.line("fj_mask_bits<{}, {}> {}_w[kQTiles][{}][{}];", len, array_element_type(mask->element),
+    w_.line("fj_mask_bits<{}, {}> {}_w[kQTiles][{}][{}];", len, array_element_c(mask->element).type,
             var, col_tiles(t.cols), runs.size());
     if (block_full_applies(op))
       w_.open("if (!fj_block_full) {{ // the block's class: full blocks read no element");
