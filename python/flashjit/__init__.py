@@ -19,6 +19,7 @@ torch.compile the torch path runs as custom ops (flashjit.torch_ops);
 flashjit.integrations registers flashjit with transformers.
 """
 
+from ._lib import InputError, InputTypeError
 from .api import FlashJitError, compile, emit, flash_attn_func, version
 from .backward import flash_attn_backward
 from .packed import (flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
@@ -42,4 +43,4 @@ __all__ = ["flash_attn_func", "flash_attn_backward", "flash_attn_varlen_func",
            "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func",
            "flash_attn_varlen_backward",
            "flash_attn_with_kvcache", "scaled_dot_product_attention", "emit", "compile",
-           "version", "FlashJitError"]
+           "version", "FlashJitError", "InputError", "InputTypeError"]

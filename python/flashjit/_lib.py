@@ -106,6 +106,16 @@ class FlashJitError(RuntimeError):
     """An error reported by libflashjit; the message names the problem and the fix."""
 
 
+class InputError(FlashJitError, ValueError):
+    """An argument's value refused before any launch. A ValueError, and a RuntimeError as
+    FlashAttention's checks raise (code written for FlashAttention catches those)."""
+
+
+class InputTypeError(FlashJitError, TypeError):
+    """An argument's type or dtype refused: a TypeError, and a RuntimeError as
+    FlashAttention's checks raise."""
+
+
 def _candidates():
     env = os.environ.get("FLASHJIT_LIBRARY")
     if env:

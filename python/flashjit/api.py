@@ -8,7 +8,7 @@ import operator
 import sys
 
 from . import _lib, torch_ops
-from ._lib import FlashJitError
+from ._lib import FlashJitError, InputError, InputTypeError
 
 # (kernel signature, device, config) -> fj_attention handle: one handle (one compiled
 # kernel) serves every shape of its signature; the least recently used beyond
@@ -46,10 +46,10 @@ def _int(name, value, lo, hi=INT64_MAX):
     try:
         i = operator.index(value)
     except TypeError:
-        raise TypeError(f"flashjit: {name} must be an integer, got {value!r}") from None
+        raise InputTypeError(f"flashjit: {name} must be an integer, got {value!r}") from None
     if not lo <= i <= hi:
         top = "2**63-1" if hi == INT64_MAX else str(hi)
-        raise ValueError(f"flashjit: {name} ({i}) is outside {lo}..{top}: pass an integer in "
+        raise InputError(f"flashjit: {name} ({i}) is outside {lo}..{top}: pass an integer in "
                          "that range")
     return i
 
@@ -57,9 +57,9 @@ def _int(name, value, lo, hi=INT64_MAX):
 def _c_str(name, value):
     """`value` encoded for a `const char *`; refuses non-strings and NUL characters."""
     if not isinstance(value, str):
-        raise TypeError(f"flashjit: {name} must be a string, got {type(value).__name__}")
+        raise InputTypeError(f"flashjit: {name} must be a string, got {type(value).__name__}")
     if "\0" in value:
-        raise ValueError(f"flashjit: {name} {value!r} contains a NUL character, where the C API "
+        raise InputError(f"flashjit: {name} {value!r} contains a NUL character, where the C API "
                          "would cut it short: pass the name without it")
     return value.encode()
 
@@ -69,7 +69,7 @@ def _window(window_size):
     try:
         left, right = window_size
     except (TypeError, ValueError):
-        raise ValueError(f"flashjit: window_size must be a pair (left, right), got "
+        raise InputError(f"flashjit: window_size must be a pair (left, right), got "
                          f"{window_size!r}") from None
     return _int("window_size[0]", left, -1), _int("window_size[1]", right, -1)
 
@@ -81,10 +81,10 @@ def _scale(softmax_scale):
     try:
         scale = float(softmax_scale)
     except OverflowError:
-        raise ValueError(f"flashjit: softmax_scale ({softmax_scale}) is past what a double "
+        raise InputError(f"flashjit: softmax_scale ({softmax_scale}) is past what a double "
                          "holds: use a scale between 1e-30 and 1e30") from None
     if scale == 0.0:
-        raise ValueError("flashjit: softmax_scale=0.0 is not supported: the C API reads a scale of "
+        raise InputError("flashjit: softmax_scale=0.0 is not supported: the C API reads a scale of "
                          "0 as 'the default', and a zero scale would only make every visible key "
                          "weigh the same; pass softmax_scale=None for 1/sqrt(head_dim), or a "
                          "positive scale")
@@ -105,6 +105,40 @@ def _refuse_grad(tensors, grad_enabled, what="varlen and KV-cache calls"):
             "15): no gradient would flow through attention. For inference, call it under "
             "torch.no_grad() or torch.inference_mode(); to run it on purpose without "
             f"gradients, pass {', '.join(n + '.detach()' for n in needing)}")
+
+
+_NO_BACKWARD = None
+
+
+def _backward_refused(out, what, tensors):
+    """`out` (a torch tensor computed without autograd) joined to the graph of `tensors`
+    ((name, tensor) pairs) through a node whose backward raises: for calls the backward
+    pass does not take yet whose forward FlashAttention runs all the same (a varlen call
+    over a block_table: its tests make q require grad and check only the forward). The
+    forward runs; a gradient asked for through it is an error naming the call, never a
+    silent zero."""
+    needing = [(name, x) for name, x in tensors if getattr(x, "requires_grad", False)]
+    global _NO_BACKWARD
+    if _NO_BACKWARD is None:
+        import torch
+
+        class NoBackward(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, message, result, *inputs):
+                ctx.message = message
+                return result  # a fresh tensor of the call's, not an input
+
+            @staticmethod
+            def backward(ctx, *grads):
+                raise NotImplementedError(ctx.message)
+
+        _NO_BACKWARD = NoBackward
+    names = ", ".join(name for name, _ in needing)
+    message = (f"flashjit: the gradient of {names} was asked for, but flashjit's backward pass "
+               f"does not take {what} yet (issue 15). Run the forward of such a call without "
+               "gradients (torch.no_grad(), or detached inputs), or pass packed k and v with "
+               "cu_seqlens_k, whose gradients flashjit computes")
+    return _NO_BACKWARD.apply(message, out, *(x for _, x in needing))
 
 
 # ---- inputs ---------------------------------------------------------------------------
@@ -131,9 +165,9 @@ def _from_dlpack(x):
             import cupy
             return cupy.from_dlpack(x)
         return torch.from_dlpack(x)
-    raise TypeError(f"flashjit: {type(x).__name__} lives on DLPack device type {device_type}; "
-                    "flashjit takes CPU memory (run on the emulator with arch=) or CUDA/ROCm "
-                    "GPU memory")
+    raise InputTypeError(f"flashjit: {type(x).__name__} lives on DLPack device type {device_type}; "
+                         "flashjit takes CPU memory (run on the emulator with arch=) or CUDA/ROCm "
+                         "GPU memory")
 
 
 def _kind(x):
@@ -144,8 +178,8 @@ def _kind(x):
         return "cupy"
     if mod.startswith("numpy"):
         return "numpy"
-    raise TypeError(f"flashjit: q, k and v must be torch tensors, CuPy arrays, NumPy arrays "
-                    f"or DLPack arrays (__dlpack__), got {type(x).__name__}")
+    raise InputTypeError(f"flashjit: q, k and v must be torch tensors, CuPy arrays, NumPy arrays "
+                         f"or DLPack arrays (__dlpack__), got {type(x).__name__}")
 
 
 def _dtype_name(x, kind):
@@ -164,7 +198,7 @@ def _strides(x, kind):
     else:
         s = tuple(b // x.itemsize for b in x.strides)
     if any(v < 0 for v in s) or any(b % x.itemsize for b in ([] if kind == "torch" else x.strides)):
-        raise ValueError("flashjit: negative or fractional strides are not supported; pass a "
+        raise InputError("flashjit: negative or fractional strides are not supported; pass a "
                          "copy (e.g. .contiguous() / np.ascontiguousarray)")
     return s
 
@@ -172,17 +206,17 @@ def _strides(x, kind):
 def _device(x, kind, arch):
     if kind == "numpy":
         if not arch:
-            raise ValueError("flashjit: NumPy arrays run on the CPU emulator of an AMD GPU: pass "
+            raise InputError("flashjit: NumPy arrays run on the CPU emulator of an AMD GPU: pass "
                              "arch='gfx1201' (or another AMD arch, see `flashjit archs`)")
         _c_str("arch", arch)
         return f"emulator:{arch}", None
     if arch:
-        raise ValueError(f"flashjit: arch={arch!r} applies to NumPy inputs (the emulator); GPU "
+        raise InputError(f"flashjit: arch={arch!r} applies to NumPy inputs (the emulator); GPU "
                          "tensors run for the arch of the device they live on")
     if kind == "torch":
         import torch
         if not x.is_cuda:
-            raise ValueError("flashjit: torch tensors must live on a GPU (device 'cuda'); for the "
+            raise InputError("flashjit: torch tensors must live on a GPU (device 'cuda'); for the "
                              "CPU, pass NumPy arrays with arch='gfx1201'")
         backend = "hip" if getattr(torch.version, "hip", None) else "cuda"
         index = x.device.index or 0
@@ -230,9 +264,9 @@ def _modifiers(spec, kind, device_of, batch, heads, softcap, alibi_slopes, score
     try:
         cap = float(softcap)
     except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"flashjit: softcap must be a number (0: off), got {softcap!r}") from None
+        raise InputError(f"flashjit: softcap must be a number (0: off), got {softcap!r}") from None
     if not cap >= 0.0 or cap == float("inf"):
-        raise ValueError(f"flashjit: softcap ({softcap}) must be 0 (off) or a positive finite "
+        raise InputError(f"flashjit: softcap ({softcap}) must be 0 (off) or a positive finite "
                          "number")
     spec.softcap = cap
     keep = []
@@ -245,7 +279,7 @@ def _modifiers(spec, kind, device_of, batch, heads, softcap, alibi_slopes, score
         elif shape == (batch, heads):
             alibi = 2
         else:
-            raise ValueError(f"flashjit: alibi_slopes must be float32 [heads] = ({heads},) or "
+            raise InputError(f"flashjit: alibi_slopes must be float32 [heads] = ({heads},) or "
                              f"[batch, heads] = ({batch}, {heads}), got shape {shape}")
         slopes_ptr, held = _array(alibi_slopes, kind, device_of, "alibi_slopes", "float32")
         keep.append(held)
@@ -261,7 +295,7 @@ def _modifiers(spec, kind, device_of, batch, heads, softcap, alibi_slopes, score
         texts.append(text)
     if sinks is not None:
         if tuple(sinks.shape) != (heads,):
-            raise ValueError(f"flashjit: sinks must be float32 [heads] = ({heads},), got shape "
+            raise InputError(f"flashjit: sinks must be float32 [heads] = ({heads},), got shape "
                              f"{tuple(sinks.shape)}")
         if _kind(sinks) == kind and str(sinks.dtype).replace("torch.", "") in ("bfloat16",
                                                                                 "float16"):
@@ -284,10 +318,10 @@ def _dropout(dropout_p, dropout_seed, kind):
     try:
         p = float(dropout_p)
     except (TypeError, ValueError):
-        raise ValueError(f"flashjit: dropout_p must be a number in [0, 1), got "
+        raise InputError(f"flashjit: dropout_p must be a number in [0, 1), got "
                          f"{dropout_p!r}") from None
     if not 0.0 <= p < 1.0:
-        raise ValueError(f"flashjit: dropout_p ({dropout_p}) must be in [0, 1)")
+        raise InputError(f"flashjit: dropout_p ({dropout_p}) must be in [0, 1)")
     if p == 0.0:
         return 0.0, 0
     if dropout_seed is None:
@@ -306,14 +340,15 @@ def _mask_tensor(spec, kind, device_of, attn_mask, shape):
     if attn_mask is None:
         return 0, None, None
     if _kind(attn_mask) != kind:
-        raise TypeError(f"flashjit: attn_mask must be of the inputs' kind ({kind}), got "
-                        f"{type(attn_mask).__name__}")
+        raise InputTypeError(f"flashjit: attn_mask must be of the inputs' kind ({kind}), got "
+                             f"{type(attn_mask).__name__}")
     name = str(attn_mask.dtype).replace("torch.", "")
     if name not in _MASK_TYPES:
-        raise TypeError(f"flashjit: attn_mask must be bool (True attends) or float32, float16 or "
-                        f"bfloat16 (added to the scaled scores), got {attn_mask.dtype}")
+        raise InputTypeError(f"flashjit: attn_mask must be bool (True attends) or float32, "
+                             f"float16 or bfloat16 (added to the scaled scores), got "
+                             f"{attn_mask.dtype}")
     if kind == "torch" and str(attn_mask.device) != device_of:
-        raise ValueError(f"flashjit: attn_mask is on {attn_mask.device} but the inputs are on "
+        raise InputError(f"flashjit: attn_mask is on {attn_mask.device} but the inputs are on "
                          f"{device_of}")
     try:
         if len(attn_mask.shape) > 4:
@@ -324,7 +359,7 @@ def _mask_tensor(spec, kind, device_of, attn_mask, shape):
             xp = __import__(kind)
             view = xp.broadcast_to(attn_mask, shape)
     except (RuntimeError, ValueError):
-        raise ValueError(f"flashjit: attn_mask of shape {tuple(attn_mask.shape)} does not "
+        raise InputError(f"flashjit: attn_mask of shape {tuple(attn_mask.shape)} does not "
                          f"broadcast to [batch, heads, seqlen_q, seqlen_k] = {tuple(shape)}") \
             from None
     spec.mask_type = _MASK_TYPES[name]
@@ -337,21 +372,21 @@ def _array(x, kind, device_of, name, dtype):
     """(pointer, object to keep alive) of a small array flashjit reads as `dtype`
     (int32 or float32): same kind and device as q, contiguous, that dtype."""
     if _kind(x) != kind:
-        raise TypeError(f"flashjit: {name} must be of the inputs' kind ({kind}), got "
-                        f"{type(x).__name__}")
+        raise InputTypeError(f"flashjit: {name} must be of the inputs' kind ({kind}), got "
+                             f"{type(x).__name__}")
     if kind == "numpy":
         import numpy as np
         if str(x.dtype) != dtype:
-            raise TypeError(f"flashjit: {name} must be {dtype}, got {x.dtype}: pass "
-                            f"{name}.astype(np.{dtype})")
+            raise InputTypeError(f"flashjit: {name} must be {dtype}, got {x.dtype}: pass "
+                                 f"{name}.astype(np.{dtype})")
         held = np.ascontiguousarray(x)
         return held.ctypes.data, held
     if str(x.dtype).replace("torch.", "") != dtype:
-        raise TypeError(f"flashjit: {name} must be {dtype}, got {x.dtype}")
+        raise InputTypeError(f"flashjit: {name} must be {dtype}, got {x.dtype}")
     if str(x.device) != device_of:
-        raise ValueError(f"flashjit: {name} is on {x.device} but the inputs are on {device_of}")
+        raise InputError(f"flashjit: {name} is on {x.device} but the inputs are on {device_of}")
     if kind == "torch" and not x.is_contiguous():
-        raise ValueError(f"flashjit: {name} must be contiguous: pass {name}.contiguous()")
+        raise InputError(f"flashjit: {name} must be contiguous: pass {name}.contiguous()")
     return _ptr(x, kind), x
 
 
@@ -394,7 +429,7 @@ def _options(config):
         return options
     unknown = sorted(set(config) - set(CONFIG_KEYS))
     if unknown:
-        raise ValueError(f"flashjit: unknown config keys {unknown}: expected some of "
+        raise InputError(f"flashjit: unknown config keys {unknown}: expected some of "
                          f"{list(CONFIG_KEYS)}")
     knobs = {key: _int(f"config[{key!r}]", value, *_CONFIG_RANGES[key])
              for key, value in config.items()}
@@ -404,7 +439,7 @@ def _options(config):
     if tiles:
         missing = [k for k in ("block_m", "block_n", "waves") if k not in tiles]
         if missing:
-            raise ValueError(f"flashjit: config sets {sorted(tiles)} but not {missing}: a config "
+            raise InputError(f"flashjit: config sets {sorted(tiles)} but not {missing}: a config "
                              "with tile knobs names block_m, block_n and waves (stages 1, "
                              "q_in_lds 0 and pad_k 16 when unset)")
         options.block_m, options.block_n, options.waves = (
@@ -500,7 +535,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     NotImplementedError).
     """
     if return_attn_probs and return_lse:
-        raise ValueError("flashjit: return_attn_probs and return_lse both ask for the LSE: pass "
+        raise InputError("flashjit: return_attn_probs and return_lse both ask for the LSE: pass "
                          "one (return_attn_probs gives FlashAttention's (out, softmax_lse, None))")
     want_lse = bool(return_attn_probs or return_lse)
     plain = (not dropout_p and alibi_slopes is None and sinks is None and attn_mask is None and
@@ -717,13 +752,13 @@ def _attention_forward(q, k, v, want_lse, softmax_scale, causal, window_size, so
     repeats."""
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or \
             not 0 <= num_splits <= 128:
-        raise ValueError(f"flashjit: num_splits must be an int in 0..128 (0: chosen per call, 1: "
+        raise InputError(f"flashjit: num_splits must be an int in 0..128 (0: chosen per call, 1: "
                          f"off), got {num_splits!r}")
     window = _window(window_size)
     scale = _scale(softmax_scale)
     kinds = {_kind(x) for x in (q, k, v)}
     if len(kinds) != 1:
-        raise TypeError(f"flashjit: q, k and v must be of one kind, got {sorted(kinds)}")
+        raise InputTypeError(f"flashjit: q, k and v must be of one kind, got {sorted(kinds)}")
     kind = kinds.pop()
     b, sq, sk, hq, hkv, d, dv, dtype = _check_qkv(q, k, v, kind, f32=True)
     device, stream = _device(q, kind, arch)
@@ -792,20 +827,20 @@ def _check_qkv(q, k, v, kind, f32=False):
     is "bf16" (converted on the host) and other float32 inputs are refused."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if len(x.shape) != 4:
-            raise ValueError(f"flashjit: {name} must be 4-D [batch, seqlen, heads, head_dim], got "
+            raise InputError(f"flashjit: {name} must be 4-D [batch, seqlen, heads, head_dim], got "
                              f"shape {tuple(x.shape)}")
     b, sq, hq, d = q.shape
     bk, sk, hkv, dk = k.shape
     bv, skv, hv, dv = v.shape
     if not (b == bk == bv):
-        raise ValueError(f"flashjit: batch sizes differ: q {b}, k {bk}, v {bv}")
+        raise InputError(f"flashjit: batch sizes differ: q {b}, k {bk}, v {bv}")
     if sk != skv or hkv != hv:
-        raise ValueError(f"flashjit: k {tuple(k.shape)} and v {tuple(v.shape)} must share seqlen "
+        raise InputError(f"flashjit: k {tuple(k.shape)} and v {tuple(v.shape)} must share seqlen "
                          "and heads")
     if d != dk:
-        raise ValueError(f"flashjit: q and k head dims differ ({d} vs {dk})")
+        raise InputError(f"flashjit: q and k head dims differ ({d} vs {dk})")
     if hkv == 0 or hq % hkv:
-        raise ValueError(f"flashjit: q heads ({hq}) must be a multiple of k/v heads ({hkv})")
+        raise InputError(f"flashjit: q heads ({hq}) must be a multiple of k/v heads ({hkv})")
     dtypes = {"f32" if f32 and str(x.dtype).endswith("float32") else _dtype_name(x, kind)
               for x in (q, k, v)}
     if None in dtypes or len(dtypes) != 1:
@@ -813,19 +848,19 @@ def _check_qkv(q, k, v, kind, f32=False):
                    "numpy": "float16 or float32 (as bf16)"}[kind]
         if f32:
             allowed += " (or all float32)"
-        raise TypeError(f"flashjit: q, k and v must all be {allowed}; got "
-                        f"{[str(x.dtype) for x in (q, k, v)]}")
+        raise InputTypeError(f"flashjit: q, k and v must all be {allowed}; got "
+                             f"{[str(x.dtype) for x in (q, k, v)]}")
     if kind != "numpy":
         devs = {str(x.device) for x in (q, k, v)}
         if len(devs) != 1:
-            raise ValueError(f"flashjit: q, k and v are on different devices: {sorted(devs)}")
+            raise InputError(f"flashjit: q, k and v are on different devices: {sorted(devs)}")
     return b, sq, sk, hq, hkv, d, dv, dtypes.pop()
 
 
 def _spec_from_args(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, head_dim_v, dtype,
                     causal, window_size, softmax_scale, return_lse):
     if dtype not in ("bf16", "f16"):
-        raise ValueError(f"flashjit: dtype must be 'bf16' or 'f16', got {dtype!r}")
+        raise InputError(f"flashjit: dtype must be 'bf16' or 'f16', got {dtype!r}")
     kv_heads = heads if kv_heads is None else kv_heads
     seqlen_k = seqlen_q if seqlen_k is None else seqlen_k
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
@@ -836,7 +871,7 @@ def _spec_from_args(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, head_d
 
     def bshd(tensor, s, h, dd):  # dense BSHD strides: (batch, seq, head, dim)
         if s * h * dd > INT64_MAX:
-            raise ValueError(f"flashjit: the dense {tensor} tensor's batch stride ({s}*{h}*{dd} "
+            raise InputError(f"flashjit: the dense {tensor} tensor's batch stride ({s}*{h}*{dd} "
                              "elements) is past int64: reduce its seqlen, heads or head dim")
         return (s * h * dd, h * dd, dd, 1)
     strides = [bshd("q", seqlen_q, heads, head_dim), bshd("k", seqlen_k, kv_heads, head_dim),

@@ -3,6 +3,7 @@ uses when a torch input requires grad."""
 
 import ctypes
 
+from ._lib import InputError, InputTypeError
 from . import _lib
 from .api import (_attention, _attention_forward, _bf16_bits, _check_qkv, _device, _dropout,
                   _from_dlpack, _kind, _mask_tensor, _modifiers, _scale, _signature, _spec,
@@ -32,7 +33,7 @@ def flash_attn_backward(dout, q, k, v, out, softmax_lse, dropout_p=0.0, softmax_
     (dout, q, k, v, out, softmax_lse, alibi_slopes, attn_mask, sinks) = map(_from_dlpack, (
         dout, q, k, v, out, softmax_lse, alibi_slopes, attn_mask, sinks))
     if dropout_p != 0.0 and dropout_seed is None:
-        raise ValueError("flashjit: dropout_p > 0 needs the forward's dropout_seed: pass "
+        raise InputError("flashjit: dropout_p > 0 needs the forward's dropout_seed: pass "
                          "dropout_seed=S to both flash_attn_func and flash_attn_backward (or let "
                          "autograd run the backward)")
     window = _window(window_size)
@@ -40,23 +41,23 @@ def flash_attn_backward(dout, q, k, v, out, softmax_lse, dropout_p=0.0, softmax_
     kind = _kind(q)
     kinds = {_kind(x) for x in (dout, q, k, v, out, softmax_lse)}
     if len(kinds) != 1:
-        raise TypeError(f"flashjit: dout, q, k, v, out and softmax_lse must be of one kind, got "
-                        f"{sorted(kinds)}")
+        raise InputTypeError(f"flashjit: dout, q, k, v, out and softmax_lse must be of one kind, "
+                             f"got {sorted(kinds)}")
     b, sq, sk, hq, hkv, d, dv, dtype = _check_qkv(q, k, v, kind)
     if tuple(out.shape) != (b, sq, hq, dv) or tuple(dout.shape) != (b, sq, hq, dv):
-        raise ValueError(f"flashjit: out and dout must be [batch, seqlen_q, heads, head_dim_v] = "
+        raise InputError(f"flashjit: out and dout must be [batch, seqlen_q, heads, head_dim_v] = "
                          f"{(b, sq, hq, dv)}, got {tuple(out.shape)} and {tuple(dout.shape)}")
     if tuple(softmax_lse.shape) != (b, hq, sq):
-        raise ValueError(f"flashjit: softmax_lse must be [batch, heads, seqlen_q] = {(b, hq, sq)}, "
+        raise InputError(f"flashjit: softmax_lse must be [batch, heads, seqlen_q] = {(b, hq, sq)}, "
                          f"got {tuple(softmax_lse.shape)}")
     device, stream = _device(q, kind, arch)
     if kind == "torch":
         import torch
         if out.dtype != q.dtype or dout.dtype != q.dtype:
-            raise TypeError(f"flashjit: out and dout must be {q.dtype} like q, got {out.dtype} "
-                            f"and {dout.dtype}")
+            raise InputTypeError(f"flashjit: out and dout must be {q.dtype} like q, got "
+                                 f"{out.dtype} and {dout.dtype}")
         if softmax_lse.dtype != torch.float32:
-            raise TypeError(f"flashjit: softmax_lse must be float32, got {softmax_lse.dtype}")
+            raise InputTypeError(f"flashjit: softmax_lse must be float32, got {softmax_lse.dtype}")
         lse = softmax_lse.contiguous()
         # dO is read with out's strides; the gradients are written with q's, k's, v's.
         if dout.stride() != out.stride():
@@ -76,7 +77,7 @@ def flash_attn_backward(dout, q, k, v, out, softmax_lse, dropout_p=0.0, softmax_
             ins = tuple(np.ascontiguousarray(x) for x in (q, k, v, out, dout))
             bufs = [np.full(x.shape, np.nan, dtype=np.float16) for x in ins[:3]]
     else:
-        raise TypeError("flashjit: flash_attn_backward takes torch tensors or NumPy arrays")
+        raise InputTypeError("flashjit: flash_attn_backward takes torch tensors or NumPy arrays")
 
     strides = [_strides(x, kind) for x in ins[:4]]
     spec = _spec(b, sq, sk, hq, hkv, d, dv, dtype, scale, causal, window, True, strides)
@@ -184,7 +185,7 @@ def attention_with_grad(q, k, v, softmax_scale, causal, window_size, softcap, al
             "tensor (only for q, k and v): pass attn_mask.detach(), or use a score_mod "
             "expression if the bias is learned")
     if arch:
-        raise ValueError(f"flashjit: arch={arch!r} applies to NumPy inputs (the emulator)")
+        raise InputError(f"flashjit: arch={arch!r} applies to NumPy inputs (the emulator)")
     return _function().apply(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
                              config, num_splits, score_mod, mask_mod, attn_mask, dropout_p,
                              dropout_seed, sinks)

@@ -5,6 +5,7 @@ flash_attn_func or flash_attn_varlen_func, so everything those take works here t
 and gradients flow back into the packed tensor through torch's autograd of the views.
 """
 
+from ._lib import InputError, InputTypeError
 from .api import _from_dlpack, flash_attn_func
 from .sequences import flash_attn_varlen_func
 
@@ -17,7 +18,7 @@ def _unpack(x, name, parts, layout):
     axis = dims - 3
     shape = tuple(getattr(x, "shape", ()))
     if len(shape) != dims or shape[axis] != parts:
-        raise ValueError(f"flashjit: {name} must be {layout} with {parts} at axis {axis}, got "
+        raise InputError(f"flashjit: {name} must be {layout} with {parts} at axis {axis}, got "
                          f"shape {shape}")
     index = (slice(None),) * axis
     return tuple(x[index + (i,)] for i in range(parts))

@@ -1,5 +1,6 @@
 """scaled_dot_product_attention: PyTorch's SDPA signature over flash_attn_func."""
 
+from ._lib import InputError, InputTypeError
 from .api import _from_dlpack, _kind, flash_attn_func
 
 
@@ -27,7 +28,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     query, key, value, attn_mask = map(_from_dlpack, (query, key, value, attn_mask))
     ndim = len(query.shape)
     if ndim not in (3, 4) or len(key.shape) != ndim or len(value.shape) != ndim:
-        raise ValueError(f"flashjit: query, key and value must all be 4-D [batch, heads, seqlen, "
+        raise InputError(f"flashjit: query, key and value must all be 4-D [batch, heads, seqlen, "
                          f"head_dim] (or 3-D without the batch), got {tuple(query.shape)}, "
                          f"{tuple(key.shape)}, {tuple(value.shape)}")
     kind = _kind(query)
@@ -39,7 +40,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     q, k, v = bshd(query), bshd(key), bshd(value)
     if q.shape[2] != k.shape[2] and not enable_gqa:
-        raise ValueError(f"flashjit: query has {q.shape[2]} heads and key {k.shape[2]}: pass "
+        raise InputError(f"flashjit: query has {q.shape[2]} heads and key {k.shape[2]}: pass "
                          "enable_gqa=True for grouped-query attention, as in PyTorch")
     sq, sk = q.shape[1], k.shape[1]
     causal, mask_mod = False, None
@@ -49,7 +50,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         else:
             mask_mod = "kv_idx <= q_idx"  # SDPA's top-left diagonal
     if attn_mask is not None and ndim == 3 and len(attn_mask.shape) == 4:
-        raise ValueError(f"flashjit: attn_mask {tuple(attn_mask.shape)} is 4-D but the inputs "
+        raise InputError(f"flashjit: attn_mask {tuple(attn_mask.shape)} is 4-D but the inputs "
                          "are 3-D [heads, seqlen, head_dim]: pass a mask of at most 3 dims")
     out = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, mask_mod=mask_mod,
                           arch=arch, config=config, attn_mask=attn_mask, dropout_p=dropout_p,

@@ -4,11 +4,12 @@ batch of lengths; the lengths, block tables and cache counts are per-call arrays
 
 import sys
 
+from ._lib import InputError, InputTypeError
 from . import torch_ops
-from .api import (_ATTENTIONS, MAX_REPEATS, _attention, _bf16_bits, _device, _dropout,
-                  _dtype_name, _fast_call, _forward, _from_dlpack, _handle_key, _int, _kind,
-                  _modifiers,
-                  _refuse_grad, _s_dmask_scale, _scale, _signature, _spec, _strides, _window)
+from .api import (_ATTENTIONS, MAX_REPEATS, _attention, _backward_refused, _bf16_bits, _device,
+                  _dropout, _dtype_name, _fast_call, _forward, _from_dlpack, _handle_key, _int,
+                  _kind, _modifiers, _refuse_grad, _s_dmask_scale, _scale, _signature, _spec,
+                  _strides, _window)
 
 # A plain torch decode step's repeat -> what its first call built (_kv_fast_forward):
 # flash_attn_with_kvcache without rotary, cache_leftpad, slopes or sinks, its int32
@@ -51,6 +52,31 @@ def _append(kind, k_cache, v_cache, k, v, seqlens, table, rows):
     index = (table[b_idx, pos // rows], pos % rows) if table is not None else (b_idx, pos)
     k_cache[index] = k
     v_cache[index] = v
+
+
+def _check_capacity(seqlens, new, capacity, paged, kind):
+    """Refuses cache_seqlens + `new` appended keys past the cache's `capacity` rows per
+    sequence (or below 0): every NumPy call; on torch, a paged call (FlashAttention's check,
+    which it too pays a host sync for: the kernels would read block_table past its row and
+    the append write through it). Skipped while a CUDA graph is captured, where the host
+    cannot read the device."""
+    if kind == "numpy":
+        import numpy as np
+        bad, shown = np.any(seqlens < 0) or np.any(seqlens + new > capacity), seqlens
+    elif paged:
+        import torch
+        if seqlens.is_cuda and torch.cuda.is_current_stream_capturing():
+            return
+        lo, hi = torch.stack([seqlens.min(), seqlens.max()]).tolist()  # one sync
+        bad, shown = lo < 0 or hi + new > capacity, f"min {lo}, max {hi}"
+    else:
+        return
+    if bad:
+        where = (f"the {capacity} rows block_table's pages address per sequence (give "
+                 "block_table more columns)" if paged else
+                 f"the cache's {capacity} rows per sequence")
+        raise InputError(f"flashjit: cache_seqlens + the {new} new keys must stay within "
+                         f"{where}, got cache_seqlens {shown}")
 
 
 def _kv_repeat_key(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
@@ -98,6 +124,9 @@ def _kv_fast_forward(key, q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_
     seqlens = counts if counts is not None else cache_seqlens
     table = block_table if block_table is not None else \
         (cache_batch_idx.reshape(-1, 1) if cache_batch_idx is not None else None)
+    if block_table is not None:
+        _check_capacity(seqlens, 0 if k is None else k.shape[1],
+                        block_table.shape[1] * k_cache.shape[1], True, "torch")
     if k is not None:
         _append("torch", k_cache, v_cache, k, v, seqlens, table, k_cache.shape[1])
         seqlens = seqlens + k.shape[1]  # int32; alive until the launch is queued
@@ -122,11 +151,11 @@ def _common(q, k, v, arrays, arch, what="KV-cache calls", refuse_grad=True):
     call has no backward (`what` names why)."""
     kinds = {_kind(x) for x in (q, k, v)}
     if len(kinds) != 1:
-        raise TypeError(f"flashjit: q, k and v must be of one kind, got {sorted(kinds)}")
+        raise InputTypeError(f"flashjit: q, k and v must be of one kind, got {sorted(kinds)}")
     kind = kinds.pop()
     if kind == "cupy":
-        raise TypeError("flashjit: the varlen and KV-cache calls take torch tensors or NumPy "
-                        "arrays")
+        raise InputTypeError("flashjit: the varlen and KV-cache calls take torch tensors or NumPy "
+                             "arrays")
     if kind == "torch" and refuse_grad:
         import torch
         # Every tensor: q, k, v and the per-call arrays (new keys, sinks) alike.
@@ -134,17 +163,18 @@ def _common(q, k, v, arrays, arch, what="KV-cache calls", refuse_grad=True):
                      torch.is_grad_enabled, what)
     dtypes = {_dtype_name(x, kind) for x in (q, k, v)}
     if None in dtypes or len(dtypes) != 1:
-        raise TypeError(f"flashjit: q, k and v must share one dtype, bf16 or f16 (NumPy: "
-                        f"float32 as bf16 or float16); got {[str(x.dtype) for x in (q, k, v)]}")
+        raise InputTypeError(f"flashjit: q, k and v must share one dtype, bf16 or f16 (NumPy: "
+                             f"float32 as bf16 or float16); got "
+                             f"{[str(x.dtype) for x in (q, k, v)]}")
     device, stream = _device(q, kind, arch)
     if kind == "torch":
         devs = {str(x.device) for x in (q, k, v)}
         if len(devs) != 1:
-            raise ValueError(f"flashjit: q, k and v are on different devices: {sorted(devs)}")
+            raise InputError(f"flashjit: q, k and v are on different devices: {sorted(devs)}")
     for name, a in arrays.items():
         if a is not None and _kind(a) != kind:
-            raise TypeError(f"flashjit: {name} must be of the inputs' kind ({kind}), got "
-                            f"{type(a).__name__}")
+            raise InputTypeError(f"flashjit: {name} must be of the inputs' kind ({kind}), got "
+                                 f"{type(a).__name__}")
     return kind, dtypes.pop(), device, stream
 
 
@@ -152,7 +182,7 @@ def _int32(x, kind, device_of, name, shape):
     """(pointer, keep-alive) of an int32 array of `shape`."""
     from .api import _array
     if tuple(x.shape) != shape:
-        raise ValueError(f"flashjit: {name} must have shape {shape}, got {tuple(x.shape)}")
+        raise InputError(f"flashjit: {name} must have shape {shape}, got {tuple(x.shape)}")
     return _array(x, kind, device_of, name, "int32")
 
 
@@ -216,11 +246,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         raise NotImplementedError("flashjit: dropout over a paged KV cache (block_table) is not "
                                   "built: pass dropout_p=0.0, or packed k and v")
     if return_attn_probs and return_lse:
-        raise ValueError("flashjit: return_attn_probs and return_lse both ask for the LSE: pass "
+        raise InputError("flashjit: return_attn_probs and return_lse both ask for the LSE: pass "
                          "one")
     if _needs_grad(q, k, v, sinks) and block_table is None and seqused_k is None:
         if arch:
-            raise ValueError(f"flashjit: arch={arch!r} applies to NumPy inputs (the emulator)")
+            raise InputError(f"flashjit: arch={arch!r} applies to NumPy inputs (the emulator)")
         out, lse = _varlen_function().apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                             max_seqlen_k, softmax_scale, causal, window_size,
                                             softcap, alibi_slopes, config, score_mod, mask_mod,
@@ -234,19 +264,24 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     want_lse = bool(return_attn_probs or return_lse)
     window, scale = _window(window_size), _scale(softmax_scale)
     paged = block_table is not None
+    # A block_table or seqused_k with inputs that require grad: FlashAttention runs the
+    # forward (its tests do, checking only the output) and fails in the backward, so
+    # flashjit runs it too, and its backward raises (_backward_refused below).
+    no_backward = _needs_grad(q, k, v, sinks)
     kind, dtype, device, stream = _common(q, k, v, {"cu_seqlens_q": cu_seqlens_q,
                                                     "cu_seqlens_k": cu_seqlens_k,
                                                     "block_table": block_table,
                                                     "seqused_k": seqused_k, "sinks": sinks},
-                                          arch, "a block_table or seqused_k")
+                                          arch, "a block_table or seqused_k",
+                                          refuse_grad=not no_backward)
     if len(q.shape) != 3 or len(k.shape) != (4 if paged else 3) or len(v.shape) != len(k.shape):
-        raise ValueError(f"flashjit: q must be [total_q, heads, d] and k, v "
+        raise InputError(f"flashjit: q must be [total_q, heads, d] and k, v "
                          f"{'[num_blocks, page_size, kv_heads, d] (paged)' if paged else '[total_k, kv_heads, d]'}; "
                          f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     total_q, hq, d = q.shape
     hkv, dv = v.shape[-2], v.shape[-1]
     if k.shape[-1] != d or k.shape[:-1] != v.shape[:-1] or hkv == 0 or hq % hkv:
-        raise ValueError(f"flashjit: q {tuple(q.shape)}, k {tuple(k.shape)} and v "
+        raise InputError(f"flashjit: q {tuple(q.shape)}, k {tuple(k.shape)} and v "
                          f"{tuple(v.shape)} do not fit: head dims of q and k, and k's and v's "
                          "rows and heads, must agree; heads a multiple of kv_heads")
     batch = _int("len(cu_seqlens_q) - 1", cu_seqlens_q.shape[0] - 1, 1)
@@ -274,7 +309,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         keep.append(held)
     if paged:
         if len(block_table.shape) != 2 or block_table.shape[0] != batch:
-            raise ValueError(f"flashjit: block_table must be int32 [batch, max_blocks] = "
+            raise InputError(f"flashjit: block_table must be int32 [batch, max_blocks] = "
                              f"[{batch}, ...], got {tuple(block_table.shape)}")
         p, held = _int32(block_table, kind, dev, "block_table", tuple(block_table.shape))
         pointers["block_table"] = p
@@ -308,6 +343,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
              **pointers)
     del keep
     out, lse = _finish(out, lse, kind, dtype, return_attn_probs)
+    if no_backward:
+        out = _backward_refused(out, "a block_table or seqused_k",
+                                (("q", q), ("k", k), ("v", v), ("sinks", sinks)))
     if return_attn_probs:
         return out, lse, _varlen_s_dmask(q, k, cu_seqlens_q, cu_seqlens_k, max_q, max_k,
                                          softmax_scale, causal, window_size, softcap,
@@ -371,19 +409,19 @@ def flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu
                                                        "cu_seqlens_k": cu_seqlens_k}, arch,
                                           refuse_grad=False)
     if len(q.shape) != 3 or len(k.shape) != 3 or len(v.shape) != 3:
-        raise ValueError(f"flashjit: q must be [total_q, heads, d] and k, v [total_k, kv_heads, "
+        raise InputError(f"flashjit: q must be [total_q, heads, d] and k, v [total_k, kv_heads, "
                          f"d]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     total_q, hq, d = q.shape
     total_k, hkv, dv = v.shape
     if k.shape[:2] != v.shape[:2] or k.shape[2] != d or hkv == 0 or hq % hkv:
-        raise ValueError(f"flashjit: q {tuple(q.shape)}, k {tuple(k.shape)} and v "
+        raise InputError(f"flashjit: q {tuple(q.shape)}, k {tuple(k.shape)} and v "
                          f"{tuple(v.shape)} do not fit: head dims of q and k, and k's and v's "
                          "rows and heads, must agree; heads a multiple of kv_heads")
     if tuple(out.shape) != (total_q, hq, dv) or tuple(dout.shape) != (total_q, hq, dv):
-        raise ValueError(f"flashjit: out and dout must be [total_q, heads, head_dim_v] = "
+        raise InputError(f"flashjit: out and dout must be [total_q, heads, head_dim_v] = "
                          f"{(total_q, hq, dv)}, got {tuple(out.shape)} and {tuple(dout.shape)}")
     if tuple(softmax_lse.shape) != (hq, total_q):
-        raise ValueError(f"flashjit: softmax_lse must be [heads, total_q] = {(hq, total_q)}, got "
+        raise InputError(f"flashjit: softmax_lse must be [heads, total_q] = {(hq, total_q)}, got "
                          f"{tuple(softmax_lse.shape)}")
     batch = _int("len(cu_seqlens_q) - 1", cu_seqlens_q.shape[0] - 1, 1)
     max_q = _int("max_seqlen_q", max_seqlen_q, 1)
@@ -397,17 +435,21 @@ def flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu
     if kind == "torch":
         import torch
         if out.dtype != q.dtype or dout.dtype != q.dtype:
-            raise TypeError(f"flashjit: out and dout must be {q.dtype} like q, got {out.dtype} "
-                            f"and {dout.dtype}")
+            raise InputTypeError(f"flashjit: out and dout must be {q.dtype} like q, got "
+                                 f"{out.dtype} and {dout.dtype}")
         if softmax_lse.dtype != torch.float32:
-            raise TypeError(f"flashjit: softmax_lse must be float32, got {softmax_lse.dtype}")
+            raise InputTypeError(f"flashjit: softmax_lse must be float32, got {softmax_lse.dtype}")
         lse = softmax_lse.contiguous()
         if dout.stride() != out.stride():  # dO is read with out's strides
             dout = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype,
                                        device=out.device).copy_(dout)
         ins = (q, k, v, out, dout)
-        # Zeros: rows past the last sequence belong to none and stay 0 in dq.
-        bufs = [torch.zeros_like(q), torch.empty_like(k), torch.empty_like(v)]
+        # With the strides of q, k and v, which the kernels write them by (q, k and v may
+        # be views of one packed tensor, whose rows *_like would allocate densely). Zeros:
+        # rows past the last sequence belong to none and stay 0 in dq.
+        bufs = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+                for x in (q, k, v)]
+        bufs[0].zero_()
     else:
         import numpy as np
         lse = np.ascontiguousarray(softmax_lse, dtype=np.float32)
@@ -548,19 +590,19 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise NotImplementedError("flashjit: cache_leftpad with a block_table is not supported "
                                   "(FlashAttention refuses the pair too): pass one of them")
     if (k is None) != (v is None):
-        raise ValueError("flashjit: k and v are appended together: pass both or neither")
+        raise InputError("flashjit: k and v are appended together: pass both or neither")
     if cache_batch_idx is not None and block_table is not None:
-        raise ValueError("flashjit: cache_batch_idx and block_table both choose the cache rows: "
+        raise InputError("flashjit: cache_batch_idx and block_table both choose the cache rows: "
                          "pass one (FlashAttention refuses the pair too)")
     if (rotary_cos is None) != (rotary_sin is None):
-        raise ValueError("flashjit: rotary_cos and rotary_sin go together")
+        raise InputError("flashjit: rotary_cos and rotary_sin go together")
     window = _window(window_size)
     paged = block_table is not None
     kind, dtype, device, stream = _common(q, k_cache, v_cache, {
         "k": k, "v": v, "cache_batch_idx": cache_batch_idx, "block_table": block_table,
         "sinks": sinks}, arch)
     if len(q.shape) != 4 or len(k_cache.shape) != 4 or k_cache.shape[:-1] != v_cache.shape[:-1]:
-        raise ValueError(f"flashjit: q must be [batch, seqlen_q, heads, d] and the caches "
+        raise InputError(f"flashjit: q must be [batch, seqlen_q, heads, d] and the caches "
                          f"[batch or blocks, rows, kv_heads, d]; got {tuple(q.shape)}, "
                          f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
     batch, sq, hq, d = q.shape
@@ -589,11 +631,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     else:
         table = None
     new = 0 if k is None else k.shape[1]
-    if kind == "numpy":
-        import numpy as np
-        if np.any(seqlens < 0) or np.any(seqlens + new > capacity):
-            raise ValueError(f"flashjit: cache_seqlens + the {new} new keys must stay within "
-                             f"the cache's {capacity} rows per sequence, got {seqlens}")
+    _check_capacity(seqlens, new, capacity, paged, kind)
     def arange(n):
         return xp.arange(n, device=q.device) if kind == "torch" else xp.arange(n)
     # Positions of the rotated queries and keys: none without rotary (each torch op
@@ -621,12 +659,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         if kind == "numpy":
             import numpy as np
             if np.any(cache_leftpad < 0) or np.any(cache_leftpad > used):
-                raise ValueError(f"flashjit: cache_leftpad must be within 0 .. cache_seqlens + "
+                raise InputError(f"flashjit: cache_leftpad must be within 0 .. cache_seqlens + "
                                  f"the new keys ({used}) per sequence, got {cache_leftpad}")
         k_st = _strides(k_cache, kind)
         v_st = _strides(v_cache, kind)
         if k_st[0] != rows * k_st[1] or v_st[0] != rows * v_st[1]:
-            raise ValueError("flashjit: cache_leftpad needs caches whose batch stride is rows x "
+            raise InputError("flashjit: cache_leftpad needs caches whose batch stride is rows x "
                              "the row stride (e.g. contiguous [batch, rows, kv_heads, d]); pass "
                              "k_cache.contiguous() / v_cache.contiguous()")
         base = table.reshape(batch) if table is not None else arange(batch)

@@ -162,6 +162,25 @@ def test_block_table_entry_outside_the_cache_is_refused():
                                          block_table=table, arch="gfx1201")
 
 
+@pytest.mark.parametrize("append", [False, True])
+def test_keys_past_the_block_table_are_refused_as_flashattention_does(append):
+    """cache_seqlens (+ the appended keys) past the rows block_table's pages address: an
+    InputError naming block_table, which is a ValueError and, as FlashAttention's check
+    raises, a RuntimeError; the caches are left as they were."""
+    rng = np.random.default_rng(23)
+    kc, vc = make(rng, (4, 16, 1, 32), "f16"), make(rng, (4, 16, 1, 32), "f16")
+    before = kc.copy(), vc.copy()
+    q = make(rng, (1, 1, 1, 32), "f16")
+    new = make(rng, (1, 1, 1, 32), "f16") if append else None
+    seqlens = np.array([16 if append else 17], np.int32)  # one row past the table's page
+    for error in (RuntimeError, ValueError, flashjit.InputError):
+        with pytest.raises(error, match=r"block_table's pages address .*block_table more"):
+            flashjit.flash_attn_with_kvcache(q, kc, vc, k=new, v=new, cache_seqlens=seqlens,
+                                             block_table=np.zeros((1, 1), np.int32),
+                                             arch="gfx1201")
+    assert np.array_equal(kc, before[0]) and np.array_equal(vc, before[1])
+
+
 @pytest.mark.parametrize("lens_q,lens_k,causal,window,dtype,hq,hkv,d,dv,p", [
     ([5, 0, 37, 1], [5, 0, 37, 1], True, (-1, -1), "bf16", 4, 2, 64, 64, 0.0),
     ([3, 24, 9], [40, 7, 30], False, (10, 3), "f16", 3, 1, 40, 24, 0.0),

@@ -1,7 +1,8 @@
 """Gradients through flash_attn_func (issue 15): torch inputs that require grad get
 dq, dk, dv from flashjit's backward on CUDA, compared with float64 analytic gradients;
-what the backward does not take yet (KV-cache calls: seqused_k, block tables) is
-refused by name; attention sinks get their own gradient; varlen calls get their gradients per sequence rather than returning an output detached from autograd; softcap and
+what the backward does not take yet is refused by name (KV-cache calls at once; varlen
+calls over a block_table or seqused_k run forward and refuse the backward, as
+FlashAttention's do); attention sinks get their own gradient; varlen calls get their gradients per sequence rather than returning an output detached from autograd; softcap and
 ALiBi are differentiated through. Needs torch; the refusals run on the CPU too (they come before
 the device check).
 
@@ -92,13 +93,74 @@ def test_varlen_sinks_get_gradients_on_cuda():
     assert err <= 2e-2, f"dsinks relative error {err:.3g}"
 
 
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_varlen_over_a_block_table_runs_forward_and_refuses_backward():
+    """flash_attn_varlen_func with a block_table (or seqused_k) and q requiring grad: the
+    forward runs, as FlashAttention's does (its tests call it so and check the output),
+    with the output of the same call without grad; asking for a gradient through it is
+    a NotImplementedError naming the call (the backward does not take it), never a
+    silent zero."""
+    torch.manual_seed(6)
+    q = (torch.rand(24, 2, 64, device="cuda") * 2 - 1).to(torch.bfloat16).requires_grad_()
+    cache = (torch.rand(4, 16, 2, 64, device="cuda") * 2 - 1).to(torch.bfloat16)
+    table = torch.tensor([[3, 1], [0, 2]], dtype=torch.int32, device="cuda")
+    cu_q = torch.tensor([0, 10, 24], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 20, 52], dtype=torch.int32, device="cuda")
+    out = flashjit.flash_attn_varlen_func(q, cache, cache, cu_q, cu_k, 14, 32, causal=True,
+                                          block_table=table)
+    with torch.no_grad():
+        plain = flashjit.flash_attn_varlen_func(q, cache, cache, cu_q, cu_k, 14, 32,
+                                                causal=True, block_table=table)
+    assert out.requires_grad and torch.equal(out.detach(), plain)
+    with pytest.raises(NotImplementedError, match=r"gradient of q .*block_table or seqused_k"):
+        out.sum().backward()
+    kv = (torch.rand(24, 2, 64, device="cuda") * 2 - 1).to(torch.bfloat16)
+    used = torch.tensor([7, 14], dtype=torch.int32, device="cuda")
+    out = flashjit.flash_attn_varlen_func(q, kv, kv, cu_q, cu_q, 14, 14, seqused_k=used)
+    with pytest.raises(NotImplementedError, match=r"gradient of q .*block_table or seqused_k"):
+        out.sum().backward()
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("packing", ["qkv", "kv"])
+def test_varlen_packed_tensors_get_their_gradients_on_cuda(packing):
+    """flash_attn_varlen_qkvpacked_func / flash_attn_varlen_kvpacked_func through autograd:
+    dq, dk and dv are written by the strides of the views of the packed tensor (dense
+    buffers read back by those strides gave wrong gradients: FlashAttention's own varlen
+    packed tests found it), each sequence's against float64 (the tolerance above)."""
+    torch.manual_seed(9)
+    lens = [1, 130, 0, 77]
+    cu = torch.tensor([0, 1, 131, 131, 208], dtype=torch.int32, device="cuda")
+    qkv = (torch.rand(208, 3, 4, 64, device="cuda") * 2 - 1).to(torch.bfloat16)
+    dout = (torch.rand(208, 4, 64, device="cuda") * 2 - 1).to(torch.bfloat16)
+    if packing == "qkv":
+        qkv.requires_grad_()
+        out = flashjit.flash_attn_varlen_qkvpacked_func(qkv, cu, 130, causal=True)
+        out.backward(dout)
+        grads = [qkv.grad[:, i] for i in range(3)]
+    else:
+        q = qkv.detach()[:, 0].clone().requires_grad_()
+        kv = qkv.detach()[:, 1:].clone().requires_grad_()
+        flashjit.flash_attn_varlen_kvpacked_func(q, kv, cu, cu, 130, 130,
+                                                 causal=True).backward(dout)
+        grads = [q.grad, kv.grad[:, 0], kv.grad[:, 1]]
+    for b in range(4):
+        rows = slice(int(cu[b]), int(cu[b + 1]))
+        if not lens[b]:
+            continue
+        parts = [qkv.detach()[rows, i][None] for i in range(3)]
+        args = (*parts, dout[rows][None], True, (-1, -1))
+        truth, low = reference_grads(*args, torch.float64), reference_grads(*args, torch.bfloat16)
+        for name, got, t, lo in zip("qkv", (g[rows] for g in grads), truth, low):
+            got, t, lo = got.double(), t[0], lo[0]
+            err = ((got - t).norm() / t.norm()).item()
+            base = ((lo - t).norm() / t.norm()).item()
+            assert err <= 2e-2, f"sequence {b}: d{name} relative error {err:.3g}"
+            assert err <= 3 * base + 1e-3, f"sequence {b}: d{name} {err:.3g} vs {base:.3g}"
+
+
 def test_issue15_kvcache_sequences_requiring_grad_are_refused():
     q = (torch.rand(16, 2, 32) * 2 - 1).to(DEVICE, torch.float16).requires_grad_()
-    cu = torch.tensor([0, 16], dtype=torch.int32, device=DEVICE)
-    used = torch.tensor([9], dtype=torch.int32, device=DEVICE)
-    with pytest.raises(NotImplementedError,
-                       match=r"require grad .*does not take a block_table or seqused_k"):
-        flashjit.flash_attn_varlen_func(q, q, q, cu, cu, 16, 16, seqused_k=used)
     kv = (torch.rand(1, 16, 2, 32) * 2 - 1).to(DEVICE, torch.float16)
     with pytest.raises(NotImplementedError, match=r"requires? grad .*does not take KV-cache calls"):
         flashjit.flash_attn_with_kvcache(q[None], kv, kv)
