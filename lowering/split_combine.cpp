@@ -7,12 +7,15 @@
 //   LSE     = lse_max + ln(sum_s w_s)       (-inf for such a row)
 //
 // It has no matrix products and no tiles, so it is written here directly
-// rather than built as tile IR (docs/decisions.md). One workgroup merges one
-// row: its work-items read the splits' LSEs at once, and groups of work-items
-// each sum every groups-th split's partial row, so a decode call of a few rows
-// and 512 splits is not 512 dependent loads long. The sums run in
-// a fixed order (a tree over the LSEs, then the groups in order): results are
-// the same run to run.
+// rather than built as tile IR (docs/decisions.md). With many splits one
+// workgroup merges one row: its work-items read the splits' LSEs at once, and
+// groups of work-items each sum every groups-th split's partial row, so a
+// decode call of a few rows and 512 splits is not 512 dependent loads long.
+// With few splits (kFlatUpToSplits) each work-item merges one entry of O over
+// every split: a workgroup per row would leave most of its work-items idle and
+// pay two barriers per row (on an H100, 4096 rows of one split took 47.5 us).
+// The sums run in a fixed order (a tree over the LSEs, then the groups in
+// order; or the splits in order): results are the same run to run.
 #include "lowering/lower.h"
 
 #include "ir/build.h"
@@ -33,6 +36,9 @@ namespace {
 // rows have many splits and the loads in flight, not the work, bound the time.
 constexpr int kThreads = 256, kColThreads = 32, kNarrowColThreads = 8;
 constexpr int64_t kNarrowFromSplits = 256;
+// Up to this many splits a work-item per entry of O (col_threads 1: the "flat"
+// merge), each reading every split's LSE and partial entry in order.
+constexpr int64_t kFlatUpToSplits = 16;
 
 std::string combine_name(const KernelSignature &sig) {
   return fmt::format("fa_combine_{}_d{}{}{}", sig.f32_io ? "f32" : dtype_name(sig.dtype),
@@ -43,13 +49,21 @@ std::string combine_name(const KernelSignature &sig) {
 
 ir::Bindings bind_split_combine(const AttentionSpec &spec, int64_t splits) {
   ir::Bindings b = ir::bind_attention(spec);
+  const int64_t rows = spec.batch * spec.heads * spec.seqlen_q;
   b.set_int("num_splits", splits);
-  b.set_int("rows", spec.batch * spec.heads * spec.seqlen_q);
+  b.set_int("rows", rows);
+  if (splits <= kFlatUpToSplits) {
+    b.set_int("col_threads", 1);
+    b.set_int("groups", (rows * spec.head_dim_v + kThreads - 1) / kThreads);
+    b.set_int("col_chunks", 1);
+    return b;
+  }
   // On the H200 (bench/results/README.md), B=1 8:1 D=128 with 512 splits: 7.9
   // us at 32 entries per workgroup, 4.6 at 8; but 32 rows of 82 splits took
   // 3.4 at 32 and 4.7 at 8: each workgroup repeats the LSE reads and trees.
   const int col_threads = splits >= kNarrowFromSplits ? kNarrowColThreads : kColThreads;
   b.set_int("col_threads", col_threads);
+  b.set_int("groups", rows);
   b.set_int("col_chunks", (spec.head_dim_v + col_threads - 1) / col_threads);
   return b;
 }
@@ -82,7 +96,7 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
       continue;
     out.params.push_back({name, KernelParam::Kind::scalar, type, emit::c_scalar_type(type)});
   }
-  out.grid = {ir::GridAxis{-1, ir::Extent::of("rows"), 1},
+  out.grid = {ir::GridAxis{-1, ir::Extent::of("groups"), 1},
               ir::GridAxis{-1, ir::Extent::of("col_chunks"), 1}};
   out.block_threads = kThreads;
 
@@ -97,11 +111,51 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
   w.blank();
   w.line("// Merges split-KV's partial results: workspace row r = (batch * heads + head) *");
   w.line("// seqlen_q + query holds O_partial[split][r][0..kDimV) and LSE_partial[split][r].");
-  w.line("// One workgroup per row and col_threads (8 or 32) entries of it.");
+  w.line("// col_threads 1 (up to {} splits): a work-item per entry of O, every split in", 
+         kFlatUpToSplits);
+  w.line("// order. Else one workgroup per row and col_threads (8 or 32) entries of it.");
   open_direct_kernel(w, out);
-  w.line("FJ_LDS_ARRAY(float, lds_weight, kMaxSplits); // each split's weight");
+  const std::string o_type = sig.f32_io ? "float" : "fj_bits";
+  const std::string store = sig.f32_io ? "fj_global_store_f32" : "fj_global_store1";
+  const std::string dim_stride = sig.unit_dim[3] ? "" : " * o_dim_stride";
+  const std::string round = sig.f32_io ? "" : "fj_from_f32";
+  const std::string log2e = emit::float_literal(std::numbers::log2e);
+  const std::string ln2 = emit::float_literal(std::numbers::ln2);
+  w.line("FJ_LDS_ARRAY(float, lds_weight, kMaxSplits); // each split's weight (a workgroup per row)");
   w.line("FJ_LDS_ARRAY(float, lds_tree, kThreads); // the reductions over the splits");
   w.line("FJ_LDS_ARRAY(float, lds_acc, kThreads); // each group's weighted sums");
+  w.open("if (col_threads == 1) {{");
+  w.line("const long entry = long(fj_group_id_x()) * kThreads + fj_thread_id();");
+  w.line("if (entry >= rows * kDimV)");
+  w.line("  return;");
+  w.line("const long row = entry / kDimV;");
+  w.line("const int col = int(entry % kDimV);");
+  w.line("float lse_max = -FJ_INF;");
+  w.line("for (int s = 0; s < num_splits; ++s)");
+  w.line("  lse_max = fj_max(lse_max, fj_global_load_f32(LSE_partial + s * rows + row));");
+  w.line("float sum = 0.0f, acc = 0.0f; // the splits in order");
+  w.open("for (int s = 0; s < num_splits; ++s) {{");
+  w.line("const float lse = fj_global_load_f32(LSE_partial + s * rows + row);");
+  w.line("const float w = lse == -FJ_INF ? 0.0f : fj_exp2((lse - lse_max) * {});", log2e);
+  w.line("sum += w;");
+  w.line("if (w != 0.0f) // an empty split's partial entry is not read");
+  w.line("  acc += w * fj_global_load_f32(O_partial + (s * rows + row) * kDimV + col);");
+  w.close();
+  w.line("const int query = int(row % seqlen_q);");
+  w.line("const int head = int(row / seqlen_q % heads);");
+  w.line("const long batch = row / seqlen_q / heads;");
+  w.line("{} *dst = O + batch * o_batch_stride + head * o_head_stride + long(query) * "
+         "o_seq_stride;",
+         o_type);
+  w.line("{}(dst + long(col){}, {}(sum > 0.0f ? acc / sum : 0.0f));", store, dim_stride, round);
+  if (sig.lse) {
+    w.line("if (col == 0)");
+    w.line("  fj_global_store_f32(LSE + batch * lse_batch_stride + head * lse_head_stride + "
+           "query,");
+    w.line("                      sum > 0.0f ? lse_max + fj_log2(sum) * {} : -FJ_INF);", ln2);
+  }
+  w.line("return;");
+  w.close();
   w.line("const long row = long(fj_group_id_x());");
   w.line("const int tid = fj_thread_id();");
   w.line("const long split_rows = rows; // rows per split in the workspace");
@@ -119,8 +173,7 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
   w.line("float sum = 0.0f;");
   w.line("for (int s = tid; s < num_splits; s += kThreads) {{");
   w.line("  const float lse = lds_weight[s];");
-  w.line("  const float w = lse == -FJ_INF ? 0.0f : fj_exp2((lse - lse_max) * {});",
-         emit::float_literal(std::numbers::log2e));
+  w.line("  const float w = lse == -FJ_INF ? 0.0f : fj_exp2((lse - lse_max) * {});", log2e);
   w.line("  lds_weight[s] = w;");
   w.line("  sum += w;");
   w.line("}}");
@@ -158,10 +211,9 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
     w.line("  total += lds_acc[g * kCols + tid];");
     w.line("{} *dst = O + batch * o_batch_stride + head * o_head_stride + long(query) * "
            "o_seq_stride;",
-           sig.f32_io ? "float" : "fj_bits");
-    w.line("{}(dst + long(col){}, {}(sum > 0.0f ? total / sum : 0.0f));",
-           sig.f32_io ? "fj_global_store_f32" : "fj_global_store1",
-           sig.unit_dim[3] ? "" : " * o_dim_stride", sig.f32_io ? "" : "fj_from_f32");
+           o_type);
+    w.line("{}(dst + long(col){}, {}(sum > 0.0f ? total / sum : 0.0f));", store, dim_stride,
+           round);
     w.close();
   }
   w.close();
@@ -169,8 +221,7 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
     w.line("if (tid == 0 && fj_group_id_y() == 0)");
     w.line(
         "  fj_global_store_f32(LSE + batch * lse_batch_stride + head * lse_head_stride + query,");
-    w.line("                      sum > 0.0f ? lse_max + fj_log2(sum) * {} : -FJ_INF);",
-           emit::float_literal(std::numbers::ln2));
+    w.line("                      sum > 0.0f ? lse_max + fj_log2(sum) * {} : -FJ_INF);", ln2);
   }
   w.close();
   finish_direct_kernel(out, target, w, "merges split-KV partial results",

@@ -194,8 +194,10 @@ INSTANTIATE_TEST_SUITE_P(Decode, SplitKvEmulator,
 // More splits than the combine's work-items (flashjit chooses up to
 // kMaxChosenSplits for decode of few heads), most of them past the last KV
 // block (empty): each work-item reads several LSEs.
-// From 256 splits on, the combine's workgroups take 8 entries each (else 32):
-// head dims 64 and 100 (a last workgroup of 4 entries), both widths.
+// From 256 splits on, the combine's workgroups take 8 entries each (else 32;
+// up to 16 splits a work-item per entry, SplitKvEmulator): head dims 64 and
+// 100 (a last workgroup of 4 entries), both widths, and 17 splits, the first
+// past the flat merge.
 TEST(SplitKvCombine, TakesMoreSplitsThanWorkItems) {
   auto t = lowering::parse_target("gfx1201");
   ASSERT_TRUE(t) << t.status().message();
@@ -209,7 +211,7 @@ TEST(SplitKvCombine, TakesMoreSplitsThanWorkItems) {
     ASSERT_TRUE(partial) << partial.status().message();
     auto combine = lowering::lower_split_combine(spec, *t);
     ASSERT_TRUE(combine) << combine.status().message();
-    for (int64_t splits : {int64_t{63}, int64_t{313}, kMaxChosenSplits}) {
+    for (int64_t splits : {int64_t{17}, int64_t{63}, int64_t{313}, kMaxChosenSplits}) {
       SCOPED_TRACE(fmt::format("d {}, {} splits", d, splits));
       HostTensors tensors = make_random_inputs(spec, 800 + uint64_t(splits));
       Status s =
