@@ -122,6 +122,28 @@ ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::
     const double regs = acc + per_column * double(bn) + double(dqk + dv) / 4 * dup + operands;
     return regs <= double(target.max_vgprs);
   };
+  if (rdna && !dkdv && target.family == Family::gfx12 && (3 * dqk + dv) / 4 > 192) {
+    // gfx12's dQ loop with 64-row blocks keeps dQ (dqk / 2 registers per lane),
+    // Q (dqk / 4) and dO (dv / 4) in registers; past 192 of those LLVM 22
+    // spills (gfx1201: 83 VGPRs at head dim 224, 133 at 256, 114 at 256/128;
+    // none at 192). Blocks of 32 rows on two waves (16 on one where those pass
+    // the LDS) leave Q and dO in LDS, with the widest key block the LDS holds:
+    // no spill up to 288 (188-236 VGPRs), 16 at 320 (was 205); 384 and up fit
+    // no such block and keep the 64-row one (docs/decisions.md). gfx11, which
+    // holds each operand twice, spills either way and keeps its config.
+    for (int64_t waves : {2, 1}) {
+      ir::Config c = config;
+      c.block_m = 16 * waves;
+      c.waves = waves;
+      c.q_in_lds = true;
+      c.dkdv_passes = 1;
+      for (int64_t bn : {64, 32, 16})
+        if (lds(c.block_m, bn, true, LdsLayout::padded_rows) <= target.lds_bytes) {
+          c.block_n = bn;
+          return c;
+        }
+    }
+  }
   if (rdna) {
     // The largest block that fits both the LDS and the registers; else (dK/dV)
     // the smallest that fits the LDS, in two passes where one would spill. The

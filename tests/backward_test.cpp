@@ -36,6 +36,7 @@
 #include <cmath>
 #include <cstring>
 #include <numbers>
+#include <tuple>
 
 namespace flashjit {
 namespace {
@@ -565,6 +566,47 @@ TEST(BackwardRdna, HeadDim128FitsTheRegistersAndMatchesFloat64) {
       return;
     expect_gradients_match(ref, t);
   }
+}
+
+// gfx12's dQ kernel at head dims whose 64-row blocks spill (gfx1201: 133 VGPRs
+// at 256, 114 at 256/128): backward_config takes 32 rows on two waves with Q and
+// dO in LDS, and at 288 16 rows on one; LLVM spills nothing, and the gradients
+// of the whole backward match float64 (head dim 256 on the emulator).
+TEST(BackwardRdna, WideHeadDimDqTakesLdsOperandsAndMatchesFloat64) {
+  if (!runtime::emulator_available())
+    GTEST_SKIP() << "this build has no emulator (FLASHJIT_WITH_LLVM=OFF)";
+  auto target = lowering::parse_target("gfx1201");
+  ASSERT_TRUE(target) << target.status().message();
+  Options options;
+  options.compiler = "llvm";
+  for (auto [dqk, dv, waves] : {std::tuple{256, 256, 2}, std::tuple{256, 128, 2},
+                                std::tuple{288, 288, 1}}) {
+    SCOPED_TRACE(fmt::format("head dims {}/{}", dqk, dv));
+    const Case c{"rdna_wide", 1, 2, 1, 40, 70, dqk, dv, true};
+    const AttentionSpec spec = spec_of(c);
+    const ir::Config dq = lowering::backward_config(
+        spec, *target, lowering::default_config(spec, *target), /*dkdv=*/false);
+    EXPECT_EQ(dq.waves, waves);
+    EXPECT_EQ(dq.block_m, 16 * waves);
+    EXPECT_TRUE(dq.q_in_lds);
+    auto g = pipeline::generate(spec, "gfx1201", options, nullptr,
+                                pipeline::KernelKind::backward_dq);
+    ASSERT_TRUE(g) << g.status().message();
+    auto compiled = pipeline::compile(*g, options);
+    ASSERT_TRUE(compiled) << compiled.status().message();
+    auto reports = compiler::read_resources(compiled->code, target->vgpr_file_per_simd,
+                                            target->max_waves_per_simd, target->lds_bytes_per_cu);
+    ASSERT_TRUE(reports && !reports->empty()) << reports.status().message();
+    EXPECT_EQ(reports->front().vgpr_spill_count, 0) << g->lowered.kernel_name;
+  }
+  const Case c{"rdna_d256", 1, 2, 1, 40, 70, 256, 256, true};
+  const AttentionSpec spec = spec_of(c);
+  HostTensors t = make_random_inputs(spec, 43);
+  make_random_grad(spec, t, 44);
+  run_attention(spec, "emulator:gfx1201", emulated(), t);
+  if (HasFatalFailure())
+    return;
+  expect_gradients_match(reference_spec_of(c), t);
 }
 
 const Case &case_named(std::string_view name) {
