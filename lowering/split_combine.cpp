@@ -111,7 +111,7 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
   w.blank();
   w.line("// Merges split-KV's partial results: workspace row r = (batch * heads + head) *");
   w.line("// seqlen_q + query holds O_partial[split][r][0..kDimV) and LSE_partial[split][r].");
-  w.line("// col_threads 1 (up to {} splits): a work-item per entry of O, every split in", 
+  w.line("// col_threads 1 (up to {} splits): a work-item per entry of O, every split in",
          kFlatUpToSplits);
   w.line("// order. Else one workgroup per row and col_threads (8 or 32) entries of it.");
   open_direct_kernel(w, out);
@@ -121,7 +121,8 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
   const std::string round = sig.f32_io ? "" : "fj_from_f32";
   const std::string log2e = emit::float_literal(std::numbers::log2e);
   const std::string ln2 = emit::float_literal(std::numbers::ln2);
-  w.line("FJ_LDS_ARRAY(float, lds_weight, kMaxSplits); // each split's weight (a workgroup per row)");
+  w.line("// The merges of a workgroup per row use these; the flat one none.");
+  w.line("FJ_LDS_ARRAY(float, lds_weight, kMaxSplits); // each split's weight");
   w.line("FJ_LDS_ARRAY(float, lds_tree, kThreads); // the reductions over the splits");
   w.line("FJ_LDS_ARRAY(float, lds_acc, kThreads); // each group's weighted sums");
   w.open("if (col_threads == 1) {{");
@@ -212,8 +213,7 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
     w.line("{} *dst = O + batch * o_batch_stride + head * o_head_stride + long(query) * "
            "o_seq_stride;",
            o_type);
-    w.line("{}(dst + long(col){}, {}(sum > 0.0f ? total / sum : 0.0f));", store, dim_stride,
-           round);
+    w.line("{}(dst + long(col){}, {}(sum > 0.0f ? total / sum : 0.0f));", store, dim_stride, round);
     w.close();
   }
   w.close();
