@@ -144,6 +144,20 @@ ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::
         }
     }
   }
+  if (rdna && dkdv && target.family == Family::gfx12 && std::max(dqk, dv) > 192) {
+    // gfx12's dK/dV past head dim 192: the 64-row blocks in two passes spilled
+    // (gfx1201: 6 VGPRs at 208, 44 at 224, 126 at 256, 54 at 256/128, 22 at
+    // 256/64). Blocks of 16 rows on one wave fit K and V in LDS with 16-key
+    // blocks: 189-255 VGPRs and no spill up to 256 (docs/decisions.md).
+    ir::Config c = config;
+    c.block_m = 16;
+    c.waves = 1;
+    c.block_n = 16;
+    c.q_in_lds = true;
+    c.dkdv_passes = 2;
+    if (lds(c.block_m, c.block_n, true, LdsLayout::padded_rows) <= target.lds_bytes)
+      return c;
+  }
   if (rdna) {
     // The largest block that fits both the LDS and the registers; else (dK/dV)
     // the smallest that fits the LDS, in two passes where one would spill. The

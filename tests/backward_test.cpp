@@ -589,27 +589,37 @@ TEST(BackwardRdna, HeadDim128FitsTheRegistersAndMatchesFloat64) {
   }
 }
 
-// gfx12's dQ kernel at head dims whose 64-row blocks spill (gfx1201: 133 VGPRs
-// at 256, 114 at 256/128): backward_config takes 32 rows on two waves with Q and
-// dO in LDS, and at 288 16 rows on one; LLVM spills nothing, and the gradients
-// of the whole backward match float64 (head dim 256 on the emulator).
-TEST(BackwardRdna, WideHeadDimDqTakesLdsOperandsAndMatchesFloat64) {
+// gfx12's backward at head dims whose 64-row blocks spill (gfx1201, dQ: 133
+// VGPRs at 256, 114 at 256/128; dK/dV: 126 and 54): backward_config takes dQ
+// blocks of 32 rows on two waves (16 on one at 288) and dK/dV blocks of 16 rows
+// on one wave in two passes, their row operands in LDS; LLVM spills nothing,
+// and the gradients of the whole backward match float64 (head dim 256 on the
+// emulator).
+TEST(BackwardRdna, WideHeadDimsTakeLdsOperandsAndMatchFloat64) {
   if (!runtime::emulator_available())
     GTEST_SKIP() << "this build has no emulator (FLASHJIT_WITH_LLVM=OFF)";
   auto target = lowering::parse_target("gfx1201");
   ASSERT_TRUE(target) << target.status().message();
-  for (auto [dqk, dv, waves] :
+  for (auto [dqk, dv, dq_waves] :
        {std::tuple{256, 256, 2}, std::tuple{256, 128, 2}, std::tuple{288, 288, 1}}) {
     SCOPED_TRACE(fmt::format("head dims {}/{}", dqk, dv));
     const Case c{"rdna_wide", 1, 2, 1, 40, 70, dqk, dv, true};
     const AttentionSpec spec = spec_of(c);
-    const ir::Config dq = lowering::backward_config(
-        spec, *target, lowering::default_config(spec, *target), /*dkdv=*/false);
-    EXPECT_EQ(dq.waves, waves);
-    EXPECT_EQ(dq.block_m, 16 * waves);
+    const ir::Config base = lowering::default_config(spec, *target);
+    const ir::Config dq = lowering::backward_config(spec, *target, base, /*dkdv=*/false);
+    EXPECT_EQ(dq.waves, dq_waves);
+    EXPECT_EQ(dq.block_m, 16 * dq_waves);
     EXPECT_TRUE(dq.q_in_lds);
     std::string name;
     EXPECT_EQ(vgpr_spills(spec, "gfx1201", pipeline::KernelKind::backward_dq, name), 0) << name;
+    if (dqk > 256)
+      continue; // dK/dV's 16-row block passes the LDS from there
+    const ir::Config dkdv = lowering::backward_config(spec, *target, base, /*dkdv=*/true);
+    EXPECT_EQ(dkdv.block_m, 16);
+    EXPECT_EQ(dkdv.waves, 1);
+    EXPECT_EQ(dkdv.dkdv_passes, 2);
+    EXPECT_TRUE(dkdv.q_in_lds);
+    EXPECT_EQ(vgpr_spills(spec, "gfx1201", pipeline::KernelKind::backward_dkdv, name), 0) << name;
   }
   const Case c{"rdna_d256", 1, 2, 1, 40, 70, 256, 256, true};
   const AttentionSpec spec = spec_of(c);

@@ -73,6 +73,10 @@ std::vector<FlagSpec> config_flags() {
        "queries per matrix-instruction tile: 32 takes the CDNA 32x32 MFMAs (gfx90a, gfx942: "
        "32x32x8; gfx950: 32x32x16), 16 the 16x16 ones",
        "the target's choice by spec"},
+      {"--dkdv-passes", "1|2",
+       "the backward's dK/dV kernel: 1 one loop accumulating both, 2 dV's loop then dK's (one "
+       "accumulator live at a time)",
+       "the lowering's choice by registers"},
       {"--rules", "auto|matrix|simt",
        "lowering rules: the family's matrix instructions, or the portable simt fallback (auto: "
        "matrix, falling back to simt when a spec does not fit, and saying so)",
@@ -191,6 +195,10 @@ Expected<ir::Config> config_from(const Args &a, ir::Config base) {
   auto mm = a.get_int("--mma-m", c.mma_m);
   if (!mm)
     return mm.status();
+  auto passes = a.get_int("--dkdv-passes", c.dkdv_passes);
+  if (!passes)
+    return passes.status();
+  c.dkdv_passes = *passes;
   c.mma_m = *mm;
   c.block_m = *bm;
   c.block_n = *bn;
