@@ -77,8 +77,15 @@ ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::
       return 1;
     const double per_col = 16.0 / double(target.wave_size); // f32 per lane and column, 16 rows
     double regs = per_col * double(dqk + dv + 2 * c.block_n);
-    if (!c.q_in_lds)
+    if (!c.q_in_lds) {
       regs += per_col / 2 * double(dqk + dv); // 16-bit operands, two per register
+      // CDNA (two query tiles a wave) holds the loop block's operands too: on
+      // gfx950 at head dims 224 and 256 (64-key blocks) LLVM 22 took 512 VGPRs
+      // and spilled 216 and 372 in one pass, none in two (442 and 500).
+      if (target.family == Family::cdna2 || target.family == Family::cdna3 ||
+          target.family == Family::cdna4)
+        regs += double(c.block_n * (dqk + dv)) / 64;
+    }
     return regs > double(register_budget(target)) ? 2 : 1;
   };
   if (target.is_nvidia()) {
