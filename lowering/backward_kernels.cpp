@@ -22,6 +22,7 @@
 #include "lowering/resources.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <numbers>
 #include <optional>
 
@@ -67,6 +68,8 @@ ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::
       loop += 2 * ((bn * 4 + 15) / 16 * 16);
     return (operands_in_lds ? tile(bm, dqk, false) + tile(bm, dv, false) : 0) + copies * loop;
   };
+  const bool rdna = target.family == Family::gfx11 || target.family == Family::gfx12;
+  const bool cdna = !target.is_nvidia() && !rdna;
   // dK/dV: two passes (dV's loop, then dK's) where the one loop's live
   // registers per lane -- dK and dV, S^T and dP^T, the row operands K and V
   // where they are not in LDS -- pass the register budget (resources.h): that
@@ -82,8 +85,7 @@ ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::
       // CDNA (two query tiles a wave) holds the loop block's operands too: on
       // gfx950 at head dims 224 and 256 (64-key blocks) LLVM 22 took 512 VGPRs
       // and spilled 216 and 372 in one pass, none in two (442 and 500).
-      if (target.family == Family::cdna2 || target.family == Family::cdna3 ||
-          target.family == Family::cdna4)
+      if (cdna)
         regs += double(c.block_n * (dqk + dv)) / 64;
     }
     return regs > double(register_budget(target)) ? 2 : 1;
@@ -120,7 +122,6 @@ ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::
   // and the loop's block as operands: a few tiles from LDS, or the whole block
   // where it is not in LDS. gfx11 holds each 16-bit operand twice (its WMMA
   // reads a row from both halves of the wave).
-  const bool rdna = target.family == Family::gfx11 || target.family == Family::gfx12;
   auto rdna_fits = [&](int64_t bn, bool operands_in_lds, int64_t passes) {
     const double dup = target.family == Family::gfx11 ? 2.0 : 1.0;
     const double acc = double(!dkdv ? dqk : passes == 2 ? std::max(dqk, dv) : dqk + dv) / 2;
@@ -129,41 +130,43 @@ ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::
     const double regs = acc + per_column * double(bn) + double(dqk + dv) / 4 * dup + operands;
     return regs <= double(target.max_vgprs);
   };
-  if (rdna && !dkdv && target.family == Family::gfx12 && (3 * dqk + dv) / 4 > 192) {
-    // gfx12's dQ loop with 64-row blocks keeps dQ (dqk / 2 registers per lane),
-    // Q (dqk / 4) and dO (dv / 4) in registers; past 192 of those LLVM 22
-    // spills (gfx1201: 83 VGPRs at head dim 224, 133 at 256, 114 at 256/128;
-    // none at 192). Blocks of 32 rows on two waves (16 on one where those pass
-    // the LDS) leave Q and dO in LDS, with the widest key block the LDS holds:
-    // no spill up to 288 (188-236 VGPRs), 16 at 320 (was 205); 384 and up fit
-    // no such block and keep the 64-row one (docs/decisions.md). gfx11, which
-    // holds each operand twice, spills either way and keeps its config.
-    for (int64_t waves : {2, 1}) {
-      ir::Config c = config;
-      c.block_m = 16 * waves;
-      c.waves = waves;
-      c.q_in_lds = true;
-      c.dkdv_passes = 1;
-      for (int64_t bn : {64, 32, 16})
-        if (lds(c.block_m, bn, true, LdsLayout::padded_rows) <= target.lds_bytes) {
+  // gfx12 at wide head dims: blocks of fewer rows (waves x 16) whose row
+  // operands sit in LDS, with the widest of `key_blocks` the LDS holds, where
+  // 64-row blocks spill (docs/decisions.md, "gfx12's dQ at wide head dims"). gfx11,
+  // which holds each operand twice, spills either way and keeps its config.
+  auto rows_in_lds = [&](std::initializer_list<int64_t> waves,
+                         std::initializer_list<int64_t> key_blocks,
+                         int64_t passes) -> std::optional<ir::Config> {
+    for (int64_t w : waves)
+      for (int64_t bn : key_blocks)
+        if (lds(16 * w, bn, true, LdsLayout::padded_rows) <= target.lds_bytes) {
+          ir::Config c = config;
+          c.block_m = 16 * w;
+          c.waves = w;
           c.block_n = bn;
+          c.q_in_lds = true;
+          c.dkdv_passes = passes;
           return c;
         }
-    }
+    return std::nullopt;
+  };
+  if (target.family == Family::gfx12 && !dkdv && (3 * dqk + dv) / 4 > 192) {
+    // The dQ loop with 64-row blocks keeps dQ (dqk / 2 registers per lane), Q
+    // (dqk / 4) and dO (dv / 4) in registers; past 192 of those LLVM 22 spills
+    // (gfx1201: 83 VGPRs at head dim 224, 133 at 256, 114 at 256/128; none at
+    // 192). 32 rows on two waves (16 on one where those pass the LDS): no spill
+    // up to 288 (188-236 VGPRs), 16 at 320 (was 205); 384 and up fit no such
+    // block and keep the 64-row one.
+    if (auto c = rows_in_lds({2, 1}, {64, 32, 16}, 1))
+      return *c;
   }
-  if (rdna && dkdv && target.family == Family::gfx12 && std::max(dqk, dv) > 192) {
-    // gfx12's dK/dV past head dim 192: the 64-row blocks in two passes spilled
-    // (gfx1201: 6 VGPRs at 208, 44 at 224, 126 at 256, 54 at 256/128, 22 at
-    // 256/64). Blocks of 16 rows on one wave fit K and V in LDS with 16-key
-    // blocks: 189-255 VGPRs and no spill up to 256 (docs/decisions.md).
-    ir::Config c = config;
-    c.block_m = 16;
-    c.waves = 1;
-    c.block_n = 16;
-    c.q_in_lds = true;
-    c.dkdv_passes = 2;
-    if (lds(c.block_m, c.block_n, true, LdsLayout::padded_rows) <= target.lds_bytes)
-      return c;
+  if (target.family == Family::gfx12 && dkdv && std::max(dqk, dv) > 192) {
+    // dK/dV's 64-row blocks in two passes spilled past head dim 192 (gfx1201: 6
+    // VGPRs at 208, 44 at 224, 126 at 256, 54 at 256/128, 22 at 256/64). 16
+    // rows on one wave with 16-key blocks, in two passes: 189-255 VGPRs and no
+    // spill up to 256.
+    if (auto c = rows_in_lds({1}, {16}, 2))
+      return *c;
   }
   if (rdna) {
     // The largest block that fits both the LDS and the registers; else (dK/dV)

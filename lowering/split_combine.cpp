@@ -115,12 +115,32 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
          kFlatUpToSplits);
   w.line("// order. Else one workgroup per row and col_threads (8 or 32) entries of it.");
   open_direct_kernel(w, out);
-  const std::string o_type = sig.f32_io ? "float" : "fj_bits";
-  const std::string store = sig.f32_io ? "fj_global_store_f32" : "fj_global_store1";
-  const std::string dim_stride = sig.unit_dim[3] ? "" : " * o_dim_stride";
-  const std::string round = sig.f32_io ? "" : "fj_from_f32";
   const std::string log2e = emit::float_literal(std::numbers::log2e);
-  const std::string ln2 = emit::float_literal(std::numbers::ln2);
+  // What both merges write once they have a row's lse_max and sum: the row's
+  // place in O, entry `col` of it (`total` the weighted sum), and the LSE
+  // (`guard` picks the one work-item that writes it).
+  auto locate_row = [&] {
+    w.line("const int query = int(row % seqlen_q);");
+    w.line("const int head = int(row / seqlen_q % heads);");
+    w.line("const long batch = row / seqlen_q / heads;");
+  };
+  auto store_entry = [&](std::string_view total) {
+    w.line("{} *dst = O + batch * o_batch_stride + head * o_head_stride + long(query) * "
+           "o_seq_stride;",
+           sig.f32_io ? "float" : "fj_bits");
+    w.line("{}(dst + long(col){}, {}(sum > 0.0f ? {} / sum : 0.0f));",
+           sig.f32_io ? "fj_global_store_f32" : "fj_global_store1",
+           sig.unit_dim[3] ? "" : " * o_dim_stride", sig.f32_io ? "" : "fj_from_f32", total);
+  };
+  auto store_lse = [&](std::string_view guard) {
+    if (!sig.lse)
+      return;
+    w.line("if ({})", guard);
+    w.line(
+        "  fj_global_store_f32(LSE + batch * lse_batch_stride + head * lse_head_stride + query,");
+    w.line("                      sum > 0.0f ? lse_max + fj_log2(sum) * {} : -FJ_INF);",
+           emit::float_literal(std::numbers::ln2));
+  };
   w.line("// The merges of a workgroup per row use these; the flat one none.");
   w.line("FJ_LDS_ARRAY(float, lds_weight, kMaxSplits); // each split's weight");
   w.line("FJ_LDS_ARRAY(float, lds_tree, kThreads); // the reductions over the splits");
@@ -142,19 +162,9 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
   w.line("if (w != 0.0f) // an empty split's partial entry is not read");
   w.line("  acc += w * fj_global_load_f32(O_partial + (s * rows + row) * kDimV + col);");
   w.close();
-  w.line("const int query = int(row % seqlen_q);");
-  w.line("const int head = int(row / seqlen_q % heads);");
-  w.line("const long batch = row / seqlen_q / heads;");
-  w.line("{} *dst = O + batch * o_batch_stride + head * o_head_stride + long(query) * "
-         "o_seq_stride;",
-         o_type);
-  w.line("{}(dst + long(col){}, {}(sum > 0.0f ? acc / sum : 0.0f));", store, dim_stride, round);
-  if (sig.lse) {
-    w.line("if (col == 0)");
-    w.line("  fj_global_store_f32(LSE + batch * lse_batch_stride + head * lse_head_stride + "
-           "query,");
-    w.line("                      sum > 0.0f ? lse_max + fj_log2(sum) * {} : -FJ_INF);", ln2);
-  }
+  locate_row();
+  store_entry("acc");
+  store_lse("col == 0");
   w.line("return;");
   w.close();
   w.line("const long row = long(fj_group_id_x());");
@@ -179,9 +189,7 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
   w.line("  sum += w;");
   w.line("}}");
   tree_reduce(w, "lds_tree", "sum", false, "sum");
-  w.line("const int query = int(row % seqlen_q);");
-  w.line("const int head = int(row / seqlen_q % heads);");
-  w.line("const long batch = row / seqlen_q / heads;");
+  locate_row();
   // The merge, once per width: each a block with its width a constant.
   for (int cols : {kNarrowColThreads, kColThreads}) {
     if (cols == kNarrowColThreads) {
@@ -210,19 +218,11 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
     w.line("#pragma unroll");
     w.line("for (int g = 0; g < kGroups; ++g)");
     w.line("  total += lds_acc[g * kCols + tid];");
-    w.line("{} *dst = O + batch * o_batch_stride + head * o_head_stride + long(query) * "
-           "o_seq_stride;",
-           o_type);
-    w.line("{}(dst + long(col){}, {}(sum > 0.0f ? total / sum : 0.0f));", store, dim_stride, round);
+    store_entry("total");
     w.close();
   }
   w.close();
-  if (sig.lse) {
-    w.line("if (tid == 0 && fj_group_id_y() == 0)");
-    w.line(
-        "  fj_global_store_f32(LSE + batch * lse_batch_stride + head * lse_head_stride + query,");
-    w.line("                      sum > 0.0f ? lse_max + fj_log2(sum) * {} : -FJ_INF);", ln2);
-  }
+  store_lse("tid == 0 && fj_group_id_y() == 0");
   w.close();
   finish_direct_kernel(out, target, w, "merges split-KV partial results",
                        "a loop over the splits per output element");

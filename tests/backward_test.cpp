@@ -36,6 +36,7 @@
 #include <cmath>
 #include <cstring>
 #include <numbers>
+#include <optional>
 #include <tuple>
 
 namespace flashjit {
@@ -517,6 +518,21 @@ TEST(BackwardMaskBlocks, StructuredMasksMatchFloat64) {
     }
 }
 
+/// Forward and backward of `c` on the emulator of `arch` (with `config` where
+/// given, else the library's); the gradients against float64.
+void expect_emulated_gradients(const char *arch, const Case &c, uint64_t seed,
+                               const std::optional<ir::Config> &config = std::nullopt) {
+  const AttentionSpec spec = spec_of(c);
+  HostTensors t = make_random_inputs(spec, seed);
+  make_random_grad(spec, t, seed + 1);
+  Options options = emulated();
+  options.config = config;
+  run_attention(spec, fmt::format("emulator:{}", arch), options, t);
+  if (testing::Test::HasFatalFailure())
+    return;
+  expect_gradients_match(reference_spec_of(c), t);
+}
+
 /// The VGPRs LLVM 22 spills in the `kind` kernel of `spec`'s backward for `arch`
 /// (the default config: backward_config's), the kernel named in `name`; -1, and
 /// a test failure, where it does not generate or compile.
@@ -555,7 +571,7 @@ TEST(BackwardRdna, HeadDim128FitsTheRegistersAndMatchesFloat64) {
   if (!runtime::emulator_available())
     GTEST_SKIP() << "this build has no emulator (FLASHJIT_WITH_LLVM=OFF)";
   const Case c{"rdna_d128", 1, 2, 1, 40, 70, 128, 128, true};
-  const AttentionSpec spec = spec_of(c), ref = reference_spec_of(c);
+  const AttentionSpec spec = spec_of(c);
   for (const char *arch : {"gfx1201", "gfx1100"}) {
     SCOPED_TRACE(arch);
     auto target = lowering::parse_target(arch);
@@ -579,13 +595,9 @@ TEST(BackwardRdna, HeadDim128FitsTheRegistersAndMatchesFloat64) {
           << "register model's fit (backward_config)";
     }
 
-    HostTensors t = make_random_inputs(spec, 41);
-    make_random_grad(spec, t, 42);
-    const Options on_emulator = emulated();
-    run_attention(spec, fmt::format("emulator:{}", arch), on_emulator, t);
+    expect_emulated_gradients(arch, c, 41);
     if (HasFatalFailure())
       return;
-    expect_gradients_match(ref, t);
   }
 }
 
@@ -621,14 +633,7 @@ TEST(BackwardRdna, WideHeadDimsTakeLdsOperandsAndMatchFloat64) {
     EXPECT_TRUE(dkdv.q_in_lds);
     EXPECT_EQ(vgpr_spills(spec, "gfx1201", pipeline::KernelKind::backward_dkdv, name), 0) << name;
   }
-  const Case c{"rdna_d256", 1, 2, 1, 40, 70, 256, 256, true};
-  const AttentionSpec spec = spec_of(c);
-  HostTensors t = make_random_inputs(spec, 43);
-  make_random_grad(spec, t, 44);
-  run_attention(spec, "emulator:gfx1201", emulated(), t);
-  if (HasFatalFailure())
-    return;
-  expect_gradients_match(reference_spec_of(c), t);
+  expect_emulated_gradients("gfx1201", {"rdna_d256", 1, 2, 1, 40, 70, 256, 256, true}, 43);
 }
 
 // gfx950's dK/dV at head dim 256: its 160 KiB of LDS hold 64-key blocks, and
@@ -647,12 +652,7 @@ TEST(BackwardCdna, Gfx950HeadDim256TakesTwoPassesAndMatchesFloat64) {
   EXPECT_EQ(dkdv.dkdv_passes, 2);
   std::string name;
   EXPECT_EQ(vgpr_spills(spec, "gfx950", pipeline::KernelKind::backward_dkdv, name), 0) << name;
-  HostTensors t = make_random_inputs(spec, 45);
-  make_random_grad(spec, t, 46);
-  run_attention(spec, "emulator:gfx950", emulated(), t);
-  if (HasFatalFailure())
-    return;
-  expect_gradients_match(reference_spec_of(c), t);
+  expect_emulated_gradients("gfx950", c, 45);
 }
 
 const Case &case_named(std::string_view name) {
@@ -668,23 +668,6 @@ ir::Config small_block_config(const AttentionSpec &spec, const lowering::Target 
   config.block_n = 32;
   config.mma_m = 16;
   return config;
-}
-
-/// Forward and backward of `c` on the emulator of `arch` with `config`; the
-/// gradients against float64.
-void expect_gradients_with_config(const char *arch, const Case &c, const ir::Config &config,
-                                  uint64_t seed) {
-  const AttentionSpec spec = spec_of(c);
-  HostTensors t = make_random_inputs(spec, seed);
-  make_random_grad(spec, t, seed + 1);
-  Options options;
-  options.compiler = "none";
-  options.cpu_threads = 2;
-  options.config = config;
-  run_attention(spec, fmt::format("emulator:{}", arch), options, t);
-  if (testing::Test::HasFatalFailure())
-    return;
-  expect_gradients_match(reference_spec_of(c), t);
 }
 
 // Config stages 2 (the default on NVIDIA): the backward's loops prefetch the next
@@ -710,7 +693,7 @@ TEST(BackwardEmulator, PrefetchedLoopsMatchFloat64) {
         EXPECT_NE(l->source.find("// Block prefetch:"), std::string::npos);
         EXPECT_NE(l->source.find("fj_copy ^= 1;"), std::string::npos);
       }
-      expect_gradients_with_config(arch, c, config, 33);
+      expect_emulated_gradients(arch, c, 33, config);
       if (HasFatalFailure())
         return;
     }
@@ -738,7 +721,7 @@ TEST(BackwardEmulator, TwoPassDkDvMatchesFloat64) {
         EXPECT_EQ(std::count_if(p->body.begin(), p->body.end(),
                                 [](const ir::Op &op) { return op.kind == ir::OpKind::For; }),
                   2);
-        expect_gradients_with_config(arch, c, config, 35);
+        expect_emulated_gradients(arch, c, 35, config);
         if (HasFatalFailure())
           return;
       }

@@ -768,6 +768,26 @@ TEST(Cli, RunAndWarmupPrintJson) {
   fs::remove_all(dir);
 }
 
+/// `compile --json`: LLVM's resource report as one JSON line, with the config
+/// (here the one `--dkdv-passes 2` and the other flags give the dK/dV kernel)
+/// and the rules that made the code.
+TEST(Cli, CompileJsonNamesTheConfig) {
+  if (!have_llvm())
+    GTEST_SKIP() << "this build has no in-process LLVM (FLASHJIT_WITH_LLVM=OFF)";
+  Ran r = run_tool("", "compile --arch gfx1201 --head-dim 64 --kernel backward-dkdv --block-m 64 "
+                       "--block-n 16 --waves 4 --q-in-lds --mma-m 16 --dkdv-passes 2 --json");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  std::string error;
+  auto report = json::parse(r.out, &error);
+  ASSERT_TRUE(report) << error << "\n" << r.out;
+  EXPECT_EQ(report->at("config"),
+            "block_m=64 block_n=16 waves=4 stages=1 q_in=lds pad_k=16 mma_m=16 dkdv_passes=2");
+  EXPECT_EQ(report->at("rules"), "gfx12");
+  EXPECT_EQ(report->at("vgpr_spill_count"), 0);
+  for (const char *bad : {"0", "3"})
+    EXPECT_FALSE(config_from(flags({{"--dkdv-passes", bad}}))) << bad;
+}
+
 /// FLASHJIT_PROGRESS=1: warmup says on stderr as each kernel is ready (its
 /// stdout is unchanged); 0 says nothing; a bad value is named.
 TEST(Cli, WarmupReportsProgressWhenAsked) {

@@ -229,11 +229,16 @@ int cmd_compile(const cli::Args &a) {
     if (!r)
       return fail(r.status());
     for (const auto &report : *r) {
-      if (a.has("--json"))
-        fmt::print("{}\n", report.to_json());
-      else
+      if (a.has("--json")) {
+        // The report, then what made the code: the config and the rules.
+        cli::json::Value line = cli::json::Value::parse(report.to_json());
+        line["config"] = g->config.summary();
+        line["rules"] = k->rules;
+        fmt::print("{}\n", compiler::json_line(line));
+      } else {
         fmt::print("config: {} ({} rules, {}; cache {})\n{}\n", g->config.summary(), k->rules,
                    code->compiler, compiled->cache_outcome, report.to_text());
+      }
     }
   }
   return 0;
@@ -502,7 +507,8 @@ std::vector<cli::Command> commands() {
                   {"--isa", "", "print the disassembly", ""},
                   {"--resources", "",
                    "print the resource report (default when nothing else is asked)", ""},
-                  {"--json", "", "print the resource report as JSON", ""}}),
+                  {"--json", "", "print the resource report as JSON, with the config and the rules",
+                   ""}}),
        cmd_compile},
       {"run",
        "Run the kernel for a spec on random (or loaded) inputs, compare with the float64 "
