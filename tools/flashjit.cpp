@@ -426,9 +426,11 @@ int cmd_run(const cli::Args &a) {
     if (Status s = load_inputs(a.get("--load-dir"), spec, t); !s)
       return fail(s);
   std::string on_device;
-  const bool config_given =
-      std::any_of(cli::config_flags().begin(), cli::config_flags().end(),
-                  [&](const cli::FlagSpec &f) { return f.name != "--rules" && a.has(f.name); });
+  // One list (config_flags() returns a new vector each call: begin() and end()
+  // of two calls would walk between two allocations).
+  const bool config_given = std::ranges::any_of(cli::config_flags(), [&](const cli::FlagSpec &f) {
+    return f.name != "--rules" && a.has(f.name);
+  });
   runtime::EmulatorOptions emulator;
   emulator.progress = cli::emulator_progress();
   if (Status s = attention_device ? run_on_device(device, *job, config_given, t, &on_device)
