@@ -175,8 +175,9 @@ struct AttentionSpec {
   /// Split-KV (flash-decoding): the keys of each query block are split over this
   /// many workgroups whose partial results a second kernel merges. 0: chosen
   /// per call from the device's compute units (1 when batch x heads x query
-  /// blocks fill it); 1: off; at most kMaxSplits. A run-time choice, not part
-  /// of the signature.
+  /// blocks fill it); 1: off (decode then runs the decode kernel, one split
+  /// writing O itself); at most kMaxSplits. A run-time choice, not part of the
+  /// signature.
   int64_t num_splits = 0;
   /// Varlen batches, per-batch key counts, a paged KV cache (Sequences). seqlen_q
   /// and seqlen_k are then the longest sequences (max_seqlen_q / max_seqlen_k; for

@@ -273,12 +273,14 @@ struct Attention::Impl {
   std::vector<uint8_t> no_code;
   std::atomic<int64_t> launches{0};
 
-  /// Split-KV attention (flash-decoding): its two kernels, built on the first
-  /// call that splits its keys (once per signature, like the attention kernel).
+  /// Split-KV attention (flash-decoding): its two kernels, and the decode kernel
+  /// (the attention program on the partial kernel's config, writing O itself) for
+  /// decode over one split, built on the first decode call (once per signature,
+  /// like the attention kernel).
   struct SplitKv {
-    Generated partial, combine;
-    std::optional<Compiled> partial_code, combine_code;
-    std::unique_ptr<runtime::GpuKernel> partial_kernel, combine_kernel;
+    Generated partial, combine, direct;
+    std::optional<Compiled> partial_code, combine_code, direct_code;
+    std::unique_ptr<runtime::GpuKernel> partial_kernel, combine_kernel, direct_kernel;
     /// Partial-kernel workgroups one compute unit holds at once: the driver's
     /// occupancy calculator on a GPU, lowering::resident_per_unit's estimate
     /// elsewhere. choose_splits sizes decode's splits by it.
@@ -307,16 +309,19 @@ struct Attention::Impl {
                       void *stream);
   std::string split_failure; // why split-KV could not be built, if it was tried and failed
   std::atomic<int64_t> split_launches{0};
-  std::atomic<int64_t> packed_launches{0}; // of split_launches, those GQA-packed
+  std::atomic<int64_t> decode_launches{0}; // one split: the decode kernel alone
+  std::atomic<int64_t> packed_launches{0}; // of those two, the GQA-packed calls
   std::atomic<int64_t> last_splits{0};     // the latest split call's number of splits
 
   /// Generation, compile and module load; the first failure with its stage.
   Status build(Failure *failure);
-  /// The number of KV splits of a call, 0 for the attention kernel alone.
-  /// num_splits n > 1 asks for n, 1 for none. Chosen (0): decode (at most
-  /// kDecodeRows queries, or GQA-packed) takes as many splits as the device holds
-  /// at once (compute units x SplitKv::resident workgroups over batch x heads),
-  /// down to one KV block per split, at most kMaxChosenSplits; a prefill whose
+  /// The number of KV splits of a call, 0 for the attention kernel alone; 1 is
+  /// the decode kernel (SplitKv::direct). num_splits n > 1 asks for n, 1 for
+  /// none (decode then runs one split where it would choose one). Chosen (0):
+  /// decode (at most kDecodeRows queries, or GQA-packed) takes as many splits
+  /// as the device holds at once (compute units x SplitKv::resident workgroups
+  /// over batch x heads), down to one KV block per split, at most
+  /// kMaxChosenSplits; a prefill whose
   /// batch x heads x query blocks cannot fill the compute units takes about four
   /// workgroups per compute unit, with at least 4 KV blocks per split, at most
   /// kMaxSplits. The comments in the body say when one split runs, and why.
@@ -325,8 +330,8 @@ struct Attention::Impl {
   /// built the call runs unsplit (explain() says why).
   int64_t choose_splits(const AttentionSpec &shape, bool packed = false);
   static constexpr int64_t kDecodeRows = 16;
-  /// The split-KV kernels (those of GQA-packed decode when `packed`), built
-  /// (thread-safely) on first use.
+  /// The split-KV and decode kernels (those of GQA-packed decode when `packed`),
+  /// built (thread-safely) on first use.
   Expected<const SplitKv *> split_kv(Failure *failure, bool packed = false);
   Status run_split_gpu(const SplitKv &k, const AttentionSpec &shape, int64_t splits,
                        const AttentionTensors &t, void *stream);
@@ -350,6 +355,13 @@ struct Attention::Impl {
                      const runtime::LaunchGeometry &geometry, const ir::Bindings &shapes,
                      std::span<const runtime::NamedPointer> pointers, void *stream);
   Status run_gpu(const AttentionSpec &shape, const AttentionTensors &t, void *stream);
+  /// Decode over one split: the decode kernel writes O and the LSE itself.
+  Status run_decode_gpu(const SplitKv &sk, const AttentionSpec &shape, const AttentionTensors &t,
+                        void *stream);
+  /// A launch of an attention program (the attention or the decode kernel) over
+  /// the caller's tensors, synchronized where Options::synchronize asks.
+  Status run_attention_program(const lowering::Lowered &l, runtime::GpuKernel &k,
+                               const AttentionSpec &shape, const AttentionTensors &t, void *stream);
   /// launch() of a kernel of `shape`'s plan: where it reads a mask tensor's block
   /// summary (Lowered::mask_blocks), the summary kernel runs first over the
   /// "attn_mask" of `pointers`, into a stream-ordered workspace released after
@@ -466,8 +478,7 @@ Status Attention::Impl::with_workspace(int64_t bytes, void *stream, std::string_
 
 int64_t Attention::Impl::choose_splits(const AttentionSpec &shape, bool packed) {
   // Packed queries have no split kernels (ir::build_split_kv says why).
-  if (executor == Executor::interpreter || shape.num_splits == 1 || shape.seqs.packed_q ||
-      shape.sinks)
+  if (executor == Executor::interpreter || shape.seqs.packed_q || shape.sinks)
     return 0;
   if (shape.num_splits > 1)
     return shape.num_splits;
@@ -494,13 +505,18 @@ int64_t Attention::Impl::choose_splits(const AttentionSpec &shape, bool packed) 
     // or more rows (2.6x faster at D = 64), else the attention kernel (up to
     // 1.2x faster at D = 128: 4 waves against 1); GQA-packed rows are only the
     // split kernels'.
+    // num_splits 1 splits no keys: one split is the decode kernel alone, which
+    // writes O itself (no workspace: CUDA graphs capture it), where the
+    // attention kernel is slower (the same rule as above).
     const int64_t slots = units * (*sk)->resident;
     const int64_t splits =
-        std::clamp<int64_t>(slots / work, 1, std::min(kv_blocks, kMaxChosenSplits));
+        shape.num_splits == 1
+            ? 1
+            : std::clamp<int64_t>(slots / work, 1, std::min(kv_blocks, kMaxChosenSplits));
     return splits > 1 || packed || c.block_m >= 128 ? splits : 0;
   }
   // A prefill that fills the device splits nothing.
-  if (work >= units)
+  if (shape.num_splits == 1 || work >= units)
     return 0;
   const int64_t wanted = (4 * units + work - 1) / work;
   const int64_t splits = std::max<int64_t>(1, std::min({wanted, kv_blocks / 4, kMaxSplits}));
@@ -518,33 +534,37 @@ Expected<const Attention::Impl::SplitKv *> Attention::Impl::split_kv(Failure *fa
   kernel_spec.causal = !packed && spec.causal;
   auto built = [&]() -> Expected<std::unique_ptr<SplitKv>> {
     auto made = std::make_unique<SplitKv>();
-    for (auto [kind, g] : {std::pair{pipeline::KernelKind::split_partial, &made->partial},
-                           std::pair{pipeline::KernelKind::split_combine, &made->combine}}) {
+    const std::tuple<pipeline::KernelKind, Generated *, std::optional<Compiled> *,
+                     std::unique_ptr<runtime::GpuKernel> *>
+        kernels[] = {{pipeline::KernelKind::split_partial, &made->partial, &made->partial_code,
+                      &made->partial_kernel},
+                     {pipeline::KernelKind::split_combine, &made->combine, &made->combine_code,
+                      &made->combine_kernel},
+                     {pipeline::KernelKind::decode, &made->direct, &made->direct_code,
+                      &made->direct_kernel}};
+    for (auto [kind, g, c, k] : kernels) {
       auto gen = pipeline::generate(kernel_spec, device.arch, options, failure, kind);
       if (!gen)
         return gen.status();
       *g = gen.take();
     }
     if (options.compiler != "none") {
-      const Generated *const both[] = {&made->partial, &made->combine};
-      auto compiled =
-          pipeline::compile_all(both, options, compiler::KernelCache::global(), failure);
+      const Generated *const all[] = {&made->partial, &made->combine, &made->direct};
+      auto compiled = pipeline::compile_all(all, options, compiler::KernelCache::global(), failure);
       if (!compiled)
         return compiled.status();
-      made->partial_code = std::move((*compiled)[0]);
-      made->combine_code = std::move((*compiled)[1]);
+      for (size_t i = 0; i < std::size(kernels); ++i)
+        *std::get<2>(kernels[i]) = std::move((*compiled)[i]);
     }
     if (executor == Executor::emulator) // FLASHJIT_OVERRIDE_DIR, as for the attention kernel
-      for (Generated *g : {&made->partial, &made->combine}) {
+      for (Generated *g : {&made->partial, &made->combine, &made->direct}) {
         auto emulated = pipeline::emulated_kernel(*g);
         if (!emulated)
           return failed(failure, Failure::compile, emulated.status());
         g->lowered = emulated.take();
       }
     if (executor == Executor::gpu)
-      for (auto [c, g, k] :
-           {std::tuple{&made->partial_code, &made->partial, &made->partial_kernel},
-            std::tuple{&made->combine_code, &made->combine, &made->combine_kernel}}) {
+      for (auto [kind, g, c, k] : kernels) {
         auto loaded = driver->load_kernel(device.index, (*c)->code.bytes, g->lowered.kernel_name);
         if (!loaded)
           return failed(failure, Failure::runtime, loaded.status());
@@ -970,7 +990,17 @@ Status Attention::Impl::launch_args(const lowering::Lowered &l, runtime::GpuKern
 
 Status Attention::Impl::run_gpu(const AttentionSpec &shape, const AttentionTensors &t,
                                 void *stream) {
-  const lowering::Lowered &l = generated->lowered;
+  return run_attention_program(generated->lowered, *kernel, shape, t, stream);
+}
+
+Status Attention::Impl::run_decode_gpu(const SplitKv &sk, const AttentionSpec &shape,
+                                       const AttentionTensors &t, void *stream) {
+  return run_attention_program(sk.direct.lowered, *sk.direct_kernel, shape, t, stream);
+}
+
+Status Attention::Impl::run_attention_program(const lowering::Lowered &l, runtime::GpuKernel &k,
+                                              const AttentionSpec &shape, const AttentionTensors &t,
+                                              void *stream) {
   const runtime::NamedPointer pointers[] = {{"Q", t.q},
                                             {"K", t.k},
                                             {"V", t.v},
@@ -983,8 +1013,7 @@ Status Attention::Impl::run_gpu(const AttentionSpec &shape, const AttentionTenso
                                             {"alibi_slopes", t.alibi_slopes},
                                             {"sinks", t.sinks},
                                             {"attn_mask", t.attn_mask}};
-  FJ_RETURN_IF_ERROR(
-      launch_reading_mask(l, *kernel, ir::bind_attention(shape), pointers, shape, stream));
+  FJ_RETURN_IF_ERROR(launch_reading_mask(l, k, ir::bind_attention(shape), pointers, shape, stream));
   if (options.synchronize)
     FJ_RETURN_IF_ERROR(
         driver->synchronize(device.index, stream)
@@ -1170,14 +1199,20 @@ std::string Attention::explain() const {
     const Impl::SplitKv *shown = m.split ? m.split.get() : m.packed_split.get();
     if (shown)
       line("split-kv",
-           fmt::format("{} of those calls ran the split-KV kernels (the latest over {} "
-                       "splits; {} workgroups of the first resident per compute unit): {} then "
-                       "{} (built on the first such call{}); {} of them "
+           fmt::format("{} of those calls ran the split-KV kernels ({}{} workgroups of the "
+                       "first resident per compute unit): {} then {} (built on the first decode "
+                       "call{}); {} ran the decode kernel {} "
+                       "(one split: O written directly, no workspace); {} of these "
                        "GQA-packed (one-token decode: a KV head's query heads as the rows of "
                        "its tiles){}",
-                       m.split_launches.load(), m.last_splits.load(), shown->resident,
-                       shown->partial.lowered.kernel_name, shown->combine.lowered.kernel_name,
+                       m.split_launches.load(),
+                       m.split_launches.load() > 0
+                           ? fmt::format("the latest over {} splits; ", m.last_splits.load())
+                           : "",
+                       shown->resident, shown->partial.lowered.kernel_name,
+                       shown->combine.lowered.kernel_name,
                        shown->partial_code ? ", cache " + shown->partial_code->cache_outcome : "",
+                       m.decode_launches.load(), shown->direct.lowered.kernel_name,
                        m.packed_launches.load(),
                        m.split && m.packed_split
                            ? fmt::format(", through {} (causal is a no-op there)",
@@ -1286,7 +1321,7 @@ Status detail::AttentionAccess::forward(Attention &a, const AttentionSpec &shape
   // group's query heads are the rows of one KV head's tiles.
   std::optional<AttentionSpec> packed;
   int64_t splits = 0;
-  if (m.executor != Executor::interpreter && shape.num_splits != 1)
+  if (m.executor != Executor::interpreter)
     packed = gqa_packed_decode(shape);
   splits = packed ? m.choose_splits(*packed, true) : m.choose_splits(shape);
   const Attention::Impl::SplitKv *split = nullptr;
@@ -1298,9 +1333,15 @@ Status detail::AttentionAccess::forward(Attention &a, const AttentionSpec &shape
       return failed(failure, Failure::unsupported,
                     sk.status().with_context(fmt::format("forward with num_splits = {}", splits)));
   }
+  // One split: the decode kernel writes O itself (no workspace, no combine).
+  const bool direct = split && splits == 1;
   if (split) {
-    m.split_launches.fetch_add(1, std::memory_order_relaxed);
-    m.last_splits.store(splits, std::memory_order_relaxed);
+    if (direct) {
+      m.decode_launches.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      m.split_launches.fetch_add(1, std::memory_order_relaxed);
+      m.last_splits.store(splits, std::memory_order_relaxed);
+    }
     if (packed)
       m.packed_launches.fetch_add(1, std::memory_order_relaxed);
   }
@@ -1309,10 +1350,17 @@ Status detail::AttentionAccess::forward(Attention &a, const AttentionSpec &shape
   Status s;
   switch (m.executor) {
   case Executor::gpu:
-    s = split ? m.run_split_gpu(*split, plan, splits, t, stream) : m.run_gpu(shape, t, stream);
+    s = direct  ? m.run_decode_gpu(*split, plan, t, stream)
+        : split ? m.run_split_gpu(*split, plan, splits, t, stream)
+                : m.run_gpu(shape, t, stream);
     break;
   case Executor::emulator:
-    if (split) {
+    if (direct) {
+      const runtime::EmulatorOptions eo = emulator_options(m.options);
+      s = run_on_host(shape, t, [&](HostTensors &host) {
+        return runtime::emulate(split->direct.lowered, split->direct.target, plan, host, eo);
+      });
+    } else if (split) {
       const runtime::EmulatorOptions eo = emulator_options(m.options);
       s = run_on_host(shape, t, [&](HostTensors &host) {
         return runtime::emulate_split_kv(split->partial.lowered, split->combine.lowered,

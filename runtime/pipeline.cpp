@@ -90,8 +90,9 @@ Expected<Generated> generate(const AttentionSpec &spec, std::string_view arch,
   g.target = *target;
   g.rules = *choice;
   g.signature = spec.signature().summary();
-  g.config = options.config.value_or(lowering::default_config(
-      spec, g.target, *choice, options.mma_m, /*producer=*/kind != KernelKind::split_partial));
+  const bool decode = kind == KernelKind::split_partial || kind == KernelKind::decode;
+  g.config = options.config.value_or(
+      lowering::default_config(spec, g.target, *choice, options.mma_m, /*producer=*/!decode));
   g.config_source = options.config ? "given" : "default";
   if (!options.config && options.tuned && kind == KernelKind::attention &&
       *choice == lowering::RulesChoice::automatic && options.mma_m == 0)
@@ -132,7 +133,7 @@ Expected<Generated> generate(const AttentionSpec &spec, std::string_view arch,
     g.program.name = g.lowered.kernel_name;
     return g;
   }
-  if (kind == KernelKind::split_partial && !options.config) {
+  if (decode && !options.config) {
     // Decode has few query rows: one wave with one query tile, so the products
     // are no larger than the rows; the splits and the grid supply the parallelism.
     g.config.block_m = g.config.mma_m ? g.config.mma_m : 16;
@@ -151,6 +152,8 @@ Expected<Generated> generate(const AttentionSpec &spec, std::string_view arch,
   if (!program)
     return failed(failure, Failure::unsupported, program.status());
   g.program = program.take();
+  if (kind == KernelKind::decode)
+    g.program.name += "_decode";
   // The kernel name says what it computes and, by a hash of everything that
   // shapes its text, which variant: FLASHJIT_DUMP_DIR and FLASHJIT_OVERRIDE_DIR
   // both name its source <kernel name>.hip.

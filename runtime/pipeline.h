@@ -50,6 +50,7 @@ enum class KernelKind {
   attention,     // ir::build_attention
   split_partial, // ir::build_split_kv: each split's partial result, f32, to a workspace
   split_combine, // lowering::lower_split_combine: merges the splits by LSE
+  decode,        // ir::build_attention on split_partial's config: one-split decode, O direct
   mask_blocks,   // lowering::lower_mask_blocks: a mask tensor's block summary, first
   // The backward pass (Attention::backward), in launch order:
   backward_preprocess, // lowering::lower_backward_preprocess: L and D per query row
@@ -62,8 +63,9 @@ enum class KernelKind {
 /// Validates the spec and options, chooses the config (Options::config, else the
 /// rules' default for the signature) and builds, prints and lowers the program.
 /// FLASHJIT_DEBUG=4 logs the IR. `failure` (may be null) gets the failing stage.
-/// The split partial kernel takes one wave with one query tile (its rows are
-/// few: decode); the combine kernel has no tile IR (Generated::ir_text holds its text).
+/// The split partial and decode kernels take one wave with one query tile (their
+/// rows are few: decode); the combine kernel has no tile IR (Generated::ir_text
+/// holds its text).
 Expected<Generated> generate(const AttentionSpec &spec, std::string_view arch,
                              const Options &options, Failure *failure = nullptr,
                              KernelKind kind = KernelKind::attention);

@@ -878,8 +878,10 @@ TEST(AttentionCuda, SplitKvDecodeMatchesTheReference) {
       forward_on_gpu_matches_reference(*cuda, *attn, shape, 11);
     }
     const std::string explain = attn->explain();
-    // Every call but num_splits = 1 (off) takes the split-KV kernels.
+    // Every call but num_splits = 1 takes the split-KV kernels; that one-token
+    // call splits no keys and runs the decode kernel alone.
     EXPECT_HAS(explain, "split-kv: 6 of those calls ran the split-KV kernels");
+    EXPECT_HAS(explain, "1 ran the decode kernel");
     std::printf("%s", explain.c_str());
   }
 }

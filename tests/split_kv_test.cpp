@@ -227,8 +227,8 @@ TEST(SplitKvCombine, TakesMoreSplitsThanWorkItems) {
 // ---- through flashjit::Attention -------------------------------------------
 
 // One Attention serves decode steps with split-KV chosen per call (auto), forced
-// (n) and off (1), and prefill, all against the reference; explain() says how
-// many calls split.
+// (n) and off (1: the decode kernel alone), and prefill, all against the
+// reference; explain() says how many calls split.
 TEST(SplitKvAttention, DecodeSplitsThroughOneAttention) {
   AttentionSpec spec = make_spec(1, 4, 2, 1, 64, 96, 96, f16);
   spec.causal = true;
@@ -261,11 +261,12 @@ TEST(SplitKvAttention, DecodeSplitsThroughOneAttention) {
     expect_matches_reference(shape, t);
   }
   const std::string explain = attn->explain();
-  // Decode takes the split kernels when chosen: sk 1500 (split) and sk 9 (one split,
-  // too few KV blocks); 5 and 128 were asked for; 1 turns them off; the prefill
-  // (200 queries) has too few KV blocks to split.
-  EXPECT_NE(explain.find("split-kv: 4 of those calls ran the split-KV kernels"), std::string::npos)
+  // Decode takes the split kernels when chosen (sk 1500), and 5 and 128 were asked
+  // for; sk 9 (too few KV blocks) and num_splits 1 run one split, the decode
+  // kernel alone; the prefill (200 queries) has too few KV blocks to split.
+  EXPECT_NE(explain.find("split-kv: 3 of those calls ran the split-KV kernels"), std::string::npos)
       << explain;
+  EXPECT_NE(explain.find("2 ran the decode kernel"), std::string::npos) << explain;
 }
 
 /// One forward of `shape` through `attn` on fresh inputs, against the reference.
@@ -345,12 +346,14 @@ TEST(SplitKvAttention, GqaPackedDecodeMatchesTheReference) {
     ASSERT_TRUE(attn) << attn.status().message();
     forward_matches(*attn, shape_of(1, c.sk, 0), 1); // packed, splits chosen
     forward_matches(*attn, shape_of(1, c.sk, 5), 2); // packed, 5 splits
-    forward_matches(*attn, shape_of(1, 17, 0), 3);   // packed, one KV block
+    forward_matches(*attn, shape_of(1, 17, 0), 3);   // packed, one KV block: decode kernel
     forward_matches(*attn, shape_of(2, c.sk, 3), 4); // two tokens: unpacked
+    forward_matches(*attn, shape_of(1, c.sk, 1), 5); // packed, no split: decode kernel
     const std::string explain = attn->explain();
-    EXPECT_NE(explain.find("4 of those calls ran the split-KV kernels"), std::string::npos)
+    EXPECT_NE(explain.find("3 of those calls ran the split-KV kernels"), std::string::npos)
         << explain;
-    EXPECT_NE(explain.find("3 of them GQA-packed"), std::string::npos) << explain;
+    EXPECT_NE(explain.find("2 ran the decode kernel"), std::string::npos) << explain;
+    EXPECT_NE(explain.find("4 of these GQA-packed"), std::string::npos) << explain;
     if (c.causal) // the two-token call built the causal pair beside the packed one
       EXPECT_NE(explain.find("causal is a no-op there"), std::string::npos) << explain;
   }

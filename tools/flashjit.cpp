@@ -71,6 +71,7 @@ constexpr std::pair<std::string_view, pipeline::KernelKind> kKernelNames[] = {
     {"attention", pipeline::KernelKind::attention},
     {"split-partial", pipeline::KernelKind::split_partial},
     {"split-combine", pipeline::KernelKind::split_combine},
+    {"decode", pipeline::KernelKind::decode},
     {"backward-preprocess", pipeline::KernelKind::backward_preprocess},
     {"backward-dq", pipeline::KernelKind::backward_dq},
     {"backward-dkdv", pipeline::KernelKind::backward_dkdv},
@@ -89,7 +90,8 @@ cli::FlagSpec kernel_flag() {
   return {"--kernel", "KIND",
           "which kernel of the plan: " + kernel_names() +
               " (a mask tensor's plan runs mask-blocks first; split-KV decode runs split-partial "
-              "then split-combine; the backward its five in that order, backward-sinks only with "
+              "then split-combine, decode with one split the decode kernel alone; the backward its "
+              "five in that order, backward-sinks only with "
               "sinks)",
           "attention"};
 }

@@ -147,8 +147,9 @@ typedef struct fj_spec {
   int64_t window_left, window_right; /* sliding window; -1: unbounded on that side */
   fj_strides q, k, v, o;
   /* Split-KV (flash-decoding): 0 chooses per call from the device's compute
-   * units, 1 turns it off, n (up to 128) splits each query block's keys over n
-   * workgroups. Not part of the signature. */
+   * units, 1 turns it off (decode then runs the decode kernel, which needs no
+   * workspace), n (up to 128) splits each query block's keys over n workgroups.
+   * Not part of the signature. */
   int64_t num_splits;
   /* Sequences (flashjit::Sequences): varlen batches, per-batch key counts and
    * paged KV caches; all 0 for dense tensors. With packed_q (cu_seqlens_q), Q

@@ -521,7 +521,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     block_m, block_n and waves (with optional stages, q_in_lds, pad_k) replace the
     whole config; num_splits, split-KV (flash-decoding, as in FlashAttention's
     flash_attn_with_kvcache): 0 chooses per call from the device's compute units, 1
-    turns it off, n in 2..128 splits each query block's keys over n workgroups;
+    turns it off (decode then runs the decode kernel: no workspace), n in 2..128 splits each query block's keys over n workgroups;
     score_mod and mask_mod, expressions compiled into the kernel (docs/masks.md):
     score_mod of score, b, h, q_idx, kv_idx, seqlen_q, seqlen_k gives the new score,
     mask_mod of the same names but score hides a key where it is 0 (e.g.

@@ -153,6 +153,9 @@ def test_varlen_packed_tensors_get_their_gradients_on_cuda(packing):
         truth, low = reference_grads(*args, torch.float64), reference_grads(*args, torch.bfloat16)
         for name, got, t, lo in zip("qkv", (g[rows] for g in grads), truth, low):
             got, t, lo = got.double(), t[0], lo[0]
+            if t.norm() == 0:  # one query over one key: P = 1, so dS and dq are 0
+                assert got.abs().max().item() <= 1e-3, f"sequence {b}: d{name} is not 0"
+                continue
             err = ((got - t).norm() / t.norm()).item()
             base = ((lo - t).norm() / t.norm()).item()
             assert err <= 2e-2, f"sequence {b}: d{name} relative error {err:.3g}"
@@ -196,6 +199,9 @@ def test_varlen_gradients_match_each_sequence_on_cuda(dtype):
         truth, low = reference_grads(*args, torch.float64), reference_grads(*args, dtype)
         for name, got, t, lo in zip("qkv", (q.grad[qs], k.grad[ks], v.grad[ks]), truth, low):
             got, t, lo = got.double(), t[0], lo[0]
+            if t.norm() == 0:  # one query over one key: P = 1, so dS and dq are 0
+                assert got.abs().max().item() <= 1e-3, f"sequence {b}: d{name} is not 0"
+                continue
             err = ((got - t).norm() / t.norm()).item()
             base = ((lo - t).norm() / t.norm()).item()
             assert err <= rel, f"sequence {b}: d{name} relative error {err:.3g} > {rel}"

@@ -1,5 +1,6 @@
 """Writes test_fa_sample.py: FlashAttention's test_flash_attn.py with each test's parametrize
-product replaced by a fixed random sample of M combinations (README.md): python3 sample.py [M].
+product replaced by a fixed random sample of M combinations (README.md):
+python3 sample.py [M [SEED]] (SEED 1 by default: another seed draws another sample).
 A parametrize whose list is `A if cond else B` takes B (FlashAttention's non-sm75 branch)."""
 import ast
 import random
@@ -25,7 +26,7 @@ def main():
     m = int(sys.argv[1]) if len(sys.argv) > 1 else 25
     src = open("test_flash_attn.py").read()
     lines = src.split("\n")
-    rng = random.Random(1)
+    rng = random.Random(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
     edits = []  # (first line, end line, replacement lines)
     for f in ast.parse(src).body:
         if not (isinstance(f, ast.FunctionDef) and f.name.startswith("test_")):
