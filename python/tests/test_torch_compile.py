@@ -4,6 +4,8 @@ on CUDA. The compiled and the eager calls run the same kernels, so outputs and
 gradients agree within 1e-6 (the same bits, up to the order of the backward's sums,
 which is fixed); the eager result is checked against float64 elsewhere
 (test_torch_cuda.py, test_torch_grad.py)."""
+import re
+
 import pytest
 
 
@@ -78,20 +80,28 @@ def test_compile_refuses_dropout_without_a_seed():
     assert torch.equal(g(q), flashjit.flash_attn_func(q, q, q, dropout_p=0.1, dropout_seed=3))
 
 
+def captured(torch, call):
+    """(graph, output) of `call` captured in a CUDA graph, after a first call on a side
+    stream has created and compiled its kernels off the graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    return graph, out
+
+
 def test_cuda_graph_capture_and_replay():
     torch = cuda_torch()
     import flashjit
     torch.manual_seed(1)
     q, k, v = (torch.randn(2, 300, 8, 128, device="cuda", dtype=torch.bfloat16)
                for _ in range(3))
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm up: create and compile the kernel off the graph
-        flashjit.flash_attn_func(q, k, v, causal=True, num_splits=1)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = flashjit.flash_attn_func(q, k, v, causal=True, num_splits=1)
+    graph, out = captured(torch, lambda: flashjit.flash_attn_func(q, k, v, causal=True,
+                                                                  num_splits=1))
     for seed in (2, 3):
         torch.manual_seed(seed)
         for x in (q, k, v):
@@ -101,6 +111,39 @@ def test_cuda_graph_capture_and_replay():
         want = flashjit.flash_attn_func(q, k, v, causal=True, num_splits=1)
         assert torch.equal(out, want)
 
+
+
+@pytest.mark.parametrize("hq,hkv,causal", [(32, 8, True), (8, 8, False)])
+def test_decode_without_splits_is_captured_by_a_cuda_graph(hq, hkv, causal):
+    """One-token decode with num_splits=1 splits no keys: it runs the decode kernel
+    alone, which writes O itself (no workspace), so a CUDA graph captures it. Each
+    replay over new K/V gives the eager call's bits and matches float64 within bf16's
+    3e-2 (the GQA-packed rows with 32:8, the plain decode rows with 8:8)."""
+    torch = cuda_torch()
+    import flashjit
+    from flashjit import _lib, api
+    torch.manual_seed(5)
+    b, sk, d = 3, 1500, 128
+    q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    decode = lambda: flashjit.flash_attn_func(q, k, v, causal=causal, num_splits=1)  # noqa: E731
+    graph, out = captured(torch, decode)
+    for seed in (6, 7):
+        torch.manual_seed(seed)
+        for x in (q, k, v):
+            x.copy_(torch.randn_like(x))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, decode())
+        # float64: one query sees every key (bottom-right causal hides none)
+        qd, kd, vd = (x.double().transpose(1, 2) for x in (q, k, v))
+        want = torch.nn.functional.scaled_dot_product_attention(
+            qd, kd.repeat_interleave(hq // hkv, 1), vd.repeat_interleave(hq // hkv, 1))
+        assert (out.double() - want.transpose(1, 2)).abs().max().item() <= 3e-2
+    plans = [(_lib.lib.fj_attention_explain(a) or b"").decode() for a in api._ATTENTIONS.values()]
+    assert any(re.search(r"[1-9][0-9]* ran the decode kernel fa_fwd_\w+_decode_", p)
+               for p in plans), plans
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_compile_fullgraph_with_sinks_that_require_grad(dtype):
