@@ -1191,9 +1191,17 @@ std::string Attention::explain() const {
                      "the host)");
     line("cache", "not used (no code object)");
   }
-  line("launches", fmt::format("{} forward calls, all through this one kernel (shapes are its "
-                               "arguments)",
-                               m.launches.load()));
+  {
+    const int64_t calls = m.launches.load();
+    const int64_t decode = m.split_launches.load() + m.decode_launches.load();
+    line("launches", decode == 0 ? fmt::format("{} forward calls, all through this one kernel "
+                                               "(shapes are its arguments)",
+                                               calls)
+                                 : fmt::format("{} forward calls: {} through this one kernel, {} "
+                                               "through the split-KV or decode kernels below "
+                                               "(shapes are their arguments)",
+                                               calls, calls - decode, decode));
+  }
   {
     std::lock_guard<std::mutex> lock(m.split_mutex);
     const Impl::SplitKv *shown = m.split ? m.split.get() : m.packed_split.get();

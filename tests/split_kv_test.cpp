@@ -267,6 +267,10 @@ TEST(SplitKvAttention, DecodeSplitsThroughOneAttention) {
   EXPECT_NE(explain.find("split-kv: 3 of those calls ran the split-KV kernels"), std::string::npos)
       << explain;
   EXPECT_NE(explain.find("2 ran the decode kernel"), std::string::npos) << explain;
+  EXPECT_NE(explain.find("6 forward calls: 1 through this one kernel, 5 through the split-KV or "
+                         "decode kernels"),
+            std::string::npos)
+      << explain;
 }
 
 /// One forward of `shape` through `attn` on fresh inputs, against the reference.
