@@ -2,10 +2,13 @@
 each sequence checked against the float64 reference of reference.py run on that
 sequence alone. Outputs start as NaN (the package fills them). Tolerances: bf16 abs
 3e-2, f16 abs 4e-3; LSE 1e-3."""
+import re
+
 import numpy as np
 import pytest
 
 import flashjit
+from flashjit import _lib, api
 from reference import attention, bf16_round
 
 TOL = {"bf16": 3e-2, "f16": 4e-3}
@@ -83,12 +86,14 @@ def rotate(x, cos, sin, pos, interleaved):
     return x
 
 
-@pytest.mark.parametrize("paged,rotary,interleaved,splits", [
-    (False, False, True, 0), (True, False, True, 1), (False, True, True, 0),
-    (True, True, False, 3)])
-def test_kvcache_append_then_attend(paged, rotary, interleaved, splits):
+@pytest.mark.parametrize("paged,rotary,interleaved,splits,sq", [
+    (False, False, True, 0, 2), (True, False, True, 1, 2), (False, True, True, 0, 2),
+    (True, True, False, 3, 2), (True, False, True, 1, 1), (False, True, False, 1, 1)])
+def test_kvcache_append_then_attend(paged, rotary, interleaved, splits, sq):
+    """Append new keys (rotated or not) into a cache (paged or not), then attend. One query
+    token with num_splits=1 is GQA-packed decode over one split: the decode kernel alone."""
     rng = np.random.default_rng(11)
-    batch, sq, hq, hkv, d, cap, new = 3, 2, 8, 2, 64, 128, 2
+    batch, hq, hkv, d, cap, new = 3, 8, 2, 64, 128, 2
     seqlens = np.array([0, 50, 125], dtype=np.int32)
     if paged:
         page = 16
@@ -124,6 +129,9 @@ def test_kvcache_append_then_attend(paged, rotary, interleaved, splits):
                                  causal=True)
         assert np.abs(out[b].astype(np.float64) - ref[0]).max() <= TOL["bf16"]
         assert np.abs(lse[b] - ref_lse[0]).max() <= 1e-2
+    if sq == 1 and splits == 1:
+        plans = [(_lib.lib.fj_attention_explain(h) or b"").decode() for h in api._ATTENTIONS.values()]
+        assert any(re.search(r"[1-9][0-9]* ran the decode kernel", p) for p in plans), plans
 
 
 def test_cache_batch_idx_picks_the_rows():
