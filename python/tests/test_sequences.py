@@ -130,7 +130,8 @@ def test_kvcache_append_then_attend(paged, rotary, interleaved, splits, sq):
         assert np.abs(out[b].astype(np.float64) - ref[0]).max() <= TOL["bf16"]
         assert np.abs(lse[b] - ref_lse[0]).max() <= 1e-2
     if sq == 1 and splits == 1:
-        plans = [(_lib.lib.fj_attention_explain(h) or b"").decode() for h in api._ATTENTIONS.values()]
+        plans = [(_lib.lib.fj_attention_explain(h) or b"").decode()
+                 for h in api._ATTENTIONS.values()]
         assert any(re.search(r"[1-9][0-9]* ran the decode kernel", p) for p in plans), plans
 
 
