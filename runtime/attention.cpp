@@ -355,9 +355,6 @@ struct Attention::Impl {
                      const runtime::LaunchGeometry &geometry, const ir::Bindings &shapes,
                      std::span<const runtime::NamedPointer> pointers, void *stream);
   Status run_gpu(const AttentionSpec &shape, const AttentionTensors &t, void *stream);
-  /// Decode over one split: the decode kernel writes O and the LSE itself.
-  Status run_decode_gpu(const SplitKv &sk, const AttentionSpec &shape, const AttentionTensors &t,
-                        void *stream);
   /// A launch of an attention program (the attention or the decode kernel) over
   /// the caller's tensors, synchronized where Options::synchronize asks.
   Status run_attention_program(const lowering::Lowered &l, runtime::GpuKernel &k,
@@ -534,42 +531,49 @@ Expected<const Attention::Impl::SplitKv *> Attention::Impl::split_kv(Failure *fa
   kernel_spec.causal = !packed && spec.causal;
   auto built = [&]() -> Expected<std::unique_ptr<SplitKv>> {
     auto made = std::make_unique<SplitKv>();
-    const std::tuple<pipeline::KernelKind, Generated *, std::optional<Compiled> *,
-                     std::unique_ptr<runtime::GpuKernel> *>
-        kernels[] = {{pipeline::KernelKind::split_partial, &made->partial, &made->partial_code,
-                      &made->partial_kernel},
-                     {pipeline::KernelKind::split_combine, &made->combine, &made->combine_code,
-                      &made->combine_kernel},
-                     {pipeline::KernelKind::decode, &made->direct, &made->direct_code,
-                      &made->direct_kernel}};
-    for (auto [kind, g, c, k] : kernels) {
-      auto gen = pipeline::generate(kernel_spec, device.arch, options, failure, kind);
+    struct Slot {
+      pipeline::KernelKind kind;
+      Generated *generated;
+      std::optional<Compiled> *code;
+      std::unique_ptr<runtime::GpuKernel> *kernel;
+    };
+    const Slot slots[] = {
+        {pipeline::KernelKind::split_partial, &made->partial, &made->partial_code,
+         &made->partial_kernel},
+        {pipeline::KernelKind::split_combine, &made->combine, &made->combine_code,
+         &made->combine_kernel},
+        {pipeline::KernelKind::decode, &made->direct, &made->direct_code, &made->direct_kernel}};
+    const Generated *all[std::size(slots)];
+    for (size_t i = 0; i < std::size(slots); ++i) {
+      auto gen = pipeline::generate(kernel_spec, device.arch, options, failure, slots[i].kind);
       if (!gen)
         return gen.status();
-      *g = gen.take();
+      *slots[i].generated = gen.take();
+      all[i] = slots[i].generated;
     }
     if (options.compiler != "none") {
-      const Generated *const all[] = {&made->partial, &made->combine, &made->direct};
       auto compiled = pipeline::compile_all(all, options, compiler::KernelCache::global(), failure);
       if (!compiled)
         return compiled.status();
-      for (size_t i = 0; i < std::size(kernels); ++i)
-        *std::get<2>(kernels[i]) = std::move((*compiled)[i]);
+      for (size_t i = 0; i < std::size(slots); ++i)
+        *slots[i].code = std::move((*compiled)[i]);
     }
-    if (executor == Executor::emulator) // FLASHJIT_OVERRIDE_DIR, as for the attention kernel
-      for (Generated *g : {&made->partial, &made->combine, &made->direct}) {
-        auto emulated = pipeline::emulated_kernel(*g);
+    for (const Slot &slot : slots) {
+      Generated &g = *slot.generated;
+      if (executor == Executor::emulator) { // FLASHJIT_OVERRIDE_DIR, as for the attention kernel
+        auto emulated = pipeline::emulated_kernel(g);
         if (!emulated)
           return failed(failure, Failure::compile, emulated.status());
-        g->lowered = emulated.take();
+        g.lowered = emulated.take();
       }
-    if (executor == Executor::gpu)
-      for (auto [kind, g, c, k] : kernels) {
-        auto loaded = driver->load_kernel(device.index, (*c)->code.bytes, g->lowered.kernel_name);
+      if (executor == Executor::gpu) {
+        auto loaded =
+            driver->load_kernel(device.index, (*slot.code)->code.bytes, g.lowered.kernel_name);
         if (!loaded)
           return failed(failure, Failure::runtime, loaded.status());
-        *k = loaded.take();
+        *slot.kernel = loaded.take();
       }
+    }
     const lowering::Lowered &partial = made->partial.lowered;
     if (executor == Executor::gpu) {
       auto resident = made->partial_kernel->resident_per_unit(workgroup_geometry(partial));
@@ -993,11 +997,6 @@ Status Attention::Impl::run_gpu(const AttentionSpec &shape, const AttentionTenso
   return run_attention_program(generated->lowered, *kernel, shape, t, stream);
 }
 
-Status Attention::Impl::run_decode_gpu(const SplitKv &sk, const AttentionSpec &shape,
-                                       const AttentionTensors &t, void *stream) {
-  return run_attention_program(sk.direct.lowered, *sk.direct_kernel, shape, t, stream);
-}
-
 Status Attention::Impl::run_attention_program(const lowering::Lowered &l, runtime::GpuKernel &k,
                                               const AttentionSpec &shape, const AttentionTensors &t,
                                               void *stream) {
@@ -1358,9 +1357,10 @@ Status detail::AttentionAccess::forward(Attention &a, const AttentionSpec &shape
   Status s;
   switch (m.executor) {
   case Executor::gpu:
-    s = direct  ? m.run_decode_gpu(*split, plan, t, stream)
-        : split ? m.run_split_gpu(*split, plan, splits, t, stream)
-                : m.run_gpu(shape, t, stream);
+    if (direct)
+      s = m.run_attention_program(split->direct.lowered, *split->direct_kernel, plan, t, stream);
+    else
+      s = split ? m.run_split_gpu(*split, plan, splits, t, stream) : m.run_gpu(shape, t, stream);
     break;
   case Executor::emulator:
     if (direct) {
