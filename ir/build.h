@@ -127,6 +127,15 @@ Expected<Program> build_backward_dq(const AttentionSpec &spec, const Config &con
 /// The dK/dV program: a workgroup per (KV block, query head), rows are keys,
 /// looping over the query blocks (a transposed `for`); writes f32 per query head.
 Expected<Program> build_backward_dkdv(const AttentionSpec &spec, const Config &config);
+/// The same program writing dK and dV themselves, in the dtype, laid out as K
+/// and V: for calls where backward_dkdv_direct holds (no reduce kernel).
+Expected<Program> build_backward_dkdv_direct(const AttentionSpec &spec, const Config &config);
+/// Whether a call's dK/dV program writes dK and dV directly: each KV head has one
+/// query head (nothing to sum) and the keys are not packed (the reduce kernel
+/// zeroes the packed rows past the last sequence, which no workgroup writes).
+/// Else the f32 per-query-head program and the reduce. A run-time choice: the
+/// group is a shape, not part of the signature.
+bool backward_dkdv_direct(const AttentionSpec &spec);
 /// Declares what the spec's score modifiers read in `p`: the softcap scalar,
 /// ALiBi's slopes, the mask tensor (`attn_mask` and its four i64 strides).
 /// Forward and backward programs share it. bind_modifiers binds its scalars
@@ -150,8 +159,9 @@ Expected<std::string> score_function(const AttentionSpec &spec, const Program &p
 Bindings bind_backward(const AttentionSpec &spec);
 
 /// The backward's f32 workspace, one buffer: L and D (dense [batch, heads,
-/// seqlen_q] each, L first), then dK and dV per query head (dense [batch, heads,
-/// seqlen_k, dim]), which a reduce kernel sums over each group into dK and dV.
+/// seqlen_q] each, L first), then, unless backward_dkdv_direct, dK and dV per
+/// query head (dense [batch, heads, seqlen_k, dim]), which a reduce kernel sums
+/// over each group into dK and dV.
 /// Packed rows (varlen) are one batch of them all: [heads, total_q] and
 /// [heads, total_k, dim].
 struct BackwardWorkspace {

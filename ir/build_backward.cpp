@@ -21,7 +21,9 @@
 //     dst = pt * (v * do^T - d)
 //     dv += pt * do;  dk += dst * q
 //   dK, dV = dk * scale, dv       (f32, per query head: a reduce kernel sums the
-//                                  heads of each KV head's group and converts)
+//                                  heads of each KV head's group and converts;
+//                                  in the dtype, into dK and dV themselves, where
+//                                  backward_dkdv_direct: no group to sum)
 //
 // With score modifiers (softcap, ALiBi, score_mod, mask_mod) S is the forward's
 // modified score and dS is multiplied by the modifier's derivative at the raw
@@ -50,7 +52,11 @@ struct Builder {
   std::vector<Op> &ops() { return body ? *body : p.body; }
 };
 
-enum class Kernel { dq, dkdv };
+enum class Kernel {
+  dq,
+  dkdv,       // f32 dK and dV per query head, which the reduce kernel sums
+  dkdv_direct // dK and dV themselves, in the dtype (backward_dkdv_direct)
+};
 
 /// The tensors and scalars both backward programs share, in one order.
 struct Params {
@@ -116,6 +122,11 @@ Params declare(Program &p, const AttentionSpec &spec, Kernel kernel) {
   if (kernel == Kernel::dq) {
     tensors.push_back(
         {"dQ", "dq", spec.dtype, false, false, spec.head_dim_qk, sig.unit_dim[0], sig.row_align});
+  } else if (kernel == Kernel::dkdv_direct) { // laid out as K and V
+    tensors.push_back(
+        {"dK", "dk", spec.dtype, true, true, spec.head_dim_qk, sig.unit_dim[1], sig.row_align});
+    tensors.push_back(
+        {"dV", "dv", spec.dtype, true, true, spec.head_dim_v, sig.unit_dim[2], sig.row_align});
   } else { // f32 per query head, dense: [batch, heads, seqlen_k, dim]
     tensors.push_back({"dK", "dk", DType::f32, false, true, spec.head_dim_qk, true, 4});
     tensors.push_back({"dV", "dv", DType::f32, false, true, spec.head_dim_v, true, 4});
@@ -158,7 +169,10 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, Kernel 
   const int64_t dv = padded(spec.head_dim_v, config.pad_k);
 
   Program p;
-  p.name = fmt::format("fa_bwd_{}_{}_d{}_{}{}{}{}{}", kernel == Kernel::dq ? "dq" : "dkdv",
+  p.name = fmt::format("fa_bwd_{}_{}_d{}_{}{}{}{}{}",
+                       kernel == Kernel::dq     ? "dq"
+                       : kernel == Kernel::dkdv ? "dkdv"
+                                                : "dkdv_direct",
                        dtype_name(dt), spec.head_dim_qk, spec.head_dim_v,
                        sig.causal ? "_causal" : "", sig.local ? "_local" : "",
                        sig.packed_q ? "_varlenq" : "", sig.packed_k ? "_varlenk" : "");
@@ -346,16 +360,16 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, Kernel 
     return results;
   };
 
+  // dQ, and dK and dV where written directly, in the dtype; else f32.
+  const bool narrow = kernel != Kernel::dkdv;
+  auto store = [&](ValueId g, const char *tensor, const Type &t) {
+    if (narrow)
+      g = b.emit(OpKind::Convert, {g}, Type::tile(t.rows, t.cols, dt, TileLayout::mma_acc));
+    b.emit_void(OpKind::Store, {g, row_block}, {{"tensor", Symbol{tensor}}});
+  };
   auto store_grad = [&](ValueId g, const char *tensor, const Type &t) {
     // dQ and dK take the softmax scale of S = scale * Q K^T; dV does not.
-    const ValueId scaled = b.emit(OpKind::Scale, {g}, t, {{"factor", ParamRef{"scale"}}});
-    if (dq) {
-      const ValueId lo =
-          b.emit(OpKind::Convert, {scaled}, Type::tile(bm, dqk, dt, TileLayout::mma_acc));
-      b.emit_void(OpKind::Store, {lo, row_block}, {{"tensor", Symbol{tensor}}});
-    } else {
-      b.emit_void(OpKind::Store, {scaled, row_block}, {{"tensor", Symbol{tensor}}});
-    }
+    store(b.emit(OpKind::Scale, {g}, t, {{"factor", ParamRef{"scale"}}}), tensor, t);
   };
   if (dq) {
     auto r = add_loop(kDq);
@@ -366,7 +380,7 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, Kernel 
     auto rv = add_loop(kDv);
     if (!rv)
       return rv.status();
-    b.emit_void(OpKind::Store, {(*rv)[0], row_block}, {{"tensor", Symbol{"dV"}}});
+    store((*rv)[0], "dV", acc(dv));
     auto rk = add_loop(kDk);
     if (!rk)
       return rk.status();
@@ -376,7 +390,7 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, Kernel 
     if (!r)
       return r.status();
     store_grad((*r)[0], "dK", acc(dqk));
-    b.emit_void(OpKind::Store, {(*r)[1], row_block}, {{"tensor", Symbol{"dV"}}});
+    store((*r)[1], "dV", acc(dv));
   }
   return p;
 }
@@ -405,6 +419,14 @@ Expected<Program> build_backward_dkdv(const AttentionSpec &spec, const Config &c
   return build(spec, config, Kernel::dkdv);
 }
 
+Expected<Program> build_backward_dkdv_direct(const AttentionSpec &spec, const Config &config) {
+  return build(spec, config, Kernel::dkdv_direct);
+}
+
+bool backward_dkdv_direct(const AttentionSpec &spec) {
+  return spec.group() == 1 && !spec.seqs.packed_k;
+}
+
 Bindings bind_backward(const AttentionSpec &spec) {
   Bindings b;
   bind_shape(spec, b);
@@ -427,8 +449,9 @@ Bindings bind_backward(const AttentionSpec &spec) {
     b.set_int(fmt::format("{}_batch_stride", vec), ws.rows.batch);
     b.set_int(fmt::format("{}_head_stride", vec), ws.rows.head);
   }
-  strides("dk", ws.dk);
-  strides("dv", ws.dv);
+  const bool direct = backward_dkdv_direct(spec);
+  strides("dk", direct ? spec.k : ws.dk); // dK and dV are laid out as K and V
+  strides("dv", direct ? spec.v : ws.dv);
   return b;
 }
 
@@ -441,12 +464,13 @@ BackwardWorkspace backward_workspace(const AttentionSpec &spec) {
   const int64_t rows = batches_q * spec.heads * sq;
   w.rows = {batches_q == 1 ? 0 : spec.heads * sq, sq, 1, 0};
   w.d_offset = rows;
-  w.dk_offset = 2 * rows;
+  w.dk_offset = (2 * rows + 3) / 4 * 4; // 16-byte aligned: the reduce reads runs of 4
   const int64_t dqk = spec.head_dim_qk, dv = spec.head_dim_v;
   w.dk = {batches_k == 1 ? 0 : spec.heads * sk * dqk, sk * dqk, dqk, 1};
   w.dv = {batches_k == 1 ? 0 : spec.heads * sk * dv, sk * dv, dv, 1};
-  w.dv_offset = w.dk_offset + batches_k * spec.heads * sk * dqk;
-  w.elements = w.dv_offset + batches_k * spec.heads * sk * dv;
+  const bool direct = backward_dkdv_direct(spec); // no per-head dK and dV
+  w.dv_offset = w.dk_offset + (direct ? 0 : batches_k * spec.heads * sk * dqk);
+  w.elements = w.dv_offset + (direct ? 0 : batches_k * spec.heads * sk * dv);
   return w;
 }
 

@@ -561,11 +561,15 @@ void backward_preprocess(const AttentionSpec &spec, const HostTensors &t, std::v
     for (int64_t h = 0; h < spec.heads; ++h)
       for (int64_t i = 0; i < spec.seqlen_q; ++i) {
         const int64_t row = (b * spec.heads + h) * spec.seqlen_q + i;
-        float dot = 0;
+        // The preprocess kernel's order: lane j of 8 sums the runs j, j + 8, ...
+        // of 8 elements, then the lanes' sums as the tree its shuffles make.
+        float lane[8] = {};
         for (int64_t c = 0; c < spec.head_dim_v; ++c) {
           const int64_t at = b * spec.o.batch + h * spec.o.head + i * spec.o.seq + c * spec.o.dim;
-          dot += t.dout[size_t(at)] * t.o[size_t(at)];
+          lane[c / 8 % 8] += t.dout[size_t(at)] * t.o[size_t(at)];
         }
+        const float dot = ((lane[0] + lane[4]) + (lane[2] + lane[6])) +
+                          ((lane[1] + lane[5]) + (lane[3] + lane[7]));
         const float lse = t.lse[size_t(row)];
         l[size_t(row)] = lse == kNegInf ? std::numeric_limits<float>::infinity()
                                         : lse * float(std::numbers::log2e);
@@ -623,9 +627,10 @@ Status interpret(const Program &p, const Bindings &args, HostTensors &t,
     buffers.functions[f.name] = e.take();
   }
   std::map<std::string, std::vector<float> *> named = {
-      {"Q", &t.q},     {"K", &t.k},     {"V", &t.v},  {"O", &t.o},
-      {"LSE", &t.lse}, {"dO", &t.dout}, {"dQ", &t.dq}};
-  named.insert(workspace.begin(), workspace.end());
+      {"Q", &t.q},     {"K", &t.k},   {"V", &t.v},   {"O", &t.o},  {"LSE", &t.lse},
+      {"dO", &t.dout}, {"dQ", &t.dq}, {"dK", &t.dk}, {"dV", &t.dv}};
+  for (const auto &[name, buffer] : workspace) // in place of t's (dK, dV per query head)
+    named[name] = buffer;
   for (const TensorParam &param : p.tensors) {
     auto it = named.find(param.name);
     if (it == named.end())

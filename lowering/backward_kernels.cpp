@@ -4,6 +4,7 @@
 //               for a row that sees no key (LSE = -inf), so that P = 2^(S - L) is 0;
 //   reduce      per key row and KV head: dK = sum over the group's query heads of
 //               the dK/dV program's f32 results, converted to the dtype (likewise dV);
+//               with GQA or packed keys only (ir::backward_dkdv_direct);
 //   sinks       per head, with attention sinks: dsink = -sum over the head's rows of
 //               P_sink * D, P_sink = exp(sink - LSE) = 2^(sink log2(e) - L).
 //
@@ -11,10 +12,10 @@
 // LSE counts it: the dQ and dK/dV programs, which take P from L, need nothing
 // more, and the sink's own gradient is the softmax's, p_sink * (0 - D).
 //
-// Neither has a matrix product or a tile: a loop per row, written here directly
-// like the split-KV combine (docs/decisions.md). Both sum in a fixed order, so
-// results are the same run to run, and the preprocess sums exactly as
-// ir::backward_preprocess does.
+// None has a matrix product or a tile: loops over rows, written here directly
+// like the split-KV combine (docs/decisions.md). Each sums in a fixed order, so
+// results are the same run to run; the preprocess sums in ir::backward_preprocess's
+// order.
 #include "lowering/lower.h"
 
 #include "ir/build.h"
@@ -33,6 +34,9 @@ namespace {
 constexpr int kThreads = 128;
 // reduce: a workgroup sums kRows key rows, each over kColThreads work-items.
 constexpr int kColThreads = 32, kRows = kThreads / kColThreads;
+// preprocess: kPreLanes work-items per query row (ir::backward_preprocess sums
+// in their order).
+constexpr int kPreLanes = 8;
 
 void element_type(HipWriter &w, DType t) {
   w.line("// ---- the element type ({}) ----", dtype_name(t));
@@ -266,31 +270,58 @@ Expected<Lowered> lower_backward_preprocess(const AttentionSpec &spec, const Tar
                     {"do_dim_stride", ir::ScalarType::i32},
                     {"lse_batch_stride", ir::ScalarType::i64},
                     {"lse_head_stride", ir::ScalarType::i64}});
-  out.grid = {ir::GridAxis{-1, ir::Extent::of("rows"), kThreads}};
+  out.grid = {ir::GridAxis{-1, ir::Extent::of("rows"), kThreads / kPreLanes}};
   out.block_threads = kThreads;
 
   HipWriter w;
   element_type(w, sig.dtype);
+  // Runs of 8 elements (16 bytes) read at once where the rows allow it.
+  const bool runs = sig.unit_dim[3] && sig.head_dim_v % 8 == 0;
   w.line("constexpr int kDimV = {}; // head_dim_v", sig.head_dim_v);
+  w.line("constexpr int kLanes = {}; // work-items per row", kPreLanes);
+  w.line("constexpr int kRows = {}; // rows per workgroup", kThreads / kPreLanes);
+  w.line("constexpr int kRuns = {}; // runs of 8 elements per row", (sig.head_dim_v + 7) / 8);
   w.blank();
   w.line("// Row r = (batch * heads + head) * q_rows + query of L and D (dense; packed rows");
-  w.line("// are one batch of total_q rows), one per");
-  w.line("// work-item: D[r] = sum_d dO[r][d] * O[r][d] in order, L[r] = LSE[r] * log2(e).");
+  w.line("// are one batch of total_q rows), kLanes work-items per row: L[r] = LSE[r] *");
+  w.line("// log2(e), and D[r] = sum_d dO[r][d] * O[r][d] in a fixed order (lane j sums the");
+  w.line("// runs j, j + kLanes, ... of 8 elements in order, then the lanes' sums as a tree:");
+  w.line("// ((j0 + j4) + (j2 + j6)) + ((j1 + j5) + (j3 + j7))), the same on every target.");
   open_direct_kernel(w, out);
-  w.line("const long row = long(fj_group_id_x()) * {} + fj_thread_id();", kThreads);
-  w.line("if (row >= rows)");
-  w.line("  return;");
-  w.line("const int query = int(row % q_rows);");
-  w.line("const int head = int(row / q_rows % heads);");
-  w.line("const long batch = row / q_rows / heads;");
+  w.line("const int tid = fj_thread_id();");
+  w.line("const int lane = tid % kLanes;");
+  w.line("const long row = long(fj_group_id_x()) * kRows + tid / kLanes;");
+  w.line("const bool valid = row < rows; // every lane takes part in the shuffles below");
+  w.line("const long r = valid ? row : 0;");
+  w.line("const int query = int(r % q_rows);");
+  w.line("const int head = int(r / q_rows % heads);");
+  w.line("const long batch = r / q_rows / heads;");
   w.line("const fj_bits *o = O + batch * o_batch_stride + head * o_head_stride + long(query) * "
          "o_seq_stride;");
   w.line("const fj_bits *d_o = dO + batch * do_batch_stride + head * do_head_stride + "
          "long(query) * do_seq_stride;");
   w.line("float dot = 0.0f;");
-  w.line("for (int d = 0; d < kDimV; ++d)");
+  if (runs) {
+    w.open("if (((unsigned long)o | (unsigned long)d_o) % 16 == 0) {{ // 16-byte loads");
+    w.open("for (int run = lane; valid && run < kRuns; run += kLanes) {{");
+    w.line("const fj_bits8 x = fj_global_load8(d_o + run * 8), y = fj_global_load8(o + run * 8);");
+    w.line("for (int e = 0; e < 8; ++e)");
+    w.line("  dot += fj_to_f32(x[e]) * fj_to_f32(y[e]);");
+    w.close();
+    w.close("} else {");
+    w.indent(1);
+  }
+  w.open("for (int run = lane; valid && run < kRuns; run += kLanes) {{");
+  w.line("for (int d = run * 8; d < run * 8 + 8 && d < kDimV; ++d)");
   w.line("  dot += fj_to_f32(fj_global_load1(d_o + long(d) * do_dim_stride)) *");
   w.line("         fj_to_f32(fj_global_load1(o + long(d) * o_dim_stride));");
+  w.close();
+  if (runs)
+    w.close();
+  w.line("for (int mask = kLanes / 2; mask > 0; mask /= 2)");
+  w.line("  dot += fj_shfl_xor(dot, tid % {}, mask);", target.wave_size);
+  w.line("if (!valid || lane != 0)");
+  w.line("  return;");
   w.line("const float lse = fj_global_load_f32(LSE + batch * lse_batch_stride + head * "
          "lse_head_stride + query);");
   w.line("fj_global_store_f32(L + row, lse == -FJ_INF ? FJ_INF : lse * {});",
@@ -299,7 +330,7 @@ Expected<Lowered> lower_backward_preprocess(const AttentionSpec &spec, const Tar
   w.close();
   finish_direct_kernel(out, target, w,
                        "the backward's preprocess (D = rowsum(dO * O), L = LSE * log2 e)",
-                       "a loop per row");
+                       "8 work-items per row");
   out.rules = "backward-preprocess";
   return out;
 }
@@ -366,17 +397,43 @@ Expected<Lowered> lower_backward_reduce(const AttentionSpec &spec, const Target 
   }
   w.line("// Row (batch, kv_head * group + g, key) of the per-head results.");
   w.line("const long first = (batch * kv_heads * group + long(kv_head) * group) * k_rows + key;");
-  for (const auto &[t, dim, prefix] :
-       {std::tuple{"K", "kDimQK", "k"}, std::tuple{"V", "kDimV", "v"}}) {
+  for (const auto &[t, dim, prefix, value, unit] :
+       {std::tuple{"K", "kDimQK", "k", sig.head_dim_qk, sig.unit_dim[1]},
+        std::tuple{"V", "kDimV", "v", sig.head_dim_v, sig.unit_dim[2]}}) {
     w.line("fj_bits *d{0}_row = d{0} + batch * {1}_batch_stride + kv_head * {1}_head_stride + "
            "long(key) * {1}_seq_stride;",
            t, prefix);
+    // Runs of 4 columns (16-byte loads: the workspace's rows are 16-byte aligned
+    // at such head dims; 8-byte stores where the row is 8-byte aligned), each
+    // column summed over the group in the same order as one at a time.
+    const bool runs = unit && value % 4 == 0;
+    if (runs) {
+      w.open("if ((unsigned long)d{}_row % 8 == 0) {{", t);
+      w.open("for (int c = col0 * 4; c < {}; c += kColThreads * 4) {{", dim);
+      w.line("float sum[4] = {{0.0f, 0.0f, 0.0f, 0.0f}};");
+      w.open("for (int g = 0; g < group && !outside; ++g) {{");
+      w.line("const fj_float4 x = fj_global_load_f32x4(d{}_heads + (first + long(g) * k_rows) * "
+             "{} + c);",
+             t, dim);
+      w.line("for (int e = 0; e < 4; ++e)");
+      w.line("  sum[e] += x[e];");
+      w.close();
+      w.line("fj_bits4 out;");
+      w.line("for (int e = 0; e < 4; ++e)");
+      w.line("  out[e] = fj_from_f32(sum[e]);");
+      w.line("fj_global_store4(d{}_row + c, out);", t);
+      w.close();
+      w.close("} else {");
+      w.indent(1);
+    }
     w.open("for (int c = col0; c < {}; c += kColThreads) {{", dim);
     w.line("float sum = 0.0f;");
     w.line("for (int g = 0; g < group && !outside; ++g)");
     w.line("  sum += fj_global_load_f32(d{}_heads + (first + long(g) * k_rows) * {} + c);", t, dim);
     w.line("fj_global_store1(d{}_row + long(c) * {}_dim_stride, fj_from_f32(sum));", t, prefix);
     w.close();
+    if (runs)
+      w.close();
   }
   w.close();
   finish_direct_kernel(out, target, w,

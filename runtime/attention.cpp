@@ -293,17 +293,23 @@ struct Attention::Impl {
   /// Null while unbuilt, and for a signature without causal (`split` serves).
   std::unique_ptr<SplitKv> packed_split;
 
-  /// The backward pass's four kernels (pipeline::KernelKind's backward_*, in
-  /// launch order), built on the first backward() call.
+  /// The backward pass's kernels, pipeline::KernelKind's backward_* in that
+  /// order, each built on the first backward() call that runs it: the dK/dV
+  /// kernel that writes dK and dV itself, or the f32 one and the reduce
+  /// (ir::backward_dkdv_direct), and the sinks' gradient only with sinks.
   struct Backward {
-    static constexpr int kKernels = 5; // the 5th (the sinks' gradient) only with sinks
+    static constexpr int kKernels = 6;
+    static int index(pipeline::KernelKind kind) {
+      return int(kind) - int(pipeline::KernelKind::backward_preprocess);
+    }
     Generated generated[kKernels];
     std::optional<Compiled> code[kKernels];
     std::unique_ptr<runtime::GpuKernel> kernel[kKernels];
+    bool built[kKernels] = {};
   };
   mutable std::mutex backward_mutex;
   std::unique_ptr<Backward> backward_plan;
-  Expected<const Backward *> backward_kernels(Failure *failure);
+  Expected<const Backward *> backward_kernels(const AttentionSpec &shape, Failure *failure);
   Status check_backward(const AttentionSpec &shape, const BackwardTensors &t) const;
   Status run_backward(const Backward &b, const AttentionSpec &shape, const BackwardTensors &t,
                       void *stream);
@@ -689,52 +695,83 @@ Status Attention::Impl::check_arguments(const AttentionSpec &shape,
   return check_index_arrays(shape, t, "forward");
 }
 
-Expected<const Attention::Impl::Backward *> Attention::Impl::backward_kernels(Failure *failure) {
+namespace {
+
+/// The backward kernels a call runs, in launch order but the reduce (last).
+std::vector<pipeline::KernelKind> backward_kinds(const AttentionSpec &shape) {
+  using pipeline::KernelKind;
+  std::vector<KernelKind> kinds = {KernelKind::backward_preprocess, KernelKind::backward_dq};
+  if (ir::backward_dkdv_direct(shape)) {
+    kinds.push_back(KernelKind::backward_dkdv_direct);
+  } else {
+    kinds.push_back(KernelKind::backward_dkdv);
+    kinds.push_back(KernelKind::backward_reduce);
+  }
+  if (shape.sinks)
+    kinds.push_back(KernelKind::backward_sinks);
+  return kinds;
+}
+
+} // namespace
+
+Expected<const Attention::Impl::Backward *>
+Attention::Impl::backward_kernels(const AttentionSpec &shape, Failure *failure) {
   std::lock_guard<std::mutex> lock(backward_mutex);
-  if (backward_plan)
-    return backward_plan.get();
   if (executor == Executor::interpreter)
     return failed(failure, Failure::unsupported,
                   Status::error("backward: this handle runs the IR interpreter fallback ({}), "
                                 "which has no backward; create it where its kernel generates",
                                 fallback_reason));
-  auto made = std::make_unique<Backward>();
+  if (!backward_plan)
+    backward_plan = std::make_unique<Backward>();
+  Backward &b = *backward_plan;
   using pipeline::KernelKind;
-  const KernelKind kinds[Backward::kKernels] = {
-      KernelKind::backward_preprocess, KernelKind::backward_dq, KernelKind::backward_dkdv,
-      KernelKind::backward_reduce, KernelKind::backward_sinks};
-  const int kernels = spec.sinks ? Backward::kKernels : Backward::kKernels - 1;
-  std::vector<const Generated *> generated;
-  for (int i = 0; i < kernels; ++i) {
-    auto g = pipeline::generate(spec, device.arch, options, failure, kinds[i]);
+  std::vector<KernelKind> kinds = backward_kinds(shape);
+  std::erase_if(kinds, [&](KernelKind k) { return b.built[Backward::index(k)]; });
+  if (kinds.empty())
+    return backward_plan.get();
+  // Generated and compiled together (compile_all runs them in parallel);
+  // nothing is kept unless all of them load.
+  std::vector<Generated> made;
+  for (KernelKind kind : kinds) {
+    auto g = pipeline::generate(spec, device.arch, options, failure, kind);
     if (!g)
       return g.status().with_context("backward");
-    made->generated[i] = g.take();
-    generated.push_back(&made->generated[i]);
+    made.push_back(g.take());
   }
+  std::vector<std::optional<Compiled>> codes(made.size());
   if (options.compiler != "none") {
-    auto codes =
+    std::vector<const Generated *> generated;
+    for (const Generated &g : made)
+      generated.push_back(&g);
+    auto compiled =
         pipeline::compile_all(generated, options, compiler::KernelCache::global(), failure);
-    if (!codes)
-      return codes.status().with_context("backward");
-    for (int i = 0; i < kernels; ++i)
-      made->code[i] = std::move((*codes)[size_t(i)]);
+    if (!compiled)
+      return compiled.status().with_context("backward");
+    for (size_t i = 0; i < made.size(); ++i)
+      codes[i] = std::move((*compiled)[i]);
   }
-  for (int i = 0; i < kernels; ++i) {
+  std::vector<std::unique_ptr<runtime::GpuKernel>> loaded(made.size());
+  for (size_t i = 0; i < made.size(); ++i) {
     if (executor == Executor::emulator) { // FLASHJIT_OVERRIDE_DIR, as for the attention kernel
-      auto emulated = pipeline::emulated_kernel(made->generated[i]);
+      auto emulated = pipeline::emulated_kernel(made[i]);
       if (!emulated)
         return failed(failure, Failure::compile, emulated.status());
-      made->generated[i].lowered = emulated.take();
+      made[i].lowered = emulated.take();
     } else {
-      auto k = driver->load_kernel(device.index, made->code[i]->code.bytes,
-                                   made->generated[i].lowered.kernel_name);
+      auto k = driver->load_kernel(device.index, codes[i]->code.bytes, made[i].lowered.kernel_name);
       if (!k)
         return failed(failure, Failure::runtime, k.status().with_context("backward"));
-      made->kernel[i] = k.take();
+      loaded[i] = k.take();
     }
   }
-  backward_plan = std::move(made);
+  for (size_t i = 0; i < made.size(); ++i) {
+    const int at = Backward::index(kinds[i]);
+    b.generated[at] = std::move(made[i]);
+    b.code[at] = std::move(codes[i]);
+    b.kernel[at] = std::move(loaded[i]);
+    b.built[at] = true;
+  }
   return backward_plan.get();
 }
 
@@ -837,8 +874,15 @@ Status Attention::Impl::run_backward(const Backward &b, const AttentionSpec &sha
       cu_k{"cu_seqlens_k", t.cu_seqlens_k, (shape.batch + 1) * 4, 4};
   const int64_t dk_bytes = (ws.dv_offset - ws.dk_offset) * 4,
                 dv_bytes = (ws.elements - ws.dv_offset) * 4;
+  // dK and dV: the call's own (ir::backward_dkdv_direct), or f32 per query head
+  // in the workspace, which the reduce sums into them.
+  const bool direct = ir::backward_dkdv_direct(shape);
+  const Arg dk{"dK", t.dk, shape.k_elements() * e, e}, dv{"dV", t.dv, shape.v_elements() * e, e};
+  using pipeline::KernelKind;
+  auto at = Backward::index;
   // Arguments with a null pointer (alibi_slopes without ALiBi) are not the kernel's.
-  auto run = [&](int i, std::initializer_list<Arg> all) -> Status {
+  auto run = [&](KernelKind kind, std::initializer_list<Arg> all) -> Status {
+    const int i = at(kind);
     std::vector<Arg> args;
     std::copy_if(all.begin(), all.end(), std::back_inserter(args),
                  [](const Arg &a) { return a.pointer != nullptr; });
@@ -870,48 +914,49 @@ Status Attention::Impl::run_backward(const Backward &b, const AttentionSpec &sha
     }
     return runtime::emulate_kernel(kernel, b.generated[i].target, shapes, host_buffers, eo);
   };
-  Status s = run(0, {dout,
-                     {"O", t.out, shape.o_elements() * e, e},
-                     {"LSE", t.lse, shape.lse_elements() * 4, 4},
-                     l_arg,
-                     d_arg});
+  Status s = run(KernelKind::backward_preprocess, {dout,
+                                                   {"O", t.out, shape.o_elements() * e, e},
+                                                   {"LSE", t.lse, shape.lse_elements() * 4, 4},
+                                                   l_arg,
+                                                   d_arg});
   if (s)
-    s = run(1, {q,
-                k,
-                v,
-                dout,
-                l_arg,
-                d_arg,
-                slopes,
-                mask,
-                cu_q,
-                cu_k,
-                {"dQ", t.dq, shape.q_elements() * e, e}});
-  if (s)
-    s = run(2, {q,
-                k,
-                v,
-                dout,
-                l_arg,
-                d_arg,
-                slopes,
-                mask,
-                cu_q,
-                cu_k,
-                {"dK", dk_heads, dk_bytes, 4},
-                {"dV", dv_heads, dv_bytes, 4}});
+    s = run(KernelKind::backward_dq, {q,
+                                      k,
+                                      v,
+                                      dout,
+                                      l_arg,
+                                      d_arg,
+                                      slopes,
+                                      mask,
+                                      cu_q,
+                                      cu_k,
+                                      {"dQ", t.dq, shape.q_elements() * e, e}});
+  if (s && direct)
+    s = run(KernelKind::backward_dkdv_direct,
+            {q, k, v, dout, l_arg, d_arg, slopes, mask, cu_q, cu_k, dk, dv});
+  if (s && !direct)
+    s = run(KernelKind::backward_dkdv, {q,
+                                        k,
+                                        v,
+                                        dout,
+                                        l_arg,
+                                        d_arg,
+                                        slopes,
+                                        mask,
+                                        cu_q,
+                                        cu_k,
+                                        {"dK", dk_heads, dk_bytes, 4},
+                                        {"dV", dv_heads, dv_bytes, 4}});
   if (s && shape.sinks)
-    s = run(4, {l_arg,
-                d_arg,
-                {"sinks", t.sinks, shape.heads * 4, 4},
-                {"dsinks", t.dsinks, shape.heads * 4, 4},
-                cu_q});
-  if (s)
-    s = run(3, {{"dK_heads", dk_heads, dk_bytes, 4},
-                {"dV_heads", dv_heads, dv_bytes, 4},
-                cu_k,
-                {"dK", t.dk, shape.k_elements() * e, e},
-                {"dV", t.dv, shape.v_elements() * e, e}});
+    s = run(KernelKind::backward_sinks, {l_arg,
+                                         d_arg,
+                                         {"sinks", t.sinks, shape.heads * 4, 4},
+                                         {"dsinks", t.dsinks, shape.heads * 4, 4},
+                                         cu_q});
+  if (s && !direct)
+    s = run(
+        KernelKind::backward_reduce,
+        {{"dK_heads", dk_heads, dk_bytes, 4}, {"dV_heads", dv_heads, dv_bytes, 4}, cu_k, dk, dv});
   if (gpu) {
     // Released in stream order: after the reduce has read it.
     Status released = driver->release_async(device.index, base, stream);
@@ -1129,7 +1174,7 @@ Status detail::AttentionAccess::backward(Attention &a, const AttentionSpec &shap
   }
   if (Status s = ir::validate_backward(shape); !s)
     return failed(failure, Failure::unsupported, s);
-  auto plan = m.backward_kernels(failure);
+  auto plan = m.backward_kernels(shape, failure);
   if (!plan)
     return plan.status();
   if (Status s = m.check_backward(shape, t); !s)
@@ -1137,10 +1182,12 @@ Status detail::AttentionAccess::backward(Attention &a, const AttentionSpec &shap
   if (m.driver != nullptr)
     if (Status s = m.driver->check_stream(m.device.index, stream); !s)
       return failed(failure, Failure::argument, s.with_context("backward"));
-  for (const Generated &g : (*plan)->generated)
+  for (pipeline::KernelKind kind : backward_kinds(shape)) {
+    const Generated &g = (*plan)->generated[Attention::Impl::Backward::index(kind)];
     if (!g.program.body.empty()) // the programs' row strides, as forward checks its own
       if (Status s = lowering::check_launch(g.lowered, shape); !s)
         return failed(failure, Failure::argument, s.with_context("backward"));
+  }
   Status s = m.run_backward(**plan, shape, t, stream);
   return s ? s : failed(failure, Failure::runtime, s);
 }

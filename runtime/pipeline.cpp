@@ -99,8 +99,9 @@ Expected<Generated> generate(const AttentionSpec &spec, std::string_view arch,
     take_tuned(spec, g);
   if (Status s = ir::validate(g.config); !s)
     return failed(failure, Failure::argument, s);
+  const bool dkdv = kind == KernelKind::backward_dkdv || kind == KernelKind::backward_dkdv_direct;
   const bool backward = kind == KernelKind::backward_preprocess ||
-                        kind == KernelKind::backward_dq || kind == KernelKind::backward_dkdv ||
+                        kind == KernelKind::backward_dq || dkdv ||
                         kind == KernelKind::backward_reduce || kind == KernelKind::backward_sinks;
   if (backward)
     if (Status s = ir::validate_backward(spec); !s)
@@ -140,15 +141,16 @@ Expected<Generated> generate(const AttentionSpec &spec, std::string_view arch,
     g.config.waves = 1;
   }
   if (backward && !options.config)
-    g.config =
-        lowering::backward_config(spec, g.target, g.config, kind == KernelKind::backward_dkdv);
+    g.config = lowering::backward_config(spec, g.target, g.config, dkdv);
   if (!backward)
     if (Status s = lowering::check_fits(spec, g.config, g.target, *choice); !s)
       return failed(failure, Failure::unsupported, s);
   auto program = kind == KernelKind::split_partial   ? ir::build_split_kv(spec, g.config)
                  : kind == KernelKind::backward_dq   ? ir::build_backward_dq(spec, g.config)
                  : kind == KernelKind::backward_dkdv ? ir::build_backward_dkdv(spec, g.config)
-                                                     : ir::build_attention(spec, g.config);
+                 : kind == KernelKind::backward_dkdv_direct
+                     ? ir::build_backward_dkdv_direct(spec, g.config)
+                     : ir::build_attention(spec, g.config);
   if (!program)
     return failed(failure, Failure::unsupported, program.status());
   g.program = program.take();

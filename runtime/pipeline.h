@@ -53,11 +53,12 @@ enum class KernelKind {
   decode,        // ir::build_attention on split_partial's config: one-split decode, O direct
   mask_blocks,   // lowering::lower_mask_blocks: a mask tensor's block summary, first
   // The backward pass (Attention::backward), in launch order:
-  backward_preprocess, // lowering::lower_backward_preprocess: L and D per query row
-  backward_dq,         // ir::build_backward_dq
-  backward_dkdv,       // ir::build_backward_dkdv: f32 per query head
-  backward_reduce,     // lowering::lower_backward_reduce: sums each group, converts
-  backward_sinks,      // lowering::lower_backward_sinks: the sinks' gradient (with sinks)
+  backward_preprocess,  // lowering::lower_backward_preprocess: L and D per query row
+  backward_dq,          // ir::build_backward_dq
+  backward_dkdv,        // ir::build_backward_dkdv: f32 per query head
+  backward_dkdv_direct, // ir::build_backward_dkdv_direct: dK, dV themselves (no group)
+  backward_reduce,      // lowering::lower_backward_reduce: sums each group, converts
+  backward_sinks,       // lowering::lower_backward_sinks: the sinks' gradient (with sinks)
 };
 
 /// Validates the spec and options, chooses the config (Options::config, else the

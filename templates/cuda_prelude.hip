@@ -92,6 +92,7 @@ FJ_DEVICE fj_bits8 fj_global_load8(const fj_bits *p) { return *(const fj_bits8 *
 FJ_DEVICE fj_bits2 fj_global_load2(const fj_bits *p) { return *(const fj_bits2 *)p; }
 FJ_DEVICE fj_bits fj_global_load1(const fj_bits *p) { return *p; }
 FJ_DEVICE void fj_global_store8(fj_bits *p, fj_bits8 v) { *(fj_bits8 *)p = v; }
+FJ_DEVICE void fj_global_store4(fj_bits *p, fj_bits4 v) { *(fj_bits4 *)p = v; } // 8-byte aligned
 FJ_DEVICE void fj_global_store2(fj_bits *p, fj_bits a, fj_bits b) { *(fj_bits2 *)p = fj_bits2{a, b}; }
 FJ_DEVICE void fj_global_store1(fj_bits *p, fj_bits v) { *p = v; }
 FJ_DEVICE void fj_global_store_f32(float *p, float v) { *p = v; }

@@ -314,22 +314,11 @@ TEST(BackwardIr, RefusalsNameTheFeature) {
 
 // ---- the interpreter -----------------------------------------------------------
 
-class BackwardInterpreter : public testing::TestWithParam<Case> {};
-
-TEST_P(BackwardInterpreter, MatchesFloat64) {
-  const AttentionSpec spec = spec_of(GetParam()), ref = reference_spec_of(GetParam());
-  HostTensors t = make_random_inputs(spec, 21);
-  make_random_grad(spec, t, 22);
-  reference_forward(ref, t);
-  std::vector<float> l, d;
-  ir::backward_preprocess(spec, t, l, d);
-  ir::Config config;
-  config.block_n = 32;
-  const ir::Bindings args = ir::bind_backward(spec);
-  auto dq = ir::build_backward_dq(spec, config);
-  ASSERT_TRUE(dq) << dq.status().message();
-  ASSERT_TRUE(ir::interpret(*dq, args, t, {{"L", &l}, {"D", &d}}));
-  // dK and dV per query head, then the group sum on the host.
+/// The dK/dV program writing f32 per query head (GQA, packed keys), then the
+/// group sum the reduce kernel computes, on the host, into t.dk and t.dv.
+void sum_heads_on_host(const AttentionSpec &spec, const ir::Config &config,
+                       const ir::Bindings &args, std::vector<float> &l, std::vector<float> &d,
+                       HostTensors &t) {
   const ir::BackwardWorkspace ws = ir::backward_workspace(spec);
   std::vector<float> dk_heads(size_t(ws.dv_offset - ws.dk_offset), std::nanf("")),
       dv_heads(size_t(ws.elements - ws.dv_offset), std::nanf(""));
@@ -351,6 +340,31 @@ TEST_P(BackwardInterpreter, MatchesFloat64) {
             (*out)[size_t(b * strides->batch + kh * strides->head + j * strides->seq +
                           c * strides->dim)] = round_to(spec.dtype, sum);
           }
+}
+
+class BackwardInterpreter : public testing::TestWithParam<Case> {};
+
+TEST_P(BackwardInterpreter, MatchesFloat64) {
+  const AttentionSpec spec = spec_of(GetParam()), ref = reference_spec_of(GetParam());
+  HostTensors t = make_random_inputs(spec, 21);
+  make_random_grad(spec, t, 22);
+  reference_forward(ref, t);
+  std::vector<float> l, d;
+  ir::backward_preprocess(spec, t, l, d);
+  ir::Config config;
+  config.block_n = 32;
+  const ir::Bindings args = ir::bind_backward(spec);
+  auto dq = ir::build_backward_dq(spec, config);
+  ASSERT_TRUE(dq) << dq.status().message();
+  ASSERT_TRUE(ir::interpret(*dq, args, t, {{"L", &l}, {"D", &d}}));
+  if (ir::backward_dkdv_direct(spec)) { // into t.dk and t.dv, in the dtype
+    auto dkdv = ir::build_backward_dkdv_direct(spec, config);
+    ASSERT_TRUE(dkdv) << dkdv.status().message();
+    Status s = ir::interpret(*dkdv, args, t, {{"L", &l}, {"D", &d}});
+    ASSERT_TRUE(s) << s.message();
+  } else {
+    sum_heads_on_host(spec, config, args, l, d, t);
+  }
   // The sinks' gradient as the sinks kernel computes it, from L and D:
   // -sum over a head's rows of 2^(sink log2(e) - L) * D.
   if (spec.sinks) {

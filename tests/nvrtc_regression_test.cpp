@@ -118,7 +118,8 @@ TEST(NvrtcRegression, EveryKernelKindCompiles) {
     for (KernelKind kind :
          {KernelKind::attention, KernelKind::split_partial, KernelKind::split_combine,
           KernelKind::backward_preprocess, KernelKind::backward_dq, KernelKind::backward_dkdv,
-          KernelKind::backward_reduce, KernelKind::backward_sinks}) {
+          KernelKind::backward_dkdv_direct, KernelKind::backward_reduce,
+          KernelKind::backward_sinks}) {
       AttentionSpec s = spec;
       if (kind == KernelKind::split_partial || kind == KernelKind::split_combine) {
         s.sinks = false; // split-KV does not run with sinks, nor with packed queries

@@ -75,6 +75,7 @@ constexpr std::pair<std::string_view, pipeline::KernelKind> kKernelNames[] = {
     {"backward-preprocess", pipeline::KernelKind::backward_preprocess},
     {"backward-dq", pipeline::KernelKind::backward_dq},
     {"backward-dkdv", pipeline::KernelKind::backward_dkdv},
+    {"backward-dkdv-direct", pipeline::KernelKind::backward_dkdv_direct},
     {"backward-reduce", pipeline::KernelKind::backward_reduce},
     {"backward-sinks", pipeline::KernelKind::backward_sinks},
 };

@@ -4,7 +4,10 @@ outputs start as NaN (the package fills them).
 
 Tolerance: each gradient's relative L2 error within 2e-2 (bf16) / 1e-2 (f16) and every
 element within 4e-2 (bf16) / 2e-2 (f16) of the largest reference magnitude: the kernels
-round P and dS to the input dtype before their products, as FlashAttention does.
+round P and dS to the input dtype before their products, as FlashAttention does. A gradient
+that is 0 but for float64's rounding (rows that each see one key: a softmax over one score
+has none) has no relative error: there every element must be within 1e-3 of 0, the
+absolute term of FlashAttention's rule.
 """
 import numpy as np
 import pytest
@@ -25,6 +28,9 @@ def check(name, got, want, dtype):
     rel, scale = TOL[dtype]
     got = np.asarray(got, dtype=np.float64)
     assert np.isfinite(got).all(), f"{name}: non-finite values"
+    if np.abs(want).max() < 1e-9:  # 0 but for rounding: D and dP differ in the last bits
+        assert np.abs(got).max() <= 1e-3, f"{name}: {np.abs(got).max():.3g}, expected 0"
+        return
     err = np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-12)
     assert err <= rel, f"{name}: relative L2 error {err:.3g} > {rel}"
     worst = np.abs(got - want).max()

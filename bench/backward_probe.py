@@ -1,0 +1,86 @@
+"""Where a backward call's time goes: each CUDA kernel's device time per call (torch.profiler)
+for flashjit's flash_attn_backward and the backward of SDPA's cuDNN and flash backends, L2
+flushed before each call (as bench_backward.py). Shapes as bench_backward.py: B * S = 16k
+tokens, H * D = 2048, bf16; --kv-heads N gives K and V N heads (GQA) instead of H.
+
+    python3 bench/backward_probe.py [--kv-heads N] [--causal] S:D [...]   e.g. 1024:128 4096:64
+"""
+import sys
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, "python")
+import flashjit  # noqa: E402
+
+ITERS = 10
+flush = torch.empty(256 << 18, dtype=torch.int32, device="cuda")  # 256 MB, above the L2
+
+
+def kernels(fn):
+    """(name, microseconds per call) of each device kernel fn launches, the flush left out."""
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(ITERS):
+            flush.zero_()
+            fn()
+        torch.cuda.synchronize()
+    times = defaultdict(float)
+    for e in prof.events():
+        if e.device_type.name == "CUDA" and "zero" not in e.name.lower() and \
+                "fill" not in e.name.lower():
+            times[e.name[:70]] += e.device_time / ITERS
+    return sorted(times.items(), key=lambda kv: -kv[1])
+
+
+def main():
+    args = sys.argv[1:]
+    kv_heads, causal = 0, False
+    while args[:1] in (["--kv-heads"], ["--causal"]):
+        if args[0] == "--causal":
+            causal, args = True, args[1:]
+        else:
+            kv_heads, args = int(args[1]), args[2:]
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    for case in args:
+        s, d = (int(x) for x in case.split(":"))
+        b, h = max(1, 16384 // s), max(1, 2048 // d)
+        hk = kv_heads or h
+        flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
+        torch.manual_seed(s + d)
+        q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, s, hk, d, device="cuda", dtype=torch.bfloat16) for _ in "kv")
+        dout = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+        print(f"== B={b} S={s} H={h}:{hk} D={d}{' causal' if causal else ''}")
+        out, lse = flashjit.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+        runs = {"flashjit": lambda: flashjit.flash_attn_backward(dout, q, k, v, out, lse,
+                                                                  causal=causal)}
+        qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
+        dt = dout.transpose(1, 2)
+        for name, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION),
+                              ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
+            try:
+                with sdpa_kernel(backend):
+                    o = torch.nn.functional.scaled_dot_product_attention(
+                        qt, kt, vt, is_causal=causal, enable_gqa=hk != h)
+            except RuntimeError as e:
+                print(f"  {name}: not run ({str(e).splitlines()[0][:80]})")
+                continue
+            runs[name] = lambda o=o: torch.autograd.grad(o, (qt, kt, vt), dt, retain_graph=True)
+        for name, fn in runs.items():
+            try:
+                ks = kernels(fn)
+            except RuntimeError as e:
+                print(f"  {name}: {str(e).splitlines()[0]}")
+                continue
+            total = sum(t for _, t in ks)
+            print(f"  {name}: {total:.1f} us on the device ({flops / total / 1e6:.0f} TFLOP/s)")
+            for kname, t in ks:
+                print(f"      {t:8.1f} us  {kname}")
+
+
+if __name__ == "__main__":
+    main()
