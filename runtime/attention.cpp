@@ -490,7 +490,6 @@ int64_t Attention::Impl::choose_splits(const AttentionSpec &shape, bool packed) 
   const int64_t rows = decode ? kDecodeRows : c.block_m;
   const int64_t work = shape.batch * shape.heads * ((shape.seqlen_q + rows - 1) / rows);
   const int64_t units = std::max(device.compute_units, 1);
-  const int64_t kv_blocks = (shape.seqlen_k + c.block_n - 1) / c.block_n;
   if (decode) {
     auto sk = split_kv(nullptr, packed);
     if (!sk)
@@ -511,16 +510,23 @@ int64_t Attention::Impl::choose_splits(const AttentionSpec &shape, bool packed) 
     // num_splits 1 splits no keys: one split is the decode kernel alone, which
     // writes O itself (no workspace: CUDA graphs capture it), where the
     // attention kernel is slower (the same rule as above).
+    // The split kernel's own KV blocks (its config is not the attention
+    // kernel's: at head dim 128 on sm_90, 64 keys against 128). Counted in the
+    // attention kernel's, B=1 8:1 with 4096 keys took 32 splits, 10.8 us on the
+    // H100, where 64 took 8.9 (bench/results/README.md, session 26).
+    const int64_t split_blocks =
+        (shape.seqlen_k + (*sk)->partial.config.block_n - 1) / (*sk)->partial.config.block_n;
     const int64_t slots = units * (*sk)->resident;
     const int64_t splits =
         shape.num_splits == 1
             ? 1
-            : std::clamp<int64_t>(slots / work, 1, std::min(kv_blocks, kMaxChosenSplits));
+            : std::clamp<int64_t>(slots / work, 1, std::min(split_blocks, kMaxChosenSplits));
     return splits > 1 || packed || c.block_m >= 128 ? splits : 0;
   }
   // A prefill that fills the device splits nothing.
   if (shape.num_splits == 1 || work >= units)
     return 0;
+  const int64_t kv_blocks = (shape.seqlen_k + c.block_n - 1) / c.block_n;
   const int64_t wanted = (4 * units + work - 1) / work;
   const int64_t splits = std::max<int64_t>(1, std::min({wanted, kv_blocks / 4, kMaxSplits}));
   return splits > 1 ? splits : 0;

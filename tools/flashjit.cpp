@@ -91,9 +91,10 @@ cli::FlagSpec kernel_flag() {
   return {"--kernel", "KIND",
           "which kernel of the plan: " + kernel_names() +
               " (a mask tensor's plan runs mask-blocks first; split-KV decode runs split-partial "
-              "then split-combine, decode with one split the decode kernel alone; the backward its "
-              "five in that order, backward-sinks only with "
-              "sinks)",
+              "then split-combine, decode with one split the decode kernel alone; the backward "
+              "backward-preprocess, backward-dq, then backward-dkdv-direct where each KV head has "
+              "one query head and the keys are not packed, else backward-dkdv and "
+              "backward-reduce, and backward-sinks with sinks)",
           "attention"};
 }
 
