@@ -309,6 +309,9 @@ struct Attention::Impl {
   };
   mutable std::mutex backward_mutex;
   std::unique_ptr<Backward> backward_plan;
+  /// Backward calls that wrote dK and dV directly, and that summed per-head f32
+  /// results (ir::backward_dkdv_direct), for explain().
+  std::atomic<int64_t> backward_direct{0}, backward_grouped{0};
   Expected<const Backward *> backward_kernels(const AttentionSpec &shape, Failure *failure);
   Status check_backward(const AttentionSpec &shape, const BackwardTensors &t) const;
   Status run_backward(const Backward &b, const AttentionSpec &shape, const BackwardTensors &t,
@@ -510,17 +513,19 @@ int64_t Attention::Impl::choose_splits(const AttentionSpec &shape, bool packed) 
     // num_splits 1 splits no keys: one split is the decode kernel alone, which
     // writes O itself (no workspace: CUDA graphs capture it), where the
     // attention kernel is slower (the same rule as above).
-    // The split kernel's own KV blocks (its config is not the attention
-    // kernel's: at head dim 128 on sm_90, 64 keys against 128). Counted in the
-    // attention kernel's, B=1 8:1 with 4096 keys took 32 splits, 10.8 us on the
-    // H100, where 64 took 8.9 (bench/results/README.md, session 26).
+    // Down to one of the split kernel's own KV blocks (its config is not the
+    // attention kernel's: 64 keys at head dim 128 on sm_90, against 128), but
+    // past 256 splits at least two blocks each. H100, B=1 8:1 D=128 (session
+    // 26, bench/results/README.md): 4096 keys 9.0 us over 64 splits of one
+    // block, 10.9 over 32 of two; 16384 keys 11.7 over 256 of one, 12.8-13.2
+    // over 128 of two; 32768 keys 16.6-16.9 over 256 of two, 18.2 over 512 of
+    // one (each split's fixed cost and the combine's reads of every split).
     const int64_t split_blocks =
         (shape.seqlen_k + (*sk)->partial.config.block_n - 1) / (*sk)->partial.config.block_n;
+    const int64_t most =
+        std::min({split_blocks, std::max<int64_t>(256, split_blocks / 2), kMaxChosenSplits});
     const int64_t slots = units * (*sk)->resident;
-    const int64_t splits =
-        shape.num_splits == 1
-            ? 1
-            : std::clamp<int64_t>(slots / work, 1, std::min(split_blocks, kMaxChosenSplits));
+    const int64_t splits = shape.num_splits == 1 ? 1 : std::clamp<int64_t>(slots / work, 1, most);
     return splits > 1 || packed || c.block_m >= 128 ? splits : 0;
   }
   // A prefill that fills the device splits nothing.
@@ -1195,7 +1200,11 @@ Status detail::AttentionAccess::backward(Attention &a, const AttentionSpec &shap
         return failed(failure, Failure::argument, s.with_context("backward"));
   }
   Status s = m.run_backward(**plan, shape, t, stream);
-  return s ? s : failed(failure, Failure::runtime, s);
+  if (!s)
+    return failed(failure, Failure::runtime, s);
+  (ir::backward_dkdv_direct(shape) ? m.backward_direct : m.backward_grouped)
+      .fetch_add(1, std::memory_order_relaxed);
+  return s;
 }
 
 std::string Attention::explain() const {
@@ -1285,6 +1294,26 @@ std::string Attention::explain() const {
                                    "rows, and when batch x heads x query blocks cannot fill the "
                                    "{} compute units)",
                                    Impl::kDecodeRows, m.device.compute_units));
+  }
+  {
+    std::lock_guard<std::mutex> lock(m.backward_mutex);
+    if (m.backward_plan) {
+      const Impl::Backward &b = *m.backward_plan;
+      auto name = [&](pipeline::KernelKind kind) {
+        const int i = Impl::Backward::index(kind);
+        return b.built[i] ? b.generated[i].lowered.kernel_name : std::string("not built yet");
+      };
+      using pipeline::KernelKind;
+      line("backward",
+           fmt::format("{} calls: {} wrote dK and dV directly ({}; one query head per KV head), "
+                       "{} wrote them per query head in f32, then summed each group ({} then "
+                       "{}); each after {} and {}",
+                       m.backward_direct.load() + m.backward_grouped.load(),
+                       m.backward_direct.load(), name(KernelKind::backward_dkdv_direct),
+                       m.backward_grouped.load(), name(KernelKind::backward_dkdv),
+                       name(KernelKind::backward_reduce), name(KernelKind::backward_preprocess),
+                       name(KernelKind::backward_dq)));
+    }
   }
   switch (m.executor) {
   case Executor::gpu:

@@ -410,13 +410,10 @@ Options emulated(std::string_view rules = "auto") {
   return o;
 }
 
-/// Forward then backward through one Attention on `device`; the gradients into t
-/// (a gradient element the backward did not write stays NaN). Varlen specs pass
-/// t's cu_seqlens, and a backward without them is refused by name.
-void run_attention(const AttentionSpec &spec, const std::string &device, const Options &options,
-                   HostTensors &t) {
-  auto attn = Attention::create(spec, device, options);
-  ASSERT_TRUE(attn) << attn.status().message();
+/// Forward then backward of `spec`'s shapes through `attn`; the gradients into
+/// t (a gradient element the backward did not write stays NaN). Varlen specs
+/// pass t's cu_seqlens, and a backward without them is refused by name.
+void run_on(Attention &attn, const AttentionSpec &spec, HostTensors &t) {
   const std::vector<uint16_t> q = bits_of(spec, t.q), k = bits_of(spec, t.k),
                               v = bits_of(spec, t.v), dout = bits_of(spec, t.dout);
   std::vector<uint16_t> o(size_t(spec.o_elements()), 0x7fc1), dq(t.q.size(), 0x7fc1),
@@ -435,7 +432,7 @@ void run_attention(const AttentionSpec &spec, const std::string &device, const O
   fwd.cu_seqlens_q = cu_q;
   fwd.cu_seqlens_k = cu_k;
   fwd.sinks = spec.sinks ? t.sinks.data() : nullptr;
-  Status s = attn->forward(spec, fwd);
+  Status s = attn.forward(spec, fwd);
   ASSERT_TRUE(s) << s.message();
   std::vector<float> dsinks(spec.sinks ? size_t(spec.heads) : 0, std::nanf("")), dsinks2 = dsinks;
   auto grads_into = [&](std::vector<uint16_t> &gq, std::vector<uint16_t> &gk,
@@ -448,7 +445,7 @@ void run_attention(const AttentionSpec &spec, const std::string &device, const O
     }
     return b;
   };
-  s = attn->backward(spec, grads_into(dq, dk, dv, dsinks));
+  s = attn.backward(spec, grads_into(dq, dk, dv, dsinks));
   ASSERT_TRUE(s) << s.message();
   t.dsinks = dsinks;
   t.o = floats_of(spec, o);
@@ -457,7 +454,7 @@ void run_attention(const AttentionSpec &spec, const std::string &device, const O
   t.dv = floats_of(spec, dv);
   // The same call again: the same bits (no atomics, sums in a fixed order).
   std::vector<uint16_t> dq2(dq.size(), 0x7fc1), dk2(dk.size(), 0x7fc1), dv2(dv.size(), 0x7fc1);
-  s = attn->backward(spec, grads_into(dq2, dk2, dv2, dsinks2));
+  s = attn.backward(spec, grads_into(dq2, dk2, dv2, dsinks2));
   ASSERT_TRUE(s) << s.message();
   EXPECT_EQ(dq, dq2);
   EXPECT_EQ(0, std::memcmp(dsinks.data(), dsinks2.data(), dsinks.size() * 4));
@@ -466,10 +463,18 @@ void run_attention(const AttentionSpec &spec, const std::string &device, const O
   if (cu_q) {
     BackwardTensors without = grads_into(dq2, dk2, dv2, dsinks2);
     without.cu_seqlens_q = nullptr;
-    s = attn->backward(spec, without);
+    s = attn.backward(spec, without);
     ASSERT_FALSE(s);
     EXPECT_NE(s.message().find("backward: cu_seqlens_q is null"), std::string::npos) << s.message();
   }
+}
+
+/// run_on through a new Attention on `device`.
+void run_attention(const AttentionSpec &spec, const std::string &device, const Options &options,
+                   HostTensors &t) {
+  auto attn = Attention::create(spec, device, options);
+  ASSERT_TRUE(attn) << attn.status().message();
+  run_on(*attn, spec, t);
 }
 
 struct Lowering {
@@ -505,6 +510,37 @@ INSTANTIATE_TEST_SUITE_P(Families, BackwardEmulator,
                                               std::string_view(l.rules) == "simt" ? "_simt" : "",
                                               std::get<1>(info.param).name);
                          });
+
+// One handle, two calls: with one query head per KV head the dK/dV kernel writes
+// dK and dV itself (no reduce); with GQA it writes f32 per query head and the
+// reduce sums each group. Both against float64; explain() counts each.
+TEST(BackwardEmulator, MhaWritesDkDvDirectlyAndGqaSumsEachGroup) {
+  if (!runtime::emulator_available())
+    GTEST_SKIP() << "this build has no emulator (FLASHJIT_WITH_LLVM=OFF)";
+  const Case mha{"mha", 1, 2, 2, 40, 56, 64, 64, true}, gqa{"gqa", 2, 4, 2, 33, 40, 64, 64, true};
+  auto attn = Attention::create(spec_of(mha), "emulator:gfx1201", emulated());
+  ASSERT_TRUE(attn) << attn.status().message();
+  for (const Case &c : {mha, gqa}) {
+    SCOPED_TRACE(c.name);
+    const AttentionSpec spec = spec_of(c);
+    EXPECT_EQ(ir::backward_dkdv_direct(spec), c.hq == c.hkv);
+    HostTensors t = make_random_inputs(spec, 41);
+    make_random_grad(spec, t, 42);
+    run_on(*attn, spec, t);
+    if (HasFatalFailure())
+      return;
+    expect_gradients_match(reference_spec_of(c), t);
+  }
+  const std::string text = attn->explain();
+  // Each backward() of run_on runs twice (the second checks the same bits).
+  EXPECT_NE(text.find("backward: 4 calls: 2 wrote dK and dV directly (fa_bwd_dkdv_direct_"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("2 wrote them per query head in f32, then summed each group (fa_bwd_dkdv_"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("fa_bwd_reduce_"), std::string::npos) << text;
+}
 
 // Masks with empty, full and mixed blocks (tests/support/masks.h: left padding
 // and causal as a bool tensor, an additive one with a stripe of finite values):
