@@ -3,8 +3,9 @@
 bench table for gfx1201, gfx1100, gfx942 and gfx950.
 
 For every arch, head dim (--head-dims, default 64, 80, 128, 256), causal and not, and
-kernel (the forward, the backward's dQ and dK/dV kernels, decode's split kernel and the
-decode kernel of one split),
+kernel (the forward, the backward's dQ kernel and both dK/dV kernels -- f32 per query head
+for GQA, and dK and dV written directly where each KV head has one query head --, decode's
+split kernel and the decode kernel of one split),
 `flashjit compile --json` compiles the default config (bf16, the library's choice) and
 this script records what the code object says: VGPRs and AGPRs, SGPRs, VGPR and SGPR
 spills, scratch bytes, LDS bytes, waves per SIMD the registers and LDS allow, and the
@@ -29,7 +30,8 @@ import subprocess
 import sys
 
 ARCHS = ("gfx1201", "gfx1100", "gfx942", "gfx950")
-KERNELS = ("attention", "backward-dq", "backward-dkdv", "split-partial", "decode")
+KERNELS = ("attention", "backward-dq", "backward-dkdv", "backward-dkdv-direct", "split-partial",
+           "decode")
 FIELDS = ["arch", "kernel", "head_dim", "causal", "config", "vgprs", "agprs", "sgprs",
           "vgpr_spills", "sgpr_spills", "scratch_bytes", "lds_bytes", "waves_per_simd",
           "matrix_instructions", "wave_size", "workgroup_size", "symbol"]
