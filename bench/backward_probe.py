@@ -6,34 +6,12 @@ tokens, H * D = 2048, bf16; --kv-heads N gives K and V N heads (GQA) instead of 
     python3 bench/backward_probe.py [--kv-heads N] [--causal] S:D [...]   e.g. 1024:128 4096:64
 """
 import sys
-from collections import defaultdict
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, "python")
 import flashjit  # noqa: E402
-
-ITERS = 10
-flush = torch.empty(256 << 18, dtype=torch.int32, device="cuda")  # 256 MB, above the L2
-
-
-def kernels(fn):
-    """(name, microseconds per call) of each device kernel fn launches, the flush left out."""
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(ITERS):
-            flush.zero_()
-            fn()
-        torch.cuda.synchronize()
-    times = defaultdict(float)
-    for e in prof.events():
-        if e.device_type.name == "CUDA" and "zero" not in e.name.lower() and \
-                "fill" not in e.name.lower():
-            times[e.name[:70]] += e.device_time / ITERS
-    return sorted(times.items(), key=lambda kv: -kv[1])
+from decode_probe import kernels  # noqa: E402  (each kernel's device time, L2 flushed)
 
 
 def main():

@@ -892,7 +892,7 @@ Status Attention::Impl::run_backward(const Backward &b, const AttentionSpec &sha
   using pipeline::KernelKind;
   auto at = Backward::index;
   // Arguments with a null pointer (alibi_slopes without ALiBi) are not the kernel's.
-  auto run = [&](KernelKind kind, std::initializer_list<Arg> all) -> Status {
+  auto run = [&](KernelKind kind, const std::vector<Arg> &all) -> Status {
     const int i = at(kind);
     std::vector<Arg> args;
     std::copy_if(all.begin(), all.end(), std::back_inserter(args),
@@ -930,34 +930,18 @@ Status Attention::Impl::run_backward(const Backward &b, const AttentionSpec &sha
                                                    {"LSE", t.lse, shape.lse_elements() * 4, 4},
                                                    l_arg,
                                                    d_arg});
+  // The dQ and dK/dV programs read the same inputs and add the gradients they write.
+  auto program = [&](std::initializer_list<Arg> outputs) {
+    std::vector<Arg> all = {q, k, v, dout, l_arg, d_arg, slopes, mask, cu_q, cu_k};
+    all.insert(all.end(), outputs);
+    return all;
+  };
   if (s)
-    s = run(KernelKind::backward_dq, {q,
-                                      k,
-                                      v,
-                                      dout,
-                                      l_arg,
-                                      d_arg,
-                                      slopes,
-                                      mask,
-                                      cu_q,
-                                      cu_k,
-                                      {"dQ", t.dq, shape.q_elements() * e, e}});
-  if (s && direct)
-    s = run(KernelKind::backward_dkdv_direct,
-            {q, k, v, dout, l_arg, d_arg, slopes, mask, cu_q, cu_k, dk, dv});
-  if (s && !direct)
-    s = run(KernelKind::backward_dkdv, {q,
-                                        k,
-                                        v,
-                                        dout,
-                                        l_arg,
-                                        d_arg,
-                                        slopes,
-                                        mask,
-                                        cu_q,
-                                        cu_k,
-                                        {"dK", dk_heads, dk_bytes, 4},
-                                        {"dV", dv_heads, dv_bytes, 4}});
+    s = run(KernelKind::backward_dq, program({{"dQ", t.dq, shape.q_elements() * e, e}}));
+  if (s)
+    s = direct ? run(KernelKind::backward_dkdv_direct, program({dk, dv}))
+               : run(KernelKind::backward_dkdv,
+                     program({{"dK", dk_heads, dk_bytes, 4}, {"dV", dv_heads, dv_bytes, 4}}));
   if (s && shape.sinks)
     s = run(KernelKind::backward_sinks, {l_arg,
                                          d_arg,
