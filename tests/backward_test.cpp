@@ -104,6 +104,11 @@ const Case kCases[] = {
     {"window_gqa", 1, 4, 2, 70, 70, 48, 48, false, {16, 8}},
     {"mqa_dqk_ne_dv_f16", 1, 3, 1, 40, 72, 40, 24, true, {}, DType::f16},
     {"bhsd_d80", 1, 2, 2, 33, 65, 80, 80, false, {}, DType::bf16, Layout::bhsd},
+    // Head dims that are not multiples of 8: the preprocess reads dO and O element by
+    // element, the reduce (GQA) dV by runs of 4 and dK one at a time; MHA writes both
+    // directly.
+    {"odd_dims_gqa", 1, 4, 2, 37, 45, 36, 20, true},
+    {"odd_dims_mha", 2, 2, 2, 30, 41, 42, 12},
     {"softcap_gqa", 1, 4, 2, 50, 70, 32, 32, true, {}, DType::bf16, Layout::bshd, 2.0},
     {"alibi_batch_heads_window",
      2,
