@@ -299,6 +299,10 @@ struct Attention::Impl {
   /// (ir::backward_dkdv_direct), and the sinks' gradient only with sinks.
   struct Backward {
     static constexpr int kKernels = 6;
+    static_assert(int(pipeline::KernelKind::backward_sinks) -
+                          int(pipeline::KernelKind::backward_preprocess) + 1 ==
+                      kKernels,
+                  "the backward's kernel kinds are consecutive, from the preprocess to the sinks");
     static int index(pipeline::KernelKind kind) {
       return int(kind) - int(pipeline::KernelKind::backward_preprocess);
     }
