@@ -957,7 +957,7 @@ Status Attention::Impl::run_backward(const Backward &b, const AttentionSpec &sha
         KernelKind::backward_reduce,
         {{"dK_heads", dk_heads, dk_bytes, 4}, {"dV_heads", dv_heads, dv_bytes, 4}, cu_k, dk, dv});
   if (gpu) {
-    // Released in stream order: after the reduce has read it.
+    // Released in stream order: after the last kernel above has read it.
     Status released = driver->release_async(device.index, base, stream);
     FJ_RETURN_IF_ERROR(s);
     FJ_RETURN_IF_ERROR(released);
