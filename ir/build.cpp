@@ -75,11 +75,15 @@ bool visible(int64_t i, int64_t j, int64_t seqlen_q, int64_t seqlen_k, bool caus
 }
 
 BlockRange kv_block_range(int64_t qb, int64_t block_m, int64_t block_n, int64_t seqlen_q,
-                          int64_t seqlen_k, bool causal, Window w) {
-  const int64_t first = qb * block_m;
-  const int64_t last = std::min(first + block_m, seqlen_q) - 1;
+                          int64_t seqlen_k, bool causal, Window w, int64_t q_group) {
+  // Rows, then (grouped rows) the positions they hold.
+  int64_t first = qb * block_m;
+  int64_t last = std::min(first + block_m, seqlen_q) - 1;
   if (last < first)
     return {0, 0};
+  first /= q_group;
+  last /= q_group;
+  seqlen_q /= q_group;
   const int64_t off = seqlen_k - seqlen_q;
   // The visible keys of row i form [lo(i), hi(i)], both nondecreasing in i, so the
   // block's keys lie in [lo(first), hi(last)].
@@ -207,9 +211,16 @@ Bindings bind_attention(const AttentionSpec &spec) {
     b.set_int(kStrideNames[i][2], strides[i]->seq);
     b.set_int(kStrideNames[i][3], strides[i]->dim);
   }
-  // LSE is [batch, heads, seqlen_q], or [heads, total_q] for packed queries.
+  // LSE is [batch, heads, seqlen_q], or [heads, total_q] for packed queries;
+  // with grouped rows the same memory as [batch, heads, positions, q_group].
   b.set_int("lse_batch_stride", seqs.packed_q ? 0 : spec.heads * spec.seqlen_q);
   b.set_int("lse_head_stride", spec.q_rows());
+  if (spec.q_group > 1) {
+    b.set_int("q_group", spec.q_group);
+    b.set_int("q_group_stride", spec.q.group);
+    b.set_int("o_group_stride", spec.o.group);
+    b.set_int("lse_group_stride", spec.seqlen_q / spec.q_group);
+  }
   return b;
 }
 
@@ -495,6 +506,16 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, bool sp
     p.functions.push_back({"sink_sum", "((sinks[h] > (-inf)) ? 1.0 : 0.0)"});
   }
   const Extent num_splits = split_kv ? scalar("num_splits", ScalarType::i32) : Extent{};
+  // Grouped query rows (AttentionSpec::q_group): Q's, and O's and the LSE's
+  // where they are the caller's (not a split's workspace), address row r as
+  // (r / q_group, r % q_group).
+  const Extent q_group = sig.grouped_q ? scalar("q_group", ScalarType::i32) : Extent::constant(1);
+  auto group_rows = [&](TensorParam &t, const char *prefix) {
+    if (!sig.grouped_q)
+      return;
+    t.row_group = q_group;
+    t.stride_group = scalar(fmt::format("{}_group_stride", prefix), ScalarType::i64);
+  };
   for (int i = 0; i < 4; ++i) {
     const TensorScalars names = tensor_scalars(kTensorPrefixes[i], sig.unit_dim[i]);
     const bool kv = i == 1 || i == 2;
@@ -520,6 +541,8 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, bool sp
       t.stride_split = scalar("o_split_stride", ScalarType::i64);
       t.row_align = 4;
     }
+    if (i == 0 || (i == 3 && !split_kv))
+      group_rows(t, kTensorPrefixes[i]);
     p.tensors.push_back(std::move(t));
   }
   if (lse) {
@@ -537,6 +560,8 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, bool sp
     t.packed = seqs.packed_q;
     if (split_kv)
       t.stride_split = scalar("lse_split_stride", ScalarType::i64);
+    else
+      group_rows(t, "lse");
     p.tensors.push_back(std::move(t));
   }
   p.group = group;
@@ -565,6 +590,8 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, bool sp
     mask_attrs["window_left"] = ParamRef{"window_left"};
     mask_attrs["window_right"] = ParamRef{"window_right"};
   }
+  if (sig.grouped_q)
+    mask_attrs["q_group"] = ParamRef{"q_group"};
 
   Builder b{p};
   const ValueId q = b.emit(OpKind::Load, {q_block}, Type::tile(bm, dqk, dt, TileLayout::mma_a),

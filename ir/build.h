@@ -81,11 +81,13 @@ Bindings bind_split_kv(const AttentionSpec &spec, int64_t splits);
 
 /// The KV blocks [begin, end) that hold at least one key visible to some query of
 /// q block `qb` (causal and window removed blocks are skipped, never masked).
+/// `q_group` > 1: the rows are grouped (AttentionSpec::q_group), row i is query
+/// position i / q_group of seqlen_q / q_group.
 struct BlockRange {
   int64_t begin, end;
 };
 BlockRange kv_block_range(int64_t qb, int64_t block_m, int64_t block_n, int64_t seqlen_q,
-                          int64_t seqlen_k, bool causal, Window window);
+                          int64_t seqlen_k, bool causal, Window window, int64_t q_group = 1);
 /// The transposed range (the backward's dK/dV loop): the query blocks of
 /// `block_n` queries [begin, end) that hold at least one query seeing a key of
 /// KV block `kb` of `block_m` keys.

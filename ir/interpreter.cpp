@@ -33,8 +33,9 @@ struct TileValue {
 /// A tensor with its extents and strides bound.
 struct BoundTensor {
   int64_t batch, heads, seq, dim;
-  Strides strides;
-  int64_t split_stride; // between the KV splits' partial results (0 elsewhere)
+  Strides strides;       // strides.group: between a grouped position's rows
+  int64_t split_stride;  // between the KV splits' partial results (0 elsewhere)
+  int64_t row_group = 1; // grouped rows (TensorParam::row_group)
   float *data;
 };
 
@@ -142,7 +143,8 @@ private:
   int64_t offset(const TensorParam &t, int64_t row, int64_t col) const {
     const BoundTensor &b = bound(t);
     const int64_t head = t.name == "K" || t.name == "V" ? head_ / buffers_.group : head_;
-    int64_t rows = batch_ * b.strides.batch + row * b.strides.seq;
+    int64_t rows = batch_ * b.strides.batch + (row / b.row_group) * b.strides.seq +
+                   (row % b.row_group) * b.strides.group;
     if (t.packed) {
       rows = (rows_.at(t.seq.param).start + row) * b.strides.seq;
     } else if (!t.pages.table.empty()) {
@@ -355,13 +357,16 @@ private:
       const Window w = window(op);
       const bool causal = op.int_attr("causal") != 0;
       const bool transposed = op.int_attr("transposed") != 0; // rows are keys
+      // Grouped rows: row i is position i / g of seqlen_q / g.
+      const int64_t g = int_value(op, "q_group", *buffers_.args, 1);
       TileValue r = in(op, 0);
       const int64_t row0 = in(op, 1).index * r.rows, col0 = in(op, 2).index * r.cols;
       for (int64_t i = 0; i < r.rows; ++i)
         for (int64_t j = 0; j < r.cols; ++j) {
           const int64_t query = transposed ? col0 + j : row0 + i;
           const int64_t key = transposed ? row0 + i : col0 + j;
-          if (!visible(query, key, seqlen_q, seqlen_k, causal, w))
+          // A row past the rows stays past the positions: seqlen_q is a multiple of g.
+          if (!visible(query / g, key, seqlen_q / g, seqlen_k, causal, w))
             r.at(i, j) = kNegInf;
         }
       values_[op.results[0]] = std::move(r);
@@ -435,9 +440,13 @@ private:
       break;
     case OpKind::For: {
       const bool transposed = op.int_attr("transposed") != 0; // over query blocks
-      BlockRange range = (transposed ? q_block_range : kv_block_range)(
-          in(op, 0).index, op.int_attr("block_m"), op.int_attr("block_n"), seq("Q"), seq("K"),
-          op.int_attr("causal") != 0, window(op));
+      const int64_t bm = op.int_attr("block_m"), bn = op.int_attr("block_n");
+      const bool causal = op.int_attr("causal") != 0;
+      BlockRange range =
+          transposed
+              ? q_block_range(in(op, 0).index, bm, bn, seq("Q"), seq("K"), causal, window(op))
+              : kv_block_range(in(op, 0).index, bm, bn, seq("Q"), seq("K"), causal, window(op),
+                               int_value(op, "q_group", *buffers_.args, 1));
       if (op.attrs.count("range"))
         range = narrowed(op, range, transposed);
       if (op.attrs.count("splits"))
@@ -495,7 +504,9 @@ Expected<BoundTensor> bind_tensor(const Program &p, const TensorParam &t, const 
       {"heads stride", &t.stride_head, &b.strides.head},
       {"seq stride", &t.stride_seq, &b.strides.seq},
       {"dim stride", &t.stride_dim, &b.strides.dim},
-      {"split stride", &t.stride_split, &b.split_stride}};
+      {"split stride", &t.stride_split, &b.split_stride},
+      {"group stride", &t.stride_group, &b.strides.group},
+      {"row group", &t.row_group, &b.row_group}};
   for (const auto &[what, extent, out] : fields) {
     auto v = args.resolve(*extent);
     if (!v)
@@ -507,9 +518,15 @@ Expected<BoundTensor> bind_tensor(const Program &p, const TensorParam &t, const 
     *out = *v;
   }
   b.dim = t.dim;
-  const int64_t need =
-      AttentionSpec::extent(b.strides, b.batch, b.heads, b.seq, std::max<int64_t>(t.dim, 1)) +
-      (b.split_stride ? (splits - 1) * b.split_stride : 0);
+  if (b.row_group < 1 || b.seq % b.row_group != 0)
+    return Status::error("tensor @{}'s {} rows do not group by {}: grouped rows come a whole "
+                         "group per position",
+                         t.name, b.seq, b.row_group);
+  // Grouped rows: the positions by the seq stride, the group's members past them.
+  const int64_t need = AttentionSpec::extent(b.strides, b.batch, b.heads, b.seq / b.row_group,
+                                             std::max<int64_t>(t.dim, 1)) +
+                       (b.row_group - 1) * b.strides.group +
+                       (b.split_stride ? (splits - 1) * b.split_stride : 0);
   if (need < 0 || int64_t(buf.size()) < need)
     return Status::error("buffer for tensor {} holds {} elements but its shape and strides need {}",
                          t.name, buf.size(), need);

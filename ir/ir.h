@@ -144,6 +144,13 @@ struct TensorParam {
   /// The stride between splits of the KV range (split-KV partial outputs,
   /// indexed by the grid's 4th axis); constant 0 for every other tensor.
   Extent stride_split = Extent::constant(0);
+  /// Grouped rows (AttentionSpec::q_group: the query rows of several heads per
+  /// position): row r lies at (r / row_group) * stride_seq + (r % row_group) *
+  /// stride_group from the head's row 0. Printed as the strides' `group = ..`
+  /// and ` grouped = %q_group`; row_group 1 (not grouped) prints nothing.
+  Extent row_group = Extent::constant(1);
+  Extent stride_group = Extent::constant(0);
+  bool grouped() const { return row_group != Extent::constant(1); }
   /// Every row start (base pointer and strides) is a multiple of this many bytes:
   /// 16 allows 128-bit accesses, 8 allows 64-bit ones. Part of the signature.
   int64_t row_align = 2;
@@ -159,7 +166,7 @@ struct TensorParam {
     std::string table; // an index array of the program; empty: not paged
     Extent table_stride, page_size, count;
     bool operator==(const Pages &) const = default;
-  } pages;
+  } pages = {};
   bool operator==(const TensorParam &) const = default;
 };
 

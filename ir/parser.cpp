@@ -523,7 +523,7 @@ private:
   /// if `optional` is given and present.
   Status parse_fields(std::initializer_list<std::pair<std::string_view, Extent *>> fields,
                       std::string_view what,
-                      std::pair<std::string_view, Extent *> optional = {"", nullptr}) {
+                      std::initializer_list<std::pair<std::string_view, Extent *>> optional = {}) {
     FJ_RETURN_IF_ERROR(expect('[', fmt::format("to open the {}", what)));
     bool first = true;
     auto field = [&](std::string_view name, Extent *out) -> Status {
@@ -537,8 +537,18 @@ private:
       first = false;
       FJ_RETURN_IF_ERROR(field(name, out));
     }
-    if (optional.second && consume(','))
-      FJ_RETURN_IF_ERROR(field(optional.first, optional.second));
+    // Optional fields, each at most once and in the order given.
+    for (auto [name, out] : optional) {
+      const size_t at = pos_;
+      if (!consume(','))
+        break;
+      skip_spaces();
+      if (!at_word(name)) {
+        pos_ = at;
+        continue;
+      }
+      FJ_RETURN_IF_ERROR(field(name, out));
+    }
     return expect(']', fmt::format("to close the {}", what));
   }
 
@@ -693,7 +703,7 @@ private:
   }
 
   /// `tensor @Q : bf16 [batch = .., heads = .., seq = .., dim = ..] strides [...] align = 16
-  ///  [packed] [pages = @table [stride = .., size = .., count = ..]]`
+  ///  [packed] [grouped = %q_group] [pages = @table [stride = .., size = .., count = ..]]`
   Status parse_tensor() {
     pos_ += 6; // "tensor"
     TensorParam t{};
@@ -725,13 +735,19 @@ private:
                                      {"heads", &t.stride_head},
                                      {"seq", &t.stride_seq},
                                      {"dim", &t.stride_dim}},
-                                    "strides", {"split", &t.stride_split}));
+                                    "strides",
+                                    {{"split", &t.stride_split}, {"group", &t.stride_group}}));
     FJ_RETURN_IF_ERROR(expect_word("align", "after the tensor strides"));
     FJ_RETURN_IF_ERROR(expect('=', "after 'align'"));
     FJ_RETURN_IF_ERROR(parse_int(t.row_align, "the row alignment in bytes (2, 8 or 16)"));
     if (at_word("packed")) {
       pos_ += 6;
       t.packed = true;
+    }
+    if (at_word("grouped")) {
+      pos_ += 7;
+      FJ_RETURN_IF_ERROR(expect('=', "after 'grouped'"));
+      FJ_RETURN_IF_ERROR(parse_extent(t.row_group, "the rows per query position ('%q_group')"));
     }
     if (at_word("pages")) {
       pos_ += 5;

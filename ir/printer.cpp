@@ -120,6 +120,8 @@ public:
       std::string layout;
       if (t.packed)
         layout += " packed";
+      if (t.grouped())
+        layout += " grouped = " + to_string(t.row_group);
       if (!t.pages.table.empty())
         layout += fmt::format(" pages = @{} [stride = {}, size = {}, count = {}]", t.pages.table,
                               to_string(t.pages.table_stride), to_string(t.pages.page_size),
@@ -130,7 +132,8 @@ public:
            t.name, dtype_name(t.dtype), to_string(t.batch), to_string(t.heads), to_string(t.seq),
            t.dim, to_string(t.stride_batch), to_string(t.stride_head), to_string(t.stride_seq),
            to_string(t.stride_dim),
-           t.stride_split == Extent::constant(0) ? "" : ", split = " + to_string(t.stride_split),
+           (t.stride_split == Extent::constant(0) ? "" : ", split = " + to_string(t.stride_split)) +
+               (t.grouped() ? ", group = " + to_string(t.stride_group) : ""),
            t.row_align, layout);
     }
     std::string grid;

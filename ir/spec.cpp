@@ -315,6 +315,7 @@ Status AttentionSpec::validate() const {
 
   FJ_RETURN_IF_ERROR(validate_sequences());
   FJ_RETURN_IF_ERROR(validate_modifiers());
+  FJ_RETURN_IF_ERROR(validate_q_group());
 
   const std::pair<std::string_view, const Strides *> rows[] = {
       {"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}};
@@ -325,10 +326,41 @@ Status AttentionSpec::validate() const {
                            "hold row strides in 32 bits (offsets are 64-bit); use a layout with "
                            "shorter rows",
                            tensor, s->seq, s->dim);
-  FJ_RETURN_IF_ERROR(validate_strides("q", q, q_batches(), heads, q_rows(), head_dim_qk));
+  // Grouped rows: the positions by the seq stride (validate_q_group bounds the
+  // members' offsets).
+  const int64_t q_positions = q_rows() / q_group;
+  FJ_RETURN_IF_ERROR(validate_strides("q", q, q_batches(), heads, q_positions, head_dim_qk));
   FJ_RETURN_IF_ERROR(validate_strides("k", k, kv_batches(), kv_heads, kv_rows(), head_dim_qk));
   FJ_RETURN_IF_ERROR(validate_strides("v", v, kv_batches(), kv_heads, kv_rows(), head_dim_v));
-  FJ_RETURN_IF_ERROR(validate_strides("o", o, q_batches(), heads, q_rows(), head_dim_v));
+  FJ_RETURN_IF_ERROR(validate_strides("o", o, q_batches(), heads, q_positions, head_dim_v));
+  return Status::ok();
+}
+
+Status AttentionSpec::validate_q_group() const {
+  if (q_group == 1)
+    return Status::ok();
+  if (q_group < 1 || seqlen_q % q_group != 0)
+    return Status::error("q_group ({}) must be 1, or divide seqlen_q ({}): grouped query rows "
+                         "come q_group per query position",
+                         q_group, seqlen_q);
+  if (seqs.packed_q || alibi != Alibi::none || !score_mod.empty() || !mask_mod.empty() ||
+      mask != MaskType::none || dropout_p > 0 || sinks)
+    return Status::error("q_group ({}) groups the query rows of several heads, but this spec also "
+                         "has {}, which reads a row's head or position: set q_group 1",
+                         q_group,
+                         seqs.packed_q            ? "packed queries"
+                         : alibi != Alibi::none   ? "ALiBi"
+                         : !score_mod.empty()     ? "a score_mod"
+                         : !mask_mod.empty()      ? "a mask_mod"
+                         : mask != MaskType::none ? "a mask tensor"
+                         : dropout_p > 0          ? "dropout"
+                                                  : "sinks");
+  for (const Strides *t : {&q, &o})
+    if ((seqlen_q / q_group - 1) * t->seq + (q_group - 1) * t->group >
+        std::numeric_limits<int32_t>::max())
+      return Status::error("grouped query rows reach past 2^31 elements from their head's start "
+                           "(seq stride {}, group stride {}): set q_group 1",
+                           t->seq, t->group);
   return Status::ok();
 }
 
@@ -433,22 +465,35 @@ Status AttentionSpec::validate_sequences() const {
 std::optional<AttentionSpec> gqa_packed_decode(const AttentionSpec &s) {
   const int64_t group = s.heads / std::max<int64_t>(s.kv_heads, 1);
   const bool local = s.window.left >= 0 || s.window.right >= 0;
-  if (s.seqlen_q != 1 || group <= 1 || local || s.alibi != Alibi::none || !s.score_mod.empty() ||
-      !s.mask_mod.empty() || s.dropout_p > 0 || s.sinks || s.seqs.packed_q)
+  const int64_t tokens = s.seqlen_q;
+  if (tokens > kMaxPackedTokens || group <= 1 || s.alibi != Alibi::none || !s.score_mod.empty() ||
+      !s.mask_mod.empty() || s.dropout_p > 0 || s.sinks || s.seqs.packed_q || s.q_group != 1)
+    return std::nullopt;
+  if (tokens == 1 ? local : s.mask != MaskType::none)
     return std::nullopt;
   constexpr int64_t kRowStrideLimit = std::numeric_limits<int32_t>::max();
-  if (s.q.head > kRowStrideLimit || s.o.head > kRowStrideLimit)
-    return std::nullopt;
+  for (const Strides *t : {&s.q, &s.o})
+    if (t->head > kRowStrideLimit ||
+        (tokens - 1) * t->seq + (group - 1) * t->head > kRowStrideLimit)
+      return std::nullopt;
   AttentionSpec p = s;
   p.heads = s.kv_heads;
-  p.seqlen_q = group;
-  p.causal = false;
+  p.seqlen_q = tokens * group;
+  if (tokens == 1) {
+    p.causal = false;
+    for (Strides *t : {&p.q, &p.o}) {
+      t->seq = t->head;
+      t->head *= group;
+    }
+    p.mask_strides.q = s.mask_strides.head;
+    p.mask_strides.head = s.mask_strides.head * group;
+    return p;
+  }
+  p.q_group = group;
   for (Strides *t : {&p.q, &p.o}) {
-    t->seq = t->head;
+    t->group = t->head;
     t->head *= group;
   }
-  p.mask_strides.q = s.mask_strides.head;
-  p.mask_strides.head = s.mask_strides.head * group;
   return p;
 }
 
@@ -472,13 +517,15 @@ KernelSignature AttentionSpec::signature() const {
   s.packed_k = seqs.packed_k;
   s.used_k = seqs.used_k;
   s.paged = seqs.paged();
+  s.grouped_q = q_group > 1;
   const Strides *all[] = {&q, &k, &v, &o};
   const int64_t dims[] = {head_dim_qk, head_dim_qk, head_dim_v, head_dim_v};
   // Elements per aligned run that every row start and row length is a multiple of.
   auto aligned_to = [&](int64_t elems) {
     for (int i = 0; i < 4; ++i) {
       const Strides &t = *all[i];
-      if (t.dim != 1 || t.batch % elems || t.head % elems || t.seq % elems || dims[i] % elems)
+      if (t.dim != 1 || t.batch % elems || t.head % elems || t.seq % elems || t.group % elems ||
+          dims[i] % elems)
         return false;
     }
     return true;
@@ -518,6 +565,8 @@ std::string KernelSignature::summary() const {
     s += " seqused-k";
   if (paged)
     s += " paged";
+  if (grouped_q)
+    s += " grouped-q";
   const char *names[] = {"q", "k", "v", "o"};
   for (int i = 0; i < 4; ++i)
     if (!unit_dim[i])
@@ -570,6 +619,8 @@ Status AttentionSpec::matches(const KernelSignature &want) const {
     return differ("per-batch key counts (seqused_k)", have.used_k, want.used_k);
   if (have.paged != want.paged)
     return differ("paged KV cache", have.paged, want.paged);
+  if (have.grouped_q != want.grouped_q)
+    return differ("grouped query rows (q_group > 1)", have.grouped_q, want.grouped_q);
   const char *names[] = {"q", "k", "v", "o"};
   for (int i = 0; i < 4; ++i)
     if (have.unit_dim[i] != want.unit_dim[i])
@@ -621,6 +672,8 @@ std::string AttentionSpec::summary() const {
   if (seqs.paged())
     s += fmt::format(" paged(page={} pages={} per-seq={})", seqs.page_size, seqs.num_pages,
                      seqs.pages_per_seq);
+  if (q_group > 1)
+    s += fmt::format(" q_group={}", q_group);
   s += ' ';
   s += layout_name(layout);
   // Strides that do not come from the named layout are part of what the spec says.

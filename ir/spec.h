@@ -12,9 +12,11 @@
 
 namespace flashjit {
 
-/// Strides, in elements, of a logical [batch, head, seq, dim] tensor.
+/// Strides, in elements, of a logical [batch, head, seq, dim] tensor. `group`:
+/// in a spec with grouped query rows (AttentionSpec::q_group), the stride
+/// between the rows of one query position (0 elsewhere).
 struct Strides {
-  int64_t batch = 0, head = 0, seq = 0, dim = 1;
+  int64_t batch = 0, head = 0, seq = 0, dim = 1, group = 0;
   bool operator==(const Strides &) const = default;
 };
 
@@ -105,6 +107,9 @@ struct KernelSignature {
   /// Sequences: packed Q (cu_seqlens_q), packed K/V (cu_seqlens_k), per-batch key
   /// counts (seqused_k), a paged KV cache.
   bool packed_q = false, packed_k = false, used_k = false, paged = false;
+  /// Grouped query rows (AttentionSpec::q_group > 1): a row's memory address and
+  /// its position under the masks take a division by the group.
+  bool grouped_q = false;
   /// Per tensor (q, k, v, o): the head dim is contiguous (dim stride 1).
   bool unit_dim[4] = {true, true, true, true};
   /// Bytes every row start and stride of q, k, v and o is a multiple of: 16
@@ -183,7 +188,14 @@ struct AttentionSpec {
   /// and seqlen_k are then the longest sequences (max_seqlen_q / max_seqlen_k; for
   /// a KV cache its capacity).
   Sequences seqs;
-  Strides q, k, v, o;           // element strides of each tensor
+  Strides q, k, v, o; // element strides of each tensor
+  /// Grouped query rows (the view gqa_packed_decode makes of several query
+  /// tokens): Q's, O's and the LSE's rows come q_group per query position. Row r
+  /// is position r / q_group, and member r % q_group of it lies that many group
+  /// strides (Strides::group; the LSE's: seqlen_q / q_group) past member 0.
+  /// seqlen_q counts rows, a multiple of q_group; masks see seqlen_q / q_group
+  /// positions. 1: every row is its own position.
+  int64_t q_group = 1;
   Layout layout = Layout::bshd; // the named layout the strides came from (for .npy files)
 
   bool operator==(const AttentionSpec &) const = default;
@@ -194,10 +206,15 @@ struct AttentionSpec {
   int64_t diagonal_offset() const { return seqlen_k - seqlen_q; }
   /// Elements a buffer must hold for a tensor with the given strides and extents.
   static int64_t extent(const Strides &s, int64_t b, int64_t h, int64_t n, int64_t d);
-  int64_t q_elements() const { return extent(q, q_batches(), heads, q_rows(), head_dim_qk); }
+  /// (Grouped rows: the positions by the seq stride, a group's members past them.)
+  int64_t q_elements() const {
+    return extent(q, q_batches(), heads, q_rows() / q_group, head_dim_qk) + (q_group - 1) * q.group;
+  }
   int64_t k_elements() const { return extent(k, kv_batches(), kv_heads, kv_rows(), head_dim_qk); }
   int64_t v_elements() const { return extent(v, kv_batches(), kv_heads, kv_rows(), head_dim_v); }
-  int64_t o_elements() const { return extent(o, q_batches(), heads, q_rows(), head_dim_v); }
+  int64_t o_elements() const {
+    return extent(o, q_batches(), heads, q_rows() / q_group, head_dim_v) + (q_group - 1) * o.group;
+  }
   int64_t lse_elements() const { return q_batches() * heads * q_rows(); }
   /// Elements the mask tensor's buffer must hold (0 without one).
   int64_t mask_elements() const;
@@ -216,6 +233,7 @@ struct AttentionSpec {
   Status validate() const;
   Status validate_sequences() const;
   Status validate_modifiers() const;
+  Status validate_q_group() const;
   bool has_score_modifier() const {
     return softcap > 0 || alibi != Alibi::none || !score_mod.empty() || !mask_mod.empty() ||
            mask != MaskType::none;
@@ -229,19 +247,26 @@ struct AttentionSpec {
   std::string summary() const;
 };
 
-/// GQA packing for one-token decode (FlashAttention's "seqlenq_ngroups_swapped"):
-/// with one query per head, the `group` query heads that share a KV head become
-/// the query rows of that KV head. The result views the same buffers as heads =
-/// kv_heads, seqlen_q = group (Q and O's seq stride is the head stride, their
-/// head stride group times it; the mask tensor's likewise), and drops causal (a
-/// no-op for one bottom-right query), so each K/V tile is read once per group
-/// and fills `group` rows of a product instead of one. The LSE, [batch, heads, 1]
-/// contiguous, is the same memory as [batch, kv_heads, group].
+/// GQA packing for decode (FlashAttention's "seqlenq_ngroups_swapped"): the
+/// `group` query heads that share a KV head become the query rows of that KV
+/// head, so each K/V tile is read once per group and fills `group` rows of a
+/// product per query token instead of one. The result views the same buffers
+/// as heads = kv_heads:
+/// - one query token: seqlen_q = group (Q's and O's seq stride is their head
+///   stride, their head stride group times it; the mask tensor's likewise), and
+///   causal dropped (a no-op for one bottom-right query). The LSE, [batch,
+///   heads, 1] contiguous, is the same memory as [batch, kv_heads, group].
+/// - 2 to kMaxPackedTokens tokens: grouped rows (q_group = group): row r is
+///   head r % group of token r / group, so seqlen_q = tokens x group, and the
+///   masks (causal, window) see the tokens.
 /// nullopt where a result would differ or the view does not fit the kernels:
-/// seqlen_q != 1, group 1, a sliding window, ALiBi, score_mod or mask_mod (they
-/// read the head or query position), dropout, sinks, packed queries, or a head
-/// stride of Q or O that exceeds a row stride's 32 bits.
+/// more tokens, group 1, ALiBi, score_mod or mask_mod (they read the head or
+/// query position), dropout, sinks, packed queries, a sliding window or a mask
+/// tensor with one token (its view drops the position), a mask tensor with
+/// more, or a row offset that exceeds 32 bits.
 std::optional<AttentionSpec> gqa_packed_decode(const AttentionSpec &s);
+/// The most query tokens gqa_packed_decode packs (speculative decoding's drafts).
+constexpr int64_t kMaxPackedTokens = 16;
 
 /// Returns a spec with sizes set and strides from `layout` (not validated).
 AttentionSpec make_spec(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seqlen_q,

@@ -336,6 +336,28 @@ Status check_blocks(const OpChecker &c, const Program &p, const Op &op) {
   return Status::ok();
 }
 
+/// attr `q_group` (the rows per query position of grouped rows) names what
+/// @Q's rows are grouped by, and only on the forward's (untransposed) loop.
+Status check_q_group(const OpChecker &c, const Op &op) {
+  const TensorParam *q = c.program().tensor("Q");
+  const Attr *a = c.attr("q_group");
+  const bool grouped = q && q->grouped();
+  if (!a && !grouped)
+    return Status::ok();
+  const ParamRef *r = a ? std::get_if<ParamRef>(a) : nullptr;
+  if (!grouped || !r || !q->row_group.is_param() || r->name != q->row_group.param)
+    return c.fail("has q_group {}, but @Q's rows are {}: the masks count positions by the rows "
+                  "@Q groups",
+                  !a  ? std::string("missing")
+                  : r ? "= %" + r->name
+                      : std::string("= ") + attr_kind(*a),
+                  grouped ? "grouped by " + to_string(q->row_group) : "not grouped");
+  if (op.int_attr("transposed") != 0)
+    return c.fail("groups the query rows of a transposed tile (rows are keys); only the "
+                  "forward's tiles have grouped rows");
+  return Status::ok();
+}
+
 Status check_types(const OpChecker &c, const Op &op) {
   switch (op.kind) {
   case OpKind::Load:
@@ -399,8 +421,9 @@ Status check_types(const OpChecker &c, const Op &op) {
     FJ_RETURN_IF_ERROR(c.index(operand(2)));
     FJ_RETURN_IF_ERROR(c.int_attr("causal"));
     FJ_RETURN_IF_ERROR(flag_attr(c, op, "transposed"));
-    for (const char *key : {"window_left", "window_right"})
+    for (const char *key : {"window_left", "window_right", "q_group"})
       FJ_RETURN_IF_ERROR(c.value_attr(key, true, false));
+    FJ_RETURN_IF_ERROR(check_q_group(c, op));
     return c.type_is(result(0), c.type(operand(0)), "the type of operand 0");
   case OpKind::RowMax:
   case OpKind::RowSum: {
@@ -611,7 +634,9 @@ private:
                                                                  {"heads stride", &t.stride_head},
                                                                  {"seq stride", &t.stride_seq},
                                                                  {"dim stride", &t.stride_dim},
-                                                                 {"split stride", &t.stride_split}};
+                                                                 {"split stride", &t.stride_split},
+                                                                 {"group stride", &t.stride_group},
+                                                                 {"row group", &t.row_group}};
       for (const auto &[what, e] : extents)
         FJ_RETURN_IF_ERROR(check_extent(
             *e, fmt::format("tensor @{}'s {}", t.name, what),
@@ -620,6 +645,9 @@ private:
       if (t.packed && (!rows || rows->starts.empty()))
         return Status::error("tensor @{} is packed but its seq extent is not a sequence with "
                              "starts (the rows where each batch begins)",
+                             t.name);
+      if (t.grouped() && (t.packed || (t.name != "Q" && t.name != "O" && t.name != "LSE")))
+        return Status::error("tensor @{} is grouped: only dense query rows (@Q, @O, @LSE) may be",
                              t.name);
       if (!t.pages.table.empty()) {
         if (!p_.has_index(t.pages.table))
@@ -802,8 +830,9 @@ private:
     for (const char *key : {"block_m", "block_n", "causal"})
       FJ_RETURN_IF_ERROR(c.int_attr(key));
     FJ_RETURN_IF_ERROR(flag_attr(c, op, "transposed"));
-    for (const char *key : {"window_left", "window_right"})
+    for (const char *key : {"window_left", "window_right", "q_group"})
       FJ_RETURN_IF_ERROR(c.value_attr(key, true, false));
+    FJ_RETURN_IF_ERROR(check_q_group(c, op));
     if (op.attrs.count("splits") && op.int_attr("transposed") != 0)
       return c.fail("splits a transposed loop (over query blocks); only the KV loop splits");
     if (op.attrs.count("splits")) {

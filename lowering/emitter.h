@@ -182,15 +182,24 @@ private:
                        c_expr(t.pages.table_stride), c_expr(t.pages.page_size),
                        c_expr(t.pages.count), c_expr(t.stride_batch), c_expr(t.stride_seq));
   }
-  // The first row of block `idx` (of `rows` rows) of a tensor's slice `base`.
+  // The first row of block `idx` (of `rows` rows) of a tensor's slice `base`;
+  // the slice itself for grouped rows, which row_offset addresses whole.
   static std::string block_base(const ir::TensorParam &t, const std::string &base,
                                 const std::string &idx, const std::string &rows) {
+    if (t.grouped())
+      return base;
     return fmt::format("{} + long({} * {}) * {}", base, idx, rows, c_expr(t.stride_seq));
   }
   // The offset of row `local` of a block from its first row: 32-bit unsigned,
   // so the access takes a scalar base and a 32-bit lane offset; in range as the
-  // runtime checks (Lowered::max_row_stride).
-  static std::string row_offset(const ir::TensorParam &t, const std::string &local) {
+  // runtime checks (Lowered::max_row_stride). Grouped rows (ir::TensorParam::
+  // row_group) take `row`, the row in the sequence: its position and its member
+  // of the position's group, from the slice's row 0.
+  static std::string row_offset(const ir::TensorParam &t, const std::string &local,
+                                const std::string &row) {
+    if (t.grouped())
+      return fmt::format("(long(({0}) / {1}) * {2} + long(({0}) % {1}) * {3})", row,
+                         c_expr(t.row_group), c_expr(t.stride_seq), c_expr(t.stride_group));
     if (t.stride_seq == ir::Extent::constant(1))
       return fmt::format("unsigned({})", local);
     return fmt::format("unsigned({}) * unsigned({})", local, c_expr(t.stride_seq));
@@ -204,10 +213,28 @@ private:
       return r->name;
     return std::to_string(mask_.int_attr(key, -1));
   }
-  // The trailing arguments of the fj_visible / fj_kv_range / fj_block_unmasked helpers.
+  // Grouped query rows (the mask's q_group, ir/ops.def): the rows per query
+  // position, "" where every row is its own position.
+  std::string q_group() const {
+    auto it = mask_.attrs.find("q_group");
+    if (it == mask_.attrs.end())
+      return "";
+    if (const auto *r = std::get_if<ir::ParamRef>(&it->second))
+      return r->name;
+    return std::to_string(mask_.int_attr("q_group", 1));
+  }
+  // The query position of row `row`: the row itself, or of grouped rows row / q_group.
+  std::string query_position(const std::string &row) const {
+    const std::string g = q_group();
+    return g.empty() ? row : fmt::format("{} / {}", row, g);
+  }
+  // The trailing arguments of the fj_visible / fj_kv_range / fj_block_unmasked
+  // helpers; seqlen_q counts query positions.
   std::string mask_args() const {
-    return fmt::format("{}, {}, {}, {}", seq_const(*p_.tensor("Q")), seq_const(*p_.tensor("K")),
-                       window_expr("window_left"), window_expr("window_right"));
+    const std::string g = q_group(), rows = seq_const(*p_.tensor("Q"));
+    return fmt::format("{}, {}, {}, {}", g.empty() ? rows : fmt::format("{} / {}", rows, g),
+                       seq_const(*p_.tensor("K")), window_expr("window_left"),
+                       window_expr("window_right"));
   }
   // The head dim constant of a tensor: Q's (K, dQ, dK) or V's (O, dO, dV).
   static std::string dim_const(const ir::TensorParam &t) {

@@ -317,14 +317,14 @@ Status KernelEmitter::find_mask(const std::vector<Op> &body) {
   for (const Op &op : body) {
     if (op.kind == OpKind::Mask || op.kind == OpKind::For) {
       ir::Attrs a;
-      for (const char *k : {"causal", "window_left", "window_right"})
+      for (const char *k : {"causal", "window_left", "window_right", "q_group"})
         if (op.attrs.count(k))
           a[k] = op.attrs.at(k);
       if (mask_.attrs.empty())
         mask_.attrs = a;
       else if (mask_.attrs != a)
-        return Status::error("{} rules: the program's masks disagree (causal/window differ between "
-                             "ops); one kernel implements one mask",
+        return Status::error("{} rules: the program's masks disagree (causal/window/q_group "
+                             "differ between ops); one kernel implements one mask",
                              rules_.name());
     }
     FJ_RETURN_IF_ERROR(find_mask(op.body));
@@ -1190,9 +1190,14 @@ Status KernelEmitter::emit_op(const Op &op) {
     const bool transposed = op.int_attr("transposed") != 0;
     const std::string dst = name(op.results[0]), src = name(op.operands[0]);
     w_.line("{};", declare(op.results[0]));
-    w_.open("if ({}({}, {}, {})) {{ // every pair of the block is visible",
-            transposed ? "fj_block_unmasked_t" : "fj_block_unmasked", name(op.operands[1]),
-            name(op.operands[2]), mask_args());
+    if (!q_group().empty())
+      w_.open("if (fj_block_unmasked_grouped({}, {}, {}, {})) {{ // every pair of the block is "
+              "visible",
+              name(op.operands[1]), name(op.operands[2]), q_group(), mask_args());
+    else
+      w_.open("if ({}({}, {}, {})) {{ // every pair of the block is visible",
+              transposed ? "fj_block_unmasked_t" : "fj_block_unmasked", name(op.operands[1]),
+              name(op.operands[2]), mask_args());
     w_.line("{} = {}[qt][c][e];", open_elements(t, dst), src);
     close_elements(t);
     w_.close("} else {");
@@ -1206,8 +1211,9 @@ Status KernelEmitter::emit_op(const Op &op) {
     } else {
       w_.line("const int key = {} * kBlockN + c * kNTile + {};", name(op.operands[2]),
               rules_.acc_col("e"));
-      w_.line("{} = fj_visible(query_row(qt, {}), key, {}) ? {}[qt][c][e] : -FJ_INF;", element,
-              rules_.acc_row("e"), mask_args(), src);
+      w_.line("{} = fj_visible({}, key, {}) ? {}[qt][c][e] : -FJ_INF;", element,
+              query_position(fmt::format("query_row(qt, {})", rules_.acc_row("e"))), mask_args(),
+              src);
     }
     close_elements(t);
     w_.close();

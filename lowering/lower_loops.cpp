@@ -675,8 +675,12 @@ bool KernelEmitter::block_full_applies(const Op &op) const {
 Status KernelEmitter::emit_range(const Op &op) {
   const bool transposed = op.int_attr("transposed") != 0;
   w_.line("int kv_begin, kv_end;");
-  w_.line("{}({}, {}, &kv_begin, &kv_end);", transposed ? "fj_q_range" : "fj_kv_range",
-          name(op.operands[0]), mask_args());
+  if (!q_group().empty())
+    w_.line("fj_kv_range_grouped({}, {}, {}, &kv_begin, &kv_end);", name(op.operands[0]), q_group(),
+            mask_args());
+  else
+    w_.line("{}({}, {}, &kv_begin, &kv_end);", transposed ? "fj_q_range" : "fj_kv_range",
+            name(op.operands[0]), mask_args());
   return emit_block_range(op, transposed);
 }
 

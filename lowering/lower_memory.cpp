@@ -65,7 +65,7 @@ Status KernelEmitter::emit_load(const Op &op) {
       w_.line("const int row = query_row(qt, {});", runs[r].row);
       w_.line("const int d0 = c * 16 + {};", runs[r].col);
       w_.line("const {} *src = {}_base + {};", elem, name(op.results[0]),
-              row_offset(t, fmt::format("local_row(qt, {})", runs[r].row)));
+              row_offset(t, fmt::format("local_row(qt, {})", runs[r].row), "row"));
       w_.open("if (row < {}) {{", seq_const(t));
       emit_run_load("frag", int(r) * len, len, runs.size() == 1, dim_const(t), dim_stride(t));
       w_.close();
@@ -151,7 +151,8 @@ Status KernelEmitter::emit_vector_load(const Op &op) {
     w_.open("for (int s = 0; s < kRowSlots; ++s) {{");
     const std::string local = fmt::format("local_row(qt, {})", rules_.slot_row("s"));
     w_.line("const int row = query_row(qt, {});", rules_.slot_row("s"));
-    w_.line("{}[qt][s] = row < {} ? {}_src[{}] : 0.0f;", v, seq_const(t), v, row_offset(t, local));
+    w_.line("{}[qt][s] = row < {} ? {}_src[{}] : 0.0f;", v, seq_const(t), v,
+            row_offset(t, local, "row"));
     w_.close();
     w_.close();
     return Status::ok();
@@ -201,7 +202,7 @@ void KernelEmitter::emit_vector_issue(const Op &op, const std::string &idx) {
   w_.open("for (int i = fj_thread_id(); i < {}; i += kThreads) {{", rows);
   w_.line("const int row = ({}) * {} + i;", idx, rows);
   w_.line("fj_stage_f32(&{}[i], src + {}, row < {}); // 0 past the last row", buf,
-          row_offset(t, "i"), seq_const(t));
+          row_offset(t, "i", "row"), seq_const(t));
   w_.close();
   w_.line("fj_stage_commit();");
   w_.close();
@@ -309,7 +310,8 @@ std::string KernelEmitter::register_lds(const Op &op) {
 // A tile of a dense tensor in 128-byte swizzled panels (the sm90 rules): its
 // rows are whole [batch, head, seq, dim] rows with 16-byte aligned strides (the
 // align16 class) and a sequence length the launch knows, which is what a
-// tensor map can describe. Packed, paged and per-batch sequences stay on cp.async.
+// tensor map can describe. Packed, paged, grouped and per-batch sequences stay
+// on cp.async.
 // Without a producer warpgroup, so do tiles with a partial panel (head dims 80,
 // 96, 160): TMA writes whole 64-column boxes, and on the H100 the zeros past the
 // head dim cost more than the copy engine saves (causal D=80 and D=96 ran 3-9%
@@ -321,8 +323,9 @@ bool KernelEmitter::tma_tile(const Op &op) const {
   if (!target_.is_nvidia() || rules_.lds_layout() != LdsLayout::swizzled_128b)
     return false;
   const ir::TensorParam &t = *p_.tensor(op.symbol_attr("tensor"));
-  if (t.packed || paged(t) || t.dtype == DType::f32 || t.stride_dim != ir::Extent::constant(1) ||
-      t.row_align < 16 || t.stride_split != ir::Extent::constant(0) ||
+  if (t.packed || paged(t) || t.grouped() || t.dtype == DType::f32 ||
+      t.stride_dim != ir::Extent::constant(1) || t.row_align < 16 ||
+      t.stride_split != ir::Extent::constant(0) ||
       !tma_tile_shape(type(op.results[0]).rows, type(op.results[0]).cols, tma_use()))
     return false;
   return std::none_of(p_.sequences.begin(), p_.sequences.end(),
@@ -404,7 +407,7 @@ void KernelEmitter::emit_stage_issue(const Op &op, const std::string &idx) {
   if (paged(t))
     w_.line("const {} *src = head_rows + {};", elem, page_row_offset(t, "row"));
   else
-    w_.line("const {} *src = tile + {};", elem, row_offset(t, "r"));
+    w_.line("const {} *src = tile + {};", elem, row_offset(t, "r", "row"));
   if (!transposed) {
     w_.open("if (kVecLoads && d0 + 8 <= {}) {{", dim_const(t));
     w_.line("fj_stage8(&{}[{}], src + d0, row < {}); // zeros past the last row", buf, at,
@@ -458,8 +461,8 @@ Status KernelEmitter::emit_store(const Op &op) {
     w_.open("for (int s = 0; s < kRowSlots; ++s) {{");
     w_.line("const int row = query_row(qt, {});", rules_.slot_row("s"));
     w_.line("if ({} && row < {}) fj_global_store_f32({}_dst + {}, {}[qt][s]);", rules_.row_writer(),
-            seq_const(t), v, row_offset(t, fmt::format("local_row(qt, {})", rules_.slot_row("s"))),
-            v);
+            seq_const(t), v,
+            row_offset(t, fmt::format("local_row(qt, {})", rules_.slot_row("s")), "row"), v);
     w_.close();
     w_.close();
     return Status::ok();
@@ -484,7 +487,7 @@ Status KernelEmitter::emit_store(const Op &op) {
     w_.line("const int row = query_row(qt, {});", runs[r].row);
     w_.line("const int d0 = c * kNTile + {};", runs[r].col);
     w_.line("{} *dst = {}_dst + {};", f32 ? "float" : "fj_bits", v,
-            row_offset(t, fmt::format("local_row(qt, {})", runs[r].row)));
+            row_offset(t, fmt::format("local_row(qt, {})", runs[r].row), "row"));
     w_.open("if (row < {}) {{", seq_const(t));
     const int first = int(r) * len;
     const std::string element = first ? fmt::format("{} + i", first) : "i";

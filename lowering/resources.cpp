@@ -28,8 +28,8 @@ ResourceEstimate estimate_resources(const AttentionSpec &spec, const ir::Config 
     using emit::tma_tile_shape;
     const bool ring = c.stages == 3; // the forward's producer warpgroup
     const emit::TmaUse use = ring ? emit::TmaUse::producer : emit::TmaUse::forward;
-    const bool q =
-        c.q_in_lds && !sig.packed_q && sig.unit_dim[0] && tma_tile_shape(c.block_m, e.dim_qk, use);
+    const bool q = c.q_in_lds && !sig.packed_q && !sig.grouped_q && sig.unit_dim[0] &&
+                   tma_tile_shape(c.block_m, e.dim_qk, use);
     const bool kv = !sig.packed_k && !sig.used_k && !sig.paged;
     const bool k = kv && sig.unit_dim[1] && tma_tile_shape(c.block_n, e.dim_qk, use),
                v = kv && sig.unit_dim[2] && tma_tile_shape(c.block_n, e.dim_v, use);

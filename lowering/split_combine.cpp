@@ -52,6 +52,11 @@ ir::Bindings bind_split_combine(const AttentionSpec &spec, int64_t splits) {
   const int64_t rows = spec.batch * spec.heads * spec.seqlen_q;
   b.set_int("num_splits", splits);
   b.set_int("rows", rows);
+  if (spec.q_group == 1) { // (bind_attention binds grouped rows' own)
+    b.set_int("q_group", 1);
+    b.set_int("o_group_stride", 0);
+    b.set_int("lse_group_stride", 0);
+  }
   if (splits <= kFlatUpToSplits) {
     b.set_int("col_threads", 1);
     b.set_int("groups", (rows * spec.head_dim_v + kThreads - 1) / kThreads);
@@ -83,12 +88,20 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
   if (sig.lse)
     out.params.push_back({"LSE", KernelParam::Kind::tensor, ir::ScalarType::i64, "float *"});
   const std::pair<const char *, ir::ScalarType> scalars[] = {
-      {"rows", ir::ScalarType::i64},           {"heads", ir::ScalarType::i32},
-      {"seqlen_q", ir::ScalarType::i32},       {"num_splits", ir::ScalarType::i32},
-      {"col_threads", ir::ScalarType::i32},    {"o_batch_stride", ir::ScalarType::i64},
-      {"o_head_stride", ir::ScalarType::i64},  {"o_seq_stride", ir::ScalarType::i32},
-      {"o_dim_stride", ir::ScalarType::i32},   {"lse_batch_stride", ir::ScalarType::i64},
-      {"lse_head_stride", ir::ScalarType::i64}};
+      {"rows", ir::ScalarType::i64},
+      {"heads", ir::ScalarType::i32},
+      {"seqlen_q", ir::ScalarType::i32},
+      {"num_splits", ir::ScalarType::i32},
+      {"col_threads", ir::ScalarType::i32},
+      {"o_batch_stride", ir::ScalarType::i64},
+      {"o_head_stride", ir::ScalarType::i64},
+      {"o_seq_stride", ir::ScalarType::i32},
+      {"o_dim_stride", ir::ScalarType::i32},
+      {"lse_batch_stride", ir::ScalarType::i64},
+      {"lse_head_stride", ir::ScalarType::i64},
+      {"q_group", ir::ScalarType::i32},
+      {"o_group_stride", ir::ScalarType::i64},
+      {"lse_group_stride", ir::ScalarType::i64}};
   for (const auto &[name, type] : scalars) {
     if (std::string_view(name) == "o_dim_stride" && sig.unit_dim[3])
       continue;
@@ -110,7 +123,8 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
   w.line("constexpr int kMaxSplits = {}; // the most splits a call has", kMaxChosenSplits);
   w.blank();
   w.line("// Merges split-KV's partial results: workspace row r = (batch * heads + head) *");
-  w.line("// seqlen_q + query holds O_partial[split][r][0..kDimV) and LSE_partial[split][r].");
+  w.line("// seqlen_q + query holds O_partial[split][r][0..kDimV) and LSE_partial[split][r];");
+  w.line("// grouped rows (q_group > 1) are q_group per query position.");
   w.line("// col_threads 1 (up to {} splits): a work-item per entry of O, every split in",
          kFlatUpToSplits);
   w.line("// order. Else one workgroup per row and col_threads (8 or 32) entries of it.");
@@ -119,14 +133,17 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
   // What both merges write once they have a row's lse_max and sum: the row's
   // place in O, entry `col` of it (`total` the weighted sum), and the LSE
   // (`guard` picks the one work-item that writes it).
+  // Grouped rows (AttentionSpec::q_group; 1 elsewhere): query row `query` is
+  // member `member` of position `position`.
   auto locate_row = [&] {
     w.line("const int query = int(row % seqlen_q);");
     w.line("const int head = int(row / seqlen_q % heads);");
     w.line("const long batch = row / seqlen_q / heads;");
+    w.line("const int position = query / q_group, member = query % q_group;");
   };
   auto store_entry = [&](std::string_view total) {
-    w.line("{} *dst = O + batch * o_batch_stride + head * o_head_stride + long(query) * "
-           "o_seq_stride;",
+    w.line("{} *dst = O + batch * o_batch_stride + head * o_head_stride + long(position) * "
+           "o_seq_stride + member * o_group_stride;",
            sig.f32_io ? "float" : "fj_bits");
     w.line("{}(dst + long(col){}, {}(sum > 0.0f ? {} / sum : 0.0f));",
            sig.f32_io ? "fj_global_store_f32" : "fj_global_store1",
@@ -137,7 +154,8 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
       return;
     w.line("if ({})", guard);
     w.line(
-        "  fj_global_store_f32(LSE + batch * lse_batch_stride + head * lse_head_stride + query,");
+        "  fj_global_store_f32(LSE + batch * lse_batch_stride + head * lse_head_stride + position "
+        "+ member * lse_group_stride,");
     w.line("                      sum > 0.0f ? lse_max + fj_log2(sum) * {} : -FJ_INF);",
            emit::float_literal(std::numbers::ln2));
   };

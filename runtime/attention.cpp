@@ -288,10 +288,18 @@ struct Attention::Impl {
   };
   mutable std::mutex split_mutex;
   std::unique_ptr<SplitKv> split;
-  /// The split-KV kernels of GQA-packed decode (gqa_packed_decode, ir/spec.h): those of
-  /// the signature without causal, which one bottom-right query makes a no-op.
-  /// Null while unbuilt, and for a signature without causal (`split` serves).
-  std::unique_ptr<SplitKv> packed_split;
+  /// The split-KV kernels of GQA-packed decode (gqa_packed_decode, ir/spec.h).
+  /// One query token: those of the signature without causal, which one
+  /// bottom-right query makes a no-op (null while unbuilt, and for a signature
+  /// without causal: `split` serves). Several tokens: the signature's with
+  /// grouped query rows (`grouped_split`).
+  std::unique_ptr<SplitKv> packed_split, grouped_split;
+  /// Which split-KV kernels a call takes: the signature's, GQA-packed one-token
+  /// decode's, or GQA-packed decode of several tokens (grouped rows).
+  enum class SplitSet { plain, packed, grouped };
+  static SplitSet split_set(const std::optional<AttentionSpec> &packed) {
+    return !packed ? SplitSet::plain : packed->q_group > 1 ? SplitSet::grouped : SplitSet::packed;
+  }
 
   /// The backward pass's kernels, pipeline::KernelKind's backward_* in that
   /// order, each built on the first backward() call that runs it: the dK/dV
@@ -322,9 +330,10 @@ struct Attention::Impl {
                       void *stream);
   std::string split_failure; // why split-KV could not be built, if it was tried and failed
   std::atomic<int64_t> split_launches{0};
-  std::atomic<int64_t> decode_launches{0}; // one split: the decode kernel alone
-  std::atomic<int64_t> packed_launches{0}; // of those two, the GQA-packed calls
-  std::atomic<int64_t> last_splits{0};     // the latest split call's number of splits
+  std::atomic<int64_t> decode_launches{0};  // one split: the decode kernel alone
+  std::atomic<int64_t> packed_launches{0};  // of those two, the GQA-packed calls
+  std::atomic<int64_t> grouped_launches{0}; // of those, the ones of several query tokens
+  std::atomic<int64_t> last_splits{0};      // the latest split call's number of splits
 
   /// Generation, compile and module load; the first failure with its stage.
   Status build(Failure *failure);
@@ -341,11 +350,10 @@ struct Attention::Impl {
   /// Measured on the H100 and the H200: bench/results/README.md. Decode builds
   /// the split kernels (split_kv) to learn their occupancy; where they cannot be
   /// built the call runs unsplit (explain() says why).
-  int64_t choose_splits(const AttentionSpec &shape, bool packed = false);
+  int64_t choose_splits(const AttentionSpec &shape, SplitSet set = SplitSet::plain);
   static constexpr int64_t kDecodeRows = 16;
-  /// The split-KV and decode kernels (those of GQA-packed decode when `packed`),
-  /// built (thread-safely) on first use.
-  Expected<const SplitKv *> split_kv(Failure *failure, bool packed = false);
+  /// The split-KV and decode kernels of `set`, built (thread-safely) on first use.
+  Expected<const SplitKv *> split_kv(Failure *failure, SplitSet set = SplitSet::plain);
   Status run_split_gpu(const SplitKv &k, const AttentionSpec &shape, int64_t splits,
                        const AttentionTensors &t, void *stream);
   Status prepare_fallback(const Status &why);
@@ -486,7 +494,8 @@ Status Attention::Impl::with_workspace(int64_t bytes, void *stream, std::string_
   return s ? released : s;
 }
 
-int64_t Attention::Impl::choose_splits(const AttentionSpec &shape, bool packed) {
+int64_t Attention::Impl::choose_splits(const AttentionSpec &shape, SplitSet set) {
+  const bool packed = set != SplitSet::plain;
   // Packed queries have no split kernels (ir::build_split_kv says why).
   if (executor == Executor::interpreter || shape.seqs.packed_q || shape.sinks)
     return 0;
@@ -494,13 +503,17 @@ int64_t Attention::Impl::choose_splits(const AttentionSpec &shape, bool packed) 
     return shape.num_splits;
   const ir::Config &c = generated->config;
   const bool decode = packed || shape.seqlen_q <= kDecodeRows;
-  const int64_t rows = decode ? kDecodeRows : c.block_m;
-  const int64_t work = shape.batch * shape.heads * ((shape.seqlen_q + rows - 1) / rows);
   const int64_t units = std::max(device.compute_units, 1);
+  auto work = [&](int64_t rows) {
+    return shape.batch * shape.heads * ((shape.seqlen_q + rows - 1) / rows);
+  };
   if (decode) {
-    auto sk = split_kv(nullptr, packed);
+    auto sk = split_kv(nullptr, set);
     if (!sk)
       return 0; // explain() says why (split_failure)
+    // The split kernel's query blocks: kDecodeRows rows, or grouped rows' own.
+    const int64_t blocks =
+        work(set == SplitSet::grouped ? (*sk)->partial.config.block_m : kDecodeRows);
     // Decode's split kernel is one wave, and one wave's KV loop is latency
     // bound: as many splits as the device holds at once, down to one KV block
     // each, past kMaxSplits. One round, because a second one that is only
@@ -529,27 +542,45 @@ int64_t Attention::Impl::choose_splits(const AttentionSpec &shape, bool packed) 
     const int64_t most =
         std::min({split_blocks, std::max<int64_t>(256, split_blocks / 2), kMaxChosenSplits});
     const int64_t slots = units * (*sk)->resident;
-    const int64_t splits = shape.num_splits == 1 ? 1 : std::clamp<int64_t>(slots / work, 1, most);
+    const int64_t splits = shape.num_splits == 1 ? 1 : std::clamp<int64_t>(slots / blocks, 1, most);
     return splits > 1 || packed || c.block_m >= 128 ? splits : 0;
   }
   // A prefill that fills the device splits nothing.
-  if (shape.num_splits == 1 || work >= units)
+  const int64_t blocks = work(c.block_m);
+  if (shape.num_splits == 1 || blocks >= units)
     return 0;
   const int64_t kv_blocks = (shape.seqlen_k + c.block_n - 1) / c.block_n;
-  const int64_t wanted = (4 * units + work - 1) / work;
+  const int64_t wanted = (4 * units + blocks - 1) / blocks;
   const int64_t splits = std::max<int64_t>(1, std::min({wanted, kv_blocks / 4, kMaxSplits}));
   return splits > 1 ? splits : 0;
 }
 
 Expected<const Attention::Impl::SplitKv *> Attention::Impl::split_kv(Failure *failure,
-                                                                     bool packed) {
+                                                                     SplitSet set) {
   std::lock_guard<std::mutex> lock(split_mutex);
-  packed = packed && spec.causal; // without causal, the packed kernels are the same
-  std::unique_ptr<SplitKv> &slot = packed ? packed_split : split;
+  if (set == SplitSet::packed && !spec.causal) // without causal, the packed kernels are the same
+    set = SplitSet::plain;
+  std::unique_ptr<SplitKv> &slot = set == SplitSet::grouped  ? grouped_split
+                                   : set == SplitSet::packed ? packed_split
+                                                             : split;
   if (slot)
     return slot.get();
   AttentionSpec kernel_spec = spec;
-  kernel_spec.causal = !packed && spec.causal;
+  if (set == SplitSet::packed)
+    kernel_spec.causal = false;
+  if (set == SplitSet::grouped) {
+    // The signature with grouped query rows (gqa_packed_decode's view of
+    // several tokens), as a spec of one position whose strides are valid
+    // whatever this handle's seqlen_q: the kernels take the shapes per call.
+    const int64_t group = spec.group();
+    kernel_spec.heads = spec.kv_heads;
+    kernel_spec.seqlen_q = group;
+    kernel_spec.q_group = group;
+    for (Strides *t : {&kernel_spec.q, &kernel_spec.o}) {
+      t->group = t->head;
+      t->head *= group;
+    }
+  }
   auto built = [&]() -> Expected<std::unique_ptr<SplitKv>> {
     auto made = std::make_unique<SplitKv>();
     struct Slot {
@@ -1253,15 +1284,17 @@ std::string Attention::explain() const {
   }
   {
     std::lock_guard<std::mutex> lock(m.split_mutex);
-    const Impl::SplitKv *shown = m.split ? m.split.get() : m.packed_split.get();
+    const Impl::SplitKv *shown = m.split          ? m.split.get()
+                                 : m.packed_split ? m.packed_split.get()
+                                                  : m.grouped_split.get();
     if (shown)
       line("split-kv",
            fmt::format("{} of those calls ran the split-KV kernels ({}{} workgroups of the "
                        "first resident per compute unit): {} then {} (built on the first decode "
                        "call{}); {} ran the decode kernel {} "
                        "(one split: O written directly, no workspace); {} of these "
-                       "GQA-packed (one-token decode: a KV head's query heads as the rows of "
-                       "its tiles){}",
+                       "GQA-packed (a KV head's query heads as the rows of its tiles){}; {} "
+                       "of several query tokens{}",
                        m.split_launches.load(),
                        m.split_launches.load() > 0
                            ? fmt::format("the latest over {} splits; ", m.last_splits.load())
@@ -1274,7 +1307,12 @@ std::string Attention::explain() const {
                        m.split && m.packed_split
                            ? fmt::format(", through {} (causal is a no-op there)",
                                          m.packed_split->partial.lowered.kernel_name)
-                           : ""));
+                           : "",
+                       m.grouped_launches.load(),
+                       m.grouped_split ? fmt::format(" (grouped rows: {} and {})",
+                                                     m.grouped_split->partial.lowered.kernel_name,
+                                                     m.grouped_split->direct.lowered.kernel_name)
+                                       : ""));
     else if (!m.split_failure.empty())
       line("split-kv", "unavailable, calls run unsplit: " + m.split_failure);
     else
@@ -1394,16 +1432,18 @@ Status detail::AttentionAccess::forward(Attention &a, const AttentionSpec &shape
   m.launches.fetch_add(1, std::memory_order_relaxed);
   // Split-KV when asked for, or chosen (decode; a call that cannot fill the
   // device); chosen kernels that cannot be built leave the call to the attention
-  // kernel (explain() says why). One-token decode with GQA runs GQA-packed: the
-  // group's query heads are the rows of one KV head's tiles.
+  // kernel (explain() says why). Decode of up to kMaxPackedTokens tokens with
+  // GQA runs GQA-packed: the group's query heads are the rows of one KV head's
+  // tiles (several tokens: grouped rows, a token's heads side by side).
   std::optional<AttentionSpec> packed;
   int64_t splits = 0;
   if (m.executor != Executor::interpreter)
     packed = gqa_packed_decode(shape);
-  splits = packed ? m.choose_splits(*packed, true) : m.choose_splits(shape);
+  const Attention::Impl::SplitSet set = Attention::Impl::split_set(packed);
+  splits = m.choose_splits(packed ? *packed : shape, set);
   const Attention::Impl::SplitKv *split = nullptr;
   if (splits > 0) {
-    auto sk = m.split_kv(failure, packed.has_value());
+    auto sk = m.split_kv(failure, set);
     if (sk)
       split = *sk;
     else if (shape.num_splits > 1)
@@ -1421,6 +1461,8 @@ Status detail::AttentionAccess::forward(Attention &a, const AttentionSpec &shape
     }
     if (packed)
       m.packed_launches.fetch_add(1, std::memory_order_relaxed);
+    if (set == Attention::Impl::SplitSet::grouped)
+      m.grouped_launches.fetch_add(1, std::memory_order_relaxed);
   }
   // The split kernels see the packed view; everything else the caller's shapes.
   const AttentionSpec &plan = split && packed ? *packed : shape;

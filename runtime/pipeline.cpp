@@ -137,8 +137,12 @@ Expected<Generated> generate(const AttentionSpec &spec, std::string_view arch,
   if (decode && !options.config) {
     // Decode has few query rows: one wave with one query tile, so the products
     // are no larger than the rows; the splits and the grid supply the parallelism.
-    g.config.block_m = g.config.mma_m ? g.config.mma_m : 16;
-    g.config.waves = 1;
+    // Grouped rows (GQA-packed decode of several tokens: tokens x group rows per
+    // KV head) take four waves of one query tile each, so that a KV head's rows
+    // share each K/V tile the workgroup stages.
+    const int64_t tile = g.config.mma_m ? g.config.mma_m : 16;
+    g.config.waves = spec.q_group > 1 ? 4 : 1;
+    g.config.block_m = tile * g.config.waves;
   }
   if (backward && !options.config)
     g.config = lowering::backward_config(spec, g.target, g.config, dkdv);

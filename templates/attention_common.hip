@@ -149,12 +149,10 @@ FJ_DEVICE bool fj_visible(int i, int j, int seqlen_q, int seqlen_k, int window_l
   return true;
 }
 
-// The KV blocks holding at least one key visible to q block qb; the loop skips
-// the rest instead of masking them. Mirrors ir::kv_block_range().
-FJ_DEVICE void fj_kv_range(int qb, int seqlen_q, int seqlen_k, int window_left, int window_right,
-                           int *begin, int *end) {
-  const int first = qb * kBlockM;
-  const int last = (first + kBlockM < seqlen_q ? first + kBlockM : seqlen_q) - 1;
+// The KV blocks holding at least one key visible to a query of positions
+// [first, last] (seqlen_q of them); the loop skips the rest instead of masking them.
+FJ_DEVICE void fj_kv_span(int first, int last, int seqlen_q, int seqlen_k, int window_left,
+                          int window_right, int *begin, int *end) {
   const int off = seqlen_k - seqlen_q;
   int lo = 0, hi = seqlen_k - 1;
   if (window_left >= 0 && first + off - window_left > lo)
@@ -165,6 +163,24 @@ FJ_DEVICE void fj_kv_range(int qb, int seqlen_q, int seqlen_k, int window_left, 
     hi = last + off + window_right;
   *begin = hi < lo ? 0 : lo / kBlockN;
   *end = hi < lo ? 0 : hi / kBlockN + 1;
+}
+
+// The KV blocks visible to q block qb. Mirrors ir::kv_block_range().
+FJ_DEVICE void fj_kv_range(int qb, int seqlen_q, int seqlen_k, int window_left, int window_right,
+                           int *begin, int *end) {
+  const int first = qb * kBlockM;
+  const int last = (first + kBlockM < seqlen_q ? first + kBlockM : seqlen_q) - 1;
+  fj_kv_span(first, last, seqlen_q, seqlen_k, window_left, window_right, begin, end);
+}
+
+// fj_kv_range for grouped rows (q_group rows per query position, seqlen_q
+// positions): the positions q block qb's rows hold.
+FJ_DEVICE void fj_kv_range_grouped(int qb, int q_group, int seqlen_q, int seqlen_k,
+                                   int window_left, int window_right, int *begin, int *end) {
+  const int first = qb * kBlockM, rows = seqlen_q * q_group;
+  const int last = (first + kBlockM < rows ? first + kBlockM : rows) - 1;
+  fj_kv_span(first / q_group, last / q_group, seqlen_q, seqlen_k, window_left, window_right, begin,
+             end);
 }
 
 // The transposed range of the backward's dK/dV loop: the query blocks (kBlockN
@@ -196,12 +212,10 @@ FJ_DEVICE void fj_split_range(int split, int splits, int *begin, int *end) {
   *end = first + chunk < *end ? first + chunk : *end;
 }
 
-// True when every (query, key) of the block pair is visible, so the mask can be
-// skipped (a wave-uniform test).
-FJ_DEVICE bool fj_block_unmasked(int qb, int kb, int seqlen_q, int seqlen_k, int window_left,
-                                 int window_right) {
-  const int i0 = qb * kBlockM, i1 = i0 + kBlockM - 1;
-  const int j0 = kb * kBlockN, j1 = j0 + kBlockN - 1;
+// True when every (query, key) of queries [i0, i1] and keys [j0, j1] is
+// visible, so the mask can be skipped (a wave-uniform test).
+FJ_DEVICE bool fj_span_unmasked(int i0, int i1, int j0, int j1, int seqlen_q, int seqlen_k,
+                                int window_left, int window_right) {
   const int off = seqlen_k - seqlen_q;
   if (i1 >= seqlen_q || j1 >= seqlen_k)
     return false;
@@ -214,22 +228,30 @@ FJ_DEVICE bool fj_block_unmasked(int qb, int kb, int seqlen_q, int seqlen_k, int
   return true;
 }
 
-// fj_block_unmasked for the transposed tiles of the backward's dK/dV loop: KV
-// block kb of kBlockM keys (the rows) against query block qb of kBlockN queries.
+// Of q block qb against KV block kb.
+FJ_DEVICE bool fj_block_unmasked(int qb, int kb, int seqlen_q, int seqlen_k, int window_left,
+                                 int window_right) {
+  return fj_span_unmasked(qb * kBlockM, qb * kBlockM + kBlockM - 1, kb * kBlockN,
+                          kb * kBlockN + kBlockN - 1, seqlen_q, seqlen_k, window_left,
+                          window_right);
+}
+
+// Of grouped rows (q_group per position, seqlen_q positions): the positions q
+// block qb's rows hold.
+FJ_DEVICE bool fj_block_unmasked_grouped(int qb, int kb, int q_group, int seqlen_q, int seqlen_k,
+                                         int window_left, int window_right) {
+  return fj_span_unmasked(qb * kBlockM / q_group, (qb * kBlockM + kBlockM - 1) / q_group,
+                          kb * kBlockN, kb * kBlockN + kBlockN - 1, seqlen_q, seqlen_k,
+                          window_left, window_right);
+}
+
+// For the transposed tiles of the backward's dK/dV loop: KV block kb of
+// kBlockM keys (the rows) against query block qb of kBlockN queries.
 FJ_DEVICE bool fj_block_unmasked_t(int kb, int qb, int seqlen_q, int seqlen_k, int window_left,
                                    int window_right) {
-  const int i0 = qb * kBlockN, i1 = i0 + kBlockN - 1;
-  const int j0 = kb * kBlockM, j1 = j0 + kBlockM - 1;
-  const int off = seqlen_k - seqlen_q;
-  if (i1 >= seqlen_q || j1 >= seqlen_k)
-    return false;
-  if (kCausal && j1 > i0 + off)
-    return false;
-  if (window_left >= 0 && j0 < i1 + off - window_left)
-    return false;
-  if (window_right >= 0 && j1 > i0 + off + window_right)
-    return false;
-  return true;
+  return fj_span_unmasked(qb * kBlockN, qb * kBlockN + kBlockN - 1, kb * kBlockM,
+                          kb * kBlockM + kBlockM - 1, seqlen_q, seqlen_k, window_left,
+                          window_right);
 }
 
 FJ_DEVICE int fj_clamp(int x, int lo, int hi) { return x < lo ? lo : x > hi ? hi : x; }

@@ -90,6 +90,67 @@ TEST(SplitKvIr, SplitRangesCoverTheBlocksOnce) {
     }
 }
 
+// Grouped query rows in the IR (gqa_packed_decode's view of several tokens):
+// the program prints and parses back, verifies, and the interpreter computes
+// the caller's attention from the view, causal and windowed on the token, with
+// query blocks that end inside a token's group (block_m 8 over groups of 4 and
+// 3), in both layouts.
+TEST(SplitKvIr, GroupedRowsInterpretToTheReference) {
+  for (Layout layout : {bshd, bhsd})
+    for (int64_t kv_heads : {2, 3}) {
+      AttentionSpec user = make_spec(2, 12, kv_heads, 3, 40, 24, 16, bf16, layout);
+      user.causal = true;
+      user.window = {20, 0};
+      user.lse = true;
+      SCOPED_TRACE(user.summary());
+      auto view = gqa_packed_decode(user);
+      ASSERT_TRUE(view);
+      ASSERT_GT(view->q_group, 1);
+      ir::Config config;
+      config.block_m = 8;
+      config.block_n = 16;
+      auto p = ir::build_attention(*view, config);
+      ASSERT_TRUE(p) << p.status().message();
+      const std::string text = ir::print(*p);
+      EXPECT_NE(text.find("grouped = %q_group"), std::string::npos) << text;
+      EXPECT_NE(text.find("group = %q_group_stride"), std::string::npos) << text;
+      auto parsed = ir::parse(text);
+      ASSERT_TRUE(parsed) << parsed.status().message();
+      EXPECT_EQ(ir::print(*parsed), text);
+      ASSERT_TRUE(ir::verify(*parsed)) << ir::verify(*parsed).message();
+      HostTensors t = make_random_inputs(user, 7);
+      std::fill(t.o.begin(), t.o.end(), NAN);
+      std::fill(t.lse.begin(), t.lse.end(), NAN);
+      Status s = ir::interpret(*parsed, ir::bind_attention(*view), t);
+      ASSERT_TRUE(s) << s.message();
+      expect_matches_reference(user, t);
+    }
+}
+
+// The verifier refuses a mask whose q_group is not what @Q's rows are grouped by.
+TEST(SplitKvIr, GroupedRowsNeedTheirMasksGrouped) {
+  AttentionSpec user = make_spec(1, 8, 2, 3, 40, 16, 16, bf16);
+  user.causal = true;
+  auto view = gqa_packed_decode(user);
+  ASSERT_TRUE(view);
+  ir::Config config;
+  config.block_m = 16;
+  config.block_n = 16;
+  auto p = ir::build_attention(*view, config);
+  ASSERT_TRUE(p) << p.status().message();
+  std::string text = ir::print(*p);
+  const std::string attr = ", q_group = %q_group";
+  for (size_t at = text.find(attr); at != std::string::npos; at = text.find(attr))
+    text.erase(at, attr.size());
+  auto parsed = ir::parse(text);
+  ASSERT_TRUE(parsed) << parsed.status().message();
+  const Status s = ir::verify(*parsed);
+  ASSERT_FALSE(s) << text;
+  EXPECT_NE(s.message().find("has q_group missing, but @Q's rows are grouped by %q_group"),
+            std::string::npos)
+      << s.message();
+}
+
 // The interpreter runs the partial program; merging its splits on the host by
 // the combine's formula gives the reference.
 TEST(SplitKvIr, InterpretedSplitsMergeToTheReference) {
@@ -318,11 +379,13 @@ TEST(SplitKvAttention, DecodeTakesTheSplitsTheDeviceHoldsAtOnce) {
   }
 }
 
-// One-token decode with GQA runs GQA-packed (ir/spec.h's gqa_packed_decode):
-// the group's query heads are the rows of one KV head's tiles. Groups of 2..32
-// (32: two row tiles of 16), causal (the packed kernels drop it) and not, both
-// layouts, LSE, forced and chosen splits; a window or a second query token runs
-// unpacked through the same Attention.
+// Decode with GQA runs GQA-packed (ir/spec.h's gqa_packed_decode): the group's
+// query heads are the rows of one KV head's tiles; several query tokens as
+// grouped rows (a token's heads side by side, the masks on the token). Groups
+// of 2..32 (32: two row tiles of 16), causal (one token: the packed kernels drop
+// it; several: bottom-right on the token, including tokens that see no key)
+// and not, both layouts, LSE, forced and chosen splits, the decode kernel; more
+// than kMaxPackedTokens tokens run unpacked through the same Attention.
 TEST(SplitKvAttention, GqaPackedDecodeMatchesTheReference) {
   struct Packed {
     const char *arch;
@@ -348,17 +411,22 @@ TEST(SplitKvAttention, GqaPackedDecodeMatchesTheReference) {
     options.cpu_threads = 2;
     auto attn = Attention::create(shape_of(1, c.sk, 0), "emulator:" + std::string(c.arch), options);
     ASSERT_TRUE(attn) << attn.status().message();
-    forward_matches(*attn, shape_of(1, c.sk, 0), 1); // packed, splits chosen
-    forward_matches(*attn, shape_of(1, c.sk, 5), 2); // packed, 5 splits
-    forward_matches(*attn, shape_of(1, 17, 0), 3);   // packed, one KV block: decode kernel
-    forward_matches(*attn, shape_of(2, c.sk, 3), 4); // two tokens: unpacked
-    forward_matches(*attn, shape_of(1, c.sk, 1), 5); // packed, no split: decode kernel
+    forward_matches(*attn, shape_of(1, c.sk, 0), 1);  // packed, splits chosen
+    forward_matches(*attn, shape_of(1, c.sk, 5), 2);  // packed, 5 splits
+    forward_matches(*attn, shape_of(1, 17, 0), 3);    // packed, one KV block: decode kernel
+    forward_matches(*attn, shape_of(2, c.sk, 3), 4);  // two tokens: grouped rows
+    forward_matches(*attn, shape_of(1, c.sk, 1), 5);  // packed, no split: decode kernel
+    forward_matches(*attn, shape_of(17, c.sk, 3), 6); // past kMaxPackedTokens: unpacked
+    forward_matches(*attn, shape_of(16, 40, 1), 7);   // grouped rows: decode kernel
+    forward_matches(*attn, shape_of(7, 5, 2), 8);     // causal: tokens 0, 1 see no key
     const std::string explain = attn->explain();
-    EXPECT_NE(explain.find("3 of those calls ran the split-KV kernels"), std::string::npos)
+    EXPECT_NE(explain.find("5 of those calls ran the split-KV kernels"), std::string::npos)
         << explain;
-    EXPECT_NE(explain.find("2 ran the decode kernel"), std::string::npos) << explain;
-    EXPECT_NE(explain.find("4 of these GQA-packed"), std::string::npos) << explain;
-    if (c.causal) // the two-token call built the causal pair beside the packed one
+    EXPECT_NE(explain.find("3 ran the decode kernel"), std::string::npos) << explain;
+    EXPECT_NE(explain.find("7 of these GQA-packed"), std::string::npos) << explain;
+    EXPECT_NE(explain.find("3 of several query tokens (grouped rows: "), std::string::npos)
+        << explain;
+    if (c.causal) // the unpacked call built the causal pair beside the packed one
       EXPECT_NE(explain.find("causal is a no-op there"), std::string::npos) << explain;
   }
 }
@@ -371,6 +439,7 @@ TEST(SplitKvAttention, GqaPackingKeepsWhatDependsOnTheHead) {
   EXPECT_EQ(packed->heads, 2);
   EXPECT_EQ(packed->seqlen_q, 4);
   EXPECT_FALSE(packed->causal);
+  EXPECT_EQ(packed->q_group, 1);
   // Q's row (b, h = kv * 4 + g, 0) is the packed row (b, kv, g): the same element.
   for (int64_t h = 0; h < 8; ++h)
     EXPECT_EQ(h * s.q.head, h / 4 * packed->q.head + h % 4 * packed->q.seq);
@@ -380,7 +449,7 @@ TEST(SplitKvAttention, GqaPackingKeepsWhatDependsOnTheHead) {
     change(t);
     return !gqa_packed_decode(t).has_value();
   };
-  EXPECT_TRUE(refused([](AttentionSpec &t) { t.seqlen_q = 2; }));
+  EXPECT_TRUE(refused([](AttentionSpec &t) { t.seqlen_q = kMaxPackedTokens + 1; }));
   EXPECT_TRUE(refused([](AttentionSpec &t) { t.kv_heads = 8; }));
   EXPECT_TRUE(refused([](AttentionSpec &t) { t.window = {50, -1}; }));
   EXPECT_TRUE(refused([](AttentionSpec &t) { t.alibi = Alibi::heads; }));
@@ -389,6 +458,51 @@ TEST(SplitKvAttention, GqaPackingKeepsWhatDependsOnTheHead) {
   EXPECT_TRUE(refused([](AttentionSpec &t) { t.dropout_p = 0.1; }));
   EXPECT_TRUE(refused([](AttentionSpec &t) { t.sinks = true; }));
   EXPECT_FALSE(refused([](AttentionSpec &t) { t.softcap = 30; }));
+  // Several tokens: grouped rows. Row r of KV head kv is head kv * 4 + r % 4 of
+  // token r / 4, in both layouts; causal and a window stay (on the token); a
+  // mask tensor, whose rows the view would have to group too, is refused.
+  for (Layout layout : {Layout::bshd, Layout::bhsd}) {
+    AttentionSpec m = make_spec(2, 8, 2, 5, 100, 64, 64, bf16, layout);
+    m.causal = true;
+    m.window = {30, 0};
+    auto grouped = gqa_packed_decode(m);
+    ASSERT_TRUE(grouped);
+    EXPECT_EQ(grouped->heads, 2);
+    EXPECT_EQ(grouped->seqlen_q, 20);
+    EXPECT_EQ(grouped->q_group, 4);
+    EXPECT_TRUE(grouped->causal);
+    EXPECT_EQ(grouped->window, m.window);
+    EXPECT_TRUE(grouped->signature().grouped_q);
+    for (const auto &[user, view] : {std::pair{m.q, grouped->q}, std::pair{m.o, grouped->o}})
+      for (int64_t h = 0; h < 8; ++h)
+        for (int64_t token = 0; token < 5; ++token) {
+          const int64_t r = token * 4 + h % 4;
+          EXPECT_EQ(h * user.head + token * user.seq,
+                    h / 4 * view.head + r / 4 * view.seq + r % 4 * view.group);
+        }
+    EXPECT_TRUE(grouped->validate()) << grouped->validate().message();
+    AttentionSpec masked = m;
+    masked.mask = MaskType::boolean;
+    masked.mask_strides = dense_mask_strides("bhqk", 2, 8, 5, 100).value();
+    EXPECT_FALSE(gqa_packed_decode(masked).has_value());
+  }
+}
+
+// A spec with grouped query rows is refused where the rows could not be
+// grouped: a q_group that does not divide seqlen_q, or a feature that reads a
+// row's head or position.
+TEST(SplitKvAttention, GroupedRowsAreRefusedWhereTheyCannotBe) {
+  AttentionSpec s = make_spec(1, 2, 2, 6, 100, 64, 64, bf16);
+  s.q_group = 4;
+  Status st = s.validate();
+  ASSERT_FALSE(st);
+  EXPECT_NE(st.message().find("q_group (4) must be 1, or divide seqlen_q (6)"), std::string::npos)
+      << st.message();
+  s.q_group = 3;
+  s.alibi = Alibi::heads;
+  st = s.validate();
+  ASSERT_FALSE(st);
+  EXPECT_NE(st.message().find("ALiBi"), std::string::npos) << st.message();
 }
 
 TEST(SplitKvAttention, TooManySplitsIsRefused) {
