@@ -469,7 +469,10 @@ std::optional<AttentionSpec> gqa_packed_decode(const AttentionSpec &s) {
   if (tokens > kMaxPackedTokens || group <= 1 || s.alibi != Alibi::none || !s.score_mod.empty() ||
       !s.mask_mod.empty() || s.dropout_p > 0 || s.sinks || s.seqs.packed_q || s.q_group != 1)
     return std::nullopt;
-  if (tokens == 1 ? local : s.mask != MaskType::none)
+  // One token with a mask tensor: the view of strides alone (the mask's rows
+  // are its heads); a mask tensor with several tokens is not grouped.
+  const bool by_strides = tokens == 1 && s.mask != MaskType::none;
+  if (by_strides ? local : s.mask != MaskType::none && tokens > 1)
     return std::nullopt;
   constexpr int64_t kRowStrideLimit = std::numeric_limits<int32_t>::max();
   for (const Strides *t : {&s.q, &s.o})
@@ -479,7 +482,7 @@ std::optional<AttentionSpec> gqa_packed_decode(const AttentionSpec &s) {
   AttentionSpec p = s;
   p.heads = s.kv_heads;
   p.seqlen_q = tokens * group;
-  if (tokens == 1) {
+  if (by_strides) {
     p.causal = false;
     for (Strides *t : {&p.q, &p.o}) {
       t->seq = t->head;

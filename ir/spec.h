@@ -251,19 +251,18 @@ struct AttentionSpec {
 /// `group` query heads that share a KV head become the query rows of that KV
 /// head, so each K/V tile is read once per group and fills `group` rows of a
 /// product per query token instead of one. The result views the same buffers
-/// as heads = kv_heads:
-/// - one query token: seqlen_q = group (Q's and O's seq stride is their head
-///   stride, their head stride group times it; the mask tensor's likewise), and
-///   causal dropped (a no-op for one bottom-right query). The LSE, [batch,
-///   heads, 1] contiguous, is the same memory as [batch, kv_heads, group].
-/// - 2 to kMaxPackedTokens tokens: grouped rows (q_group = group): row r is
-///   head r % group of token r / group, so seqlen_q = tokens x group, and the
-///   masks (causal, window) see the tokens.
+/// as heads = kv_heads with grouped rows (q_group = group): row r is head r %
+/// group of token r / group, so seqlen_q = tokens x group, and the masks
+/// (causal, window) see the tokens. One token with a mask tensor is viewed by
+/// strides alone instead: seqlen_q = group (Q's and O's seq stride is their head
+/// stride, their head stride group times it; the mask tensor's likewise), and
+/// causal dropped (a no-op for one bottom-right query); the LSE, [batch, heads,
+/// 1] contiguous, is the same memory as [batch, kv_heads, group].
 /// nullopt where a result would differ or the view does not fit the kernels:
-/// more tokens, group 1, ALiBi, score_mod or mask_mod (they read the head or
-/// query position), dropout, sinks, packed queries, a sliding window or a mask
-/// tensor with one token (its view drops the position), a mask tensor with
-/// more, or a row offset that exceeds 32 bits.
+/// more than kMaxPackedTokens tokens, group 1, ALiBi, score_mod or mask_mod
+/// (they read the head or query position), dropout, sinks, packed queries, a
+/// mask tensor with a sliding window or with several tokens, or a row offset
+/// that exceeds 32 bits.
 std::optional<AttentionSpec> gqa_packed_decode(const AttentionSpec &s);
 /// The most query tokens gqa_packed_decode packs (speculative decoding's drafts).
 constexpr int64_t kMaxPackedTokens = 16;

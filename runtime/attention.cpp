@@ -288,14 +288,14 @@ struct Attention::Impl {
   };
   mutable std::mutex split_mutex;
   std::unique_ptr<SplitKv> split;
-  /// The split-KV kernels of GQA-packed decode (gqa_packed_decode, ir/spec.h).
-  /// One query token: those of the signature without causal, which one
-  /// bottom-right query makes a no-op (null while unbuilt, and for a signature
-  /// without causal: `split` serves). Several tokens: the signature's with
-  /// grouped query rows (`grouped_split`).
+  /// The split-KV kernels of GQA-packed decode (gqa_packed_decode, ir/spec.h):
+  /// the signature's with grouped query rows (`grouped_split`); for one token
+  /// with a mask tensor, viewed by strides, those of the signature without
+  /// causal, which one bottom-right query makes a no-op (`packed_split`; null
+  /// while unbuilt, and for a signature without causal: `split` serves).
   std::unique_ptr<SplitKv> packed_split, grouped_split;
-  /// Which split-KV kernels a call takes: the signature's, GQA-packed one-token
-  /// decode's, or GQA-packed decode of several tokens (grouped rows).
+  /// Which split-KV kernels a call takes: the signature's, or GQA-packed
+  /// decode's by strides (one token, a mask tensor) or as grouped rows.
   enum class SplitSet { plain, packed, grouped };
   static SplitSet split_set(const std::optional<AttentionSpec> &packed) {
     return !packed ? SplitSet::plain : packed->q_group > 1 ? SplitSet::grouped : SplitSet::packed;
@@ -332,7 +332,7 @@ struct Attention::Impl {
   std::atomic<int64_t> split_launches{0};
   std::atomic<int64_t> decode_launches{0};  // one split: the decode kernel alone
   std::atomic<int64_t> packed_launches{0};  // of those two, the GQA-packed calls
-  std::atomic<int64_t> grouped_launches{0}; // of those, the ones of several query tokens
+  std::atomic<int64_t> grouped_launches{0}; // of those, the ones as grouped rows
   std::atomic<int64_t> last_splits{0};      // the latest split call's number of splits
 
   /// Generation, compile and module load; the first failure with its stage.
@@ -1293,8 +1293,8 @@ std::string Attention::explain() const {
                        "first resident per compute unit): {} then {} (built on the first decode "
                        "call{}); {} ran the decode kernel {} "
                        "(one split: O written directly, no workspace); {} of these "
-                       "GQA-packed (a KV head's query heads as the rows of its tiles){}; {} "
-                       "of several query tokens{}",
+                       "GQA-packed (a KV head's query heads as the rows of its tiles){}, {} "
+                       "as grouped rows (a token's heads side by side){}",
                        m.split_launches.load(),
                        m.split_launches.load() > 0
                            ? fmt::format("the latest over {} splits; ", m.last_splits.load())
@@ -1309,7 +1309,7 @@ std::string Attention::explain() const {
                                          m.packed_split->partial.lowered.kernel_name)
                            : "",
                        m.grouped_launches.load(),
-                       m.grouped_split ? fmt::format(" (grouped rows: {} and {})",
+                       m.grouped_split ? fmt::format(": {} and {}",
                                                      m.grouped_split->partial.lowered.kernel_name,
                                                      m.grouped_split->direct.lowered.kernel_name)
                                        : ""));
@@ -1434,7 +1434,7 @@ Status detail::AttentionAccess::forward(Attention &a, const AttentionSpec &shape
   // device); chosen kernels that cannot be built leave the call to the attention
   // kernel (explain() says why). Decode of up to kMaxPackedTokens tokens with
   // GQA runs GQA-packed: the group's query heads are the rows of one KV head's
-  // tiles (several tokens: grouped rows, a token's heads side by side).
+  // tiles (grouped rows: a token's heads side by side).
   std::optional<AttentionSpec> packed;
   int64_t splits = 0;
   if (m.executor != Executor::interpreter)

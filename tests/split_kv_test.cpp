@@ -380,12 +380,13 @@ TEST(SplitKvAttention, DecodeTakesTheSplitsTheDeviceHoldsAtOnce) {
 }
 
 // Decode with GQA runs GQA-packed (ir/spec.h's gqa_packed_decode): the group's
-// query heads are the rows of one KV head's tiles; several query tokens as
-// grouped rows (a token's heads side by side, the masks on the token). Groups
-// of 2..32 (32: two row tiles of 16), causal (one token: the packed kernels drop
-// it; several: bottom-right on the token, including tokens that see no key)
-// and not, both layouts, LSE, forced and chosen splits, the decode kernel; more
-// than kMaxPackedTokens tokens run unpacked through the same Attention.
+// query heads are the rows of one KV head's tiles, as grouped rows (a token's
+// heads side by side, the masks on the token). Groups of 2..32, 1 to
+// kMaxPackedTokens tokens (up to 512 rows: several query blocks), causal
+// (bottom-right on the token, including tokens that see no key) and not, both
+// layouts, LSE, forced and chosen splits, the decode kernel; more tokens run
+// unpacked through the same Attention. (One token with a mask tensor, viewed
+// by strides: mask_tensor_test's SplitKvDecodeReadsTheMask.)
 TEST(SplitKvAttention, GqaPackedDecodeMatchesTheReference) {
   struct Packed {
     const char *arch;
@@ -423,17 +424,19 @@ TEST(SplitKvAttention, GqaPackedDecodeMatchesTheReference) {
     EXPECT_NE(explain.find("5 of those calls ran the split-KV kernels"), std::string::npos)
         << explain;
     EXPECT_NE(explain.find("3 ran the decode kernel"), std::string::npos) << explain;
-    EXPECT_NE(explain.find("7 of these GQA-packed"), std::string::npos) << explain;
-    EXPECT_NE(explain.find("3 of several query tokens (grouped rows: "), std::string::npos)
+    EXPECT_NE(explain.find("7 of these GQA-packed (a KV head's query heads as the rows of its "
+                           "tiles), 7 as grouped rows (a token's heads side by side): "),
+              std::string::npos)
         << explain;
-    if (c.causal) // the unpacked call built the causal pair beside the packed one
-      EXPECT_NE(explain.find("causal is a no-op there"), std::string::npos) << explain;
   }
 }
 
 TEST(SplitKvAttention, GqaPackingKeepsWhatDependsOnTheHead) {
+  // One token with a mask tensor: the view by strides, causal dropped.
   AttentionSpec s = make_spec(2, 8, 2, 1, 100, 64, 64, bf16);
   s.causal = true;
+  s.mask = MaskType::boolean;
+  s.mask_strides = dense_mask_strides("bhqk", 2, 8, 1, 100).value();
   auto packed = gqa_packed_decode(s);
   ASSERT_TRUE(packed);
   EXPECT_EQ(packed->heads, 2);
@@ -443,24 +446,34 @@ TEST(SplitKvAttention, GqaPackingKeepsWhatDependsOnTheHead) {
   // Q's row (b, h = kv * 4 + g, 0) is the packed row (b, kv, g): the same element.
   for (int64_t h = 0; h < 8; ++h)
     EXPECT_EQ(h * s.q.head, h / 4 * packed->q.head + h % 4 * packed->q.seq);
+  EXPECT_EQ(packed->mask_strides.q, s.mask_strides.head);
   EXPECT_TRUE(packed->validate()) << packed->validate().message();
   const auto refused = [&](auto change) {
     AttentionSpec t = s;
     change(t);
     return !gqa_packed_decode(t).has_value();
   };
+  EXPECT_TRUE(refused([](AttentionSpec &t) { t.window = {50, -1}; }));
+  EXPECT_TRUE(refused([](AttentionSpec &t) { // a mask tensor with several tokens
+    t.seqlen_q = 2;
+    t.mask_strides = dense_mask_strides("bhqk", 2, 8, 2, 100).value();
+  }));
+  // Without a mask tensor: grouped rows, whatever the count of tokens up to
+  // kMaxPackedTokens; what reads a row's head or position is not packed.
+  s.mask = MaskType::none;
+  EXPECT_EQ(gqa_packed_decode(s)->q_group, 4);
+  EXPECT_TRUE(gqa_packed_decode(s)->causal);
+  EXPECT_FALSE(refused([](AttentionSpec &t) { t.window = {50, -1}; }));
   EXPECT_TRUE(refused([](AttentionSpec &t) { t.seqlen_q = kMaxPackedTokens + 1; }));
   EXPECT_TRUE(refused([](AttentionSpec &t) { t.kv_heads = 8; }));
-  EXPECT_TRUE(refused([](AttentionSpec &t) { t.window = {50, -1}; }));
   EXPECT_TRUE(refused([](AttentionSpec &t) { t.alibi = Alibi::heads; }));
   EXPECT_TRUE(refused([](AttentionSpec &t) { t.score_mod = "score + h"; }));
   EXPECT_TRUE(refused([](AttentionSpec &t) { t.mask_mod = "q_idx >= 0"; }));
   EXPECT_TRUE(refused([](AttentionSpec &t) { t.dropout_p = 0.1; }));
   EXPECT_TRUE(refused([](AttentionSpec &t) { t.sinks = true; }));
   EXPECT_FALSE(refused([](AttentionSpec &t) { t.softcap = 30; }));
-  // Several tokens: grouped rows. Row r of KV head kv is head kv * 4 + r % 4 of
-  // token r / 4, in both layouts; causal and a window stay (on the token); a
-  // mask tensor, whose rows the view would have to group too, is refused.
+  // Row r of KV head kv is head kv * 4 + r % 4 of token r / 4, in both layouts;
+  // causal and a window stay (on the token).
   for (Layout layout : {Layout::bshd, Layout::bhsd}) {
     AttentionSpec m = make_spec(2, 8, 2, 5, 100, 64, 64, bf16, layout);
     m.causal = true;
