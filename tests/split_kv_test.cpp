@@ -431,6 +431,42 @@ TEST(SplitKvAttention, GqaPackedDecodeMatchesTheReference) {
   }
 }
 
+// GQA-packed decode as grouped rows on every family's rules the test above
+// does not run (gfx11's replicated operands, CDNA's 16- and 32-query tiles, the
+// simt rules): several tokens, causal, a head dim of 72, chosen and forced
+// splits, and one split (the decode kernel).
+TEST(SplitKvAttention, GroupedRowsMatchTheReferenceOnEveryFamily) {
+  struct Family {
+    const char *arch;
+    const char *rules;
+    int64_t mma_m;
+  };
+  for (const Family &f : {Family{"gfx1151", "auto", 0}, Family{"gfx90a", "auto", 16},
+                          Family{"gfx90a", "auto", 32}, Family{"gfx942", "auto", 16},
+                          Family{"gfx950", "auto", 16}, Family{"gfx950", "auto", 32},
+                          Family{"gfx1200", "auto", 0}, Family{"gfx1201", "simt", 0}}) {
+    SCOPED_TRACE(fmt::format("{} {} mma_m {}", f.arch, f.rules, f.mma_m));
+    auto shape_of = [](int64_t sq, int64_t sk, int64_t num_splits) {
+      AttentionSpec s = make_spec(2, 8, 2, sq, sk, 72, 72, bf16);
+      s.causal = true;
+      s.lse = true;
+      s.num_splits = num_splits;
+      return s;
+    };
+    Options options;
+    options.compiler = "none";
+    options.cpu_threads = 2;
+    options.rules = f.rules;
+    options.mma_m = f.mma_m;
+    auto attn = Attention::create(shape_of(3, 150, 0), "emulator:" + std::string(f.arch), options);
+    ASSERT_TRUE(attn) << attn.status().message();
+    forward_matches(*attn, shape_of(3, 150, 0), 11);
+    forward_matches(*attn, shape_of(16, 150, 3), 12);
+    forward_matches(*attn, shape_of(5, 40, 1), 13);
+    EXPECT_NE(attn->explain().find("3 as grouped rows"), std::string::npos) << attn->explain();
+  }
+}
+
 TEST(SplitKvAttention, GqaPackingKeepsWhatDependsOnTheHead) {
   // One token with a mask tensor: the view by strides, causal dropped.
   AttentionSpec s = make_spec(2, 8, 2, 1, 100, 64, 64, bf16);
