@@ -569,17 +569,15 @@ Expected<const Attention::Impl::SplitKv *> Attention::Impl::split_kv(Failure *fa
   if (set == SplitSet::packed)
     kernel_spec.causal = false;
   if (set == SplitSet::grouped) {
-    // The signature with grouped query rows (gqa_packed_decode's view of
-    // several tokens), as a spec of one position whose strides are valid
-    // whatever this handle's seqlen_q: the kernels take the shapes per call.
-    const int64_t group = spec.group();
-    kernel_spec.heads = spec.kv_heads;
-    kernel_spec.seqlen_q = group;
-    kernel_spec.q_group = group;
-    for (Strides *t : {&kernel_spec.q, &kernel_spec.o}) {
-      t->group = t->head;
-      t->head *= group;
-    }
+    // The signature with grouped query rows (gqa_packed_decode's view), as a
+    // spec of one head and one position of two rows, whose strides are valid
+    // whatever this handle's shapes: the group and the heads are a call's
+    // (the handle may have been made by a call without GQA), and the kernels
+    // take them per call. The group stride is the head stride, as in the view.
+    kernel_spec.heads = kernel_spec.kv_heads = 1;
+    kernel_spec.seqlen_q = kernel_spec.q_group = 2;
+    kernel_spec.q.group = spec.q.head;
+    kernel_spec.o.group = spec.o.head;
   }
   auto built = [&]() -> Expected<std::unique_ptr<SplitKv>> {
     auto made = std::make_unique<SplitKv>();

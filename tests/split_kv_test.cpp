@@ -441,10 +441,10 @@ TEST(SplitKvAttention, GroupedRowsMatchTheReferenceOnEveryFamily) {
     const char *rules;
     int64_t mma_m;
   };
-  for (const Family &f : {Family{"gfx1151", "auto", 0}, Family{"gfx90a", "auto", 16},
-                          Family{"gfx90a", "auto", 32}, Family{"gfx942", "auto", 16},
-                          Family{"gfx950", "auto", 16}, Family{"gfx950", "auto", 32},
-                          Family{"gfx1200", "auto", 0}, Family{"gfx1201", "simt", 0}}) {
+  for (const Family &f :
+       {Family{"gfx1151", "auto", 0}, Family{"gfx90a", "auto", 16}, Family{"gfx90a", "auto", 32},
+        Family{"gfx942", "auto", 16}, Family{"gfx950", "auto", 16}, Family{"gfx950", "auto", 32},
+        Family{"gfx1200", "auto", 0}, Family{"gfx1201", "simt", 0}}) {
     SCOPED_TRACE(fmt::format("{} {} mma_m {}", f.arch, f.rules, f.mma_m));
     auto shape_of = [](int64_t sq, int64_t sk, int64_t num_splits) {
       AttentionSpec s = make_spec(2, 8, 2, sq, sk, 72, 72, bf16);
@@ -465,6 +465,28 @@ TEST(SplitKvAttention, GroupedRowsMatchTheReferenceOnEveryFamily) {
     forward_matches(*attn, shape_of(5, 40, 1), 13);
     EXPECT_NE(attn->explain().find("3 as grouped rows"), std::string::npos) << attn->explain();
   }
+}
+
+// The group is a call's, not the signature's: a handle made by a call without
+// GQA builds the grouped kernels right for a later call with it (they once took
+// the handle's group of 1 and read the rows ungrouped).
+TEST(SplitKvAttention, GroupedRowsOfAHandleMadeWithoutGqa) {
+  auto shape_of = [](int64_t heads, int64_t kv_heads, int64_t sq, int64_t num_splits) {
+    AttentionSpec s = make_spec(2, heads, kv_heads, sq, 300, 64, 64, bf16, bhsd);
+    s.window = {100, 0};
+    s.lse = true;
+    s.num_splits = num_splits;
+    return s;
+  };
+  Options options;
+  options.compiler = "none";
+  options.cpu_threads = 2;
+  auto attn = Attention::create(shape_of(4, 4, 1, 0), "emulator:gfx1201", options);
+  ASSERT_TRUE(attn) << attn.status().message();
+  forward_matches(*attn, shape_of(4, 4, 1, 0), 21);  // MHA: not packed
+  forward_matches(*attn, shape_of(16, 4, 1, 3), 22); // GQA 4:1, one token
+  forward_matches(*attn, shape_of(12, 2, 5, 1), 23); // GQA 6:1, five tokens
+  EXPECT_NE(attn->explain().find("2 as grouped rows"), std::string::npos) << attn->explain();
 }
 
 TEST(SplitKvAttention, GqaPackingKeepsWhatDependsOnTheHead) {
