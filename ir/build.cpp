@@ -435,14 +435,14 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, bool sp
 
   Program p;
   const bool lse = sig.lse || split_kv; // a split's LSE weighs it in the combine
-  p.name = fmt::format("fa_fwd_{}{}_d{}_{}{}{}{}{}{}{}{}", dtype_name(dt),
-                       sig.f32_io ? "_f32io" : "", spec.head_dim_qk, spec.head_dim_v,
-                       sig.causal ? "_causal" : "", sig.local ? "_local" : "",
-                       sig.packed_q ? "_varlenq" : "", sig.packed_k ? "_varlenk" : "",
-                       sig.used_k ? "_seqused" : "", sig.paged ? "_paged" : "",
-                       split_kv  ? "_splitkv"
-                       : sig.lse ? "_lse"
-                                 : "");
+  p.name = fmt::format(
+      "fa_fwd_{}{}_d{}_{}{}{}{}{}{}{}{}{}", dtype_name(dt), sig.f32_io ? "_f32io" : "",
+      spec.head_dim_qk, spec.head_dim_v, sig.causal ? "_causal" : "", sig.local ? "_local" : "",
+      sig.packed_q ? "_varlenq" : "", sig.packed_k ? "_varlenk" : "", sig.used_k ? "_seqused" : "",
+      sig.paged ? "_paged" : "", sig.grouped_q ? "_grouped" : "",
+      split_kv  ? "_splitkv"
+      : sig.lse ? "_lse"
+                : "");
   auto scalar = [&](std::string name, ScalarType t) {
     p.scalars.push_back({name, t});
     return Extent::of(std::move(name));

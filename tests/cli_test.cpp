@@ -604,6 +604,23 @@ TEST(SpecFlags, RunTakesNumSplits) {
   EXPECT_NE(r.out.find("-> PASS"), std::string::npos) << r.out;
 }
 
+/// `emit --gqa-packed`: the kernel GQA-packed decode runs, grouped by token;
+/// refused for a kernel that never runs packed and for a spec that does not pack.
+TEST(Cli, EmitsTheGqaPackedKernels) {
+  Ran r = run_tool("", "emit --arch gfx1201 --heads 32 --kv-heads 8 --seqlen-q 4 --seqlen-k 4096 "
+                       "--causal --kernel split-partial --gqa-packed --print-ir");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("_grouped_splitkv"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("grouped = %q_group"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("fj_kv_range_grouped(q_block, q_group"), std::string::npos) << r.out;
+  r = run_tool("", "emit --arch gfx1201 --heads 32 --kv-heads 8 --seqlen-q 4 --gqa-packed");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("only decode's kernels run GQA-packed"), std::string::npos) << r.err;
+  r = run_tool("", "emit --arch gfx1201 --heads 8 --kv-heads 8 --kernel decode --gqa-packed");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("this spec does not pack"), std::string::npos) << r.err;
+}
+
 /// `run --device hip:N|cuda:N|emulator:ARCH`: the library's whole path on that
 /// device (here the emulator: the same code as on a GPU but for the copies),
 /// checked against the float64 reference; a GPU library that does not load, an

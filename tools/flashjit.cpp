@@ -87,6 +87,14 @@ std::string kernel_names() {
   return all;
 }
 
+cli::FlagSpec gqa_packed_flag() {
+  return {"--gqa-packed", "",
+          "the GQA-packed view's kernel, which decode of up to 16 query tokens with GQA runs "
+          "(split-partial, split-combine, decode): a KV head's query heads are the rows of its "
+          "tiles, grouped by token",
+          ""};
+}
+
 cli::FlagSpec kernel_flag() {
   return {"--kernel", "KIND",
           "which kernel of the plan: " + kernel_names() +
@@ -132,6 +140,22 @@ Expected<Job> job_from(const cli::Args &a) {
     return Status::error("--kernel {}: not a kernel of a plan; the kernels are {}", kernel,
                          kernel_names());
   job.kind = named->second;
+  if (a.has("--gqa-packed")) {
+    using pipeline::KernelKind;
+    if (job.kind != KernelKind::split_partial && job.kind != KernelKind::split_combine &&
+        job.kind != KernelKind::decode)
+      return Status::error("--gqa-packed with --kernel {}: only decode's kernels run GQA-packed "
+                           "(split-partial, split-combine, decode)",
+                           kernel);
+    auto packed = gqa_packed_decode(job.spec);
+    if (!packed)
+      return Status::error("--gqa-packed: this spec does not pack ({}); packing needs more query "
+                           "heads than KV heads, at most {} query tokens, and none of ALiBi, "
+                           "score_mod, mask_mod, dropout, sinks, packed queries, a mask tensor "
+                           "with several tokens or with a window",
+                           job.spec.summary(), kMaxPackedTokens);
+    job.spec = *packed;
+  }
   // The attention kernel's config is the flags' (over the rules' default); the
   // other kernels choose their own unless a config flag is given, as the
   // library does (the split kernel is one wave, the backward has its configs).
@@ -492,23 +516,26 @@ std::vector<cli::Command> commands() {
        "Build the tile-IR program for an attention spec; print it and/or the HIP source for an "
        "arch. The kernel takes lengths, batch, heads, strides, window sizes and scale as "
        "arguments: every shape of one signature prints the same text.",
-       "[--arch ARCH] [spec flags] [--kernel KIND] [-o k.hip] [--print-ir]",
+       "[--arch ARCH] [spec flags] [--kernel KIND] [--gqa-packed] [-o k.hip] [--print-ir]",
        with_spec({{"--arch", "ARCH",
                    "target, e.g. gfx1201 or gfx1200:xnack- (see the supported list in errors)", ""},
                   {"-o", "FILE", "write the HIP source to FILE instead of stdout", ""},
                   cli::force_flag(),
                   kernel_flag(),
+                  gqa_packed_flag(),
                   {"--print-ir", "", "print the tile IR", ""}}),
        cmd_emit},
       {"compile",
        "Generate the HIP for an arch and compile it (in-process LLVM 22, hiprtc or nvrtc); for "
        "AMD, "
        "print the ISA and the resource report.",
-       "--arch ARCH [spec flags] [--kernel KIND] [-o k.co] [--isa] [--resources] [--json]",
+       "--arch ARCH [spec flags] [--kernel KIND] [--gqa-packed] [-o k.co] [--isa] [--resources] "
+       "[--json]",
        with_spec({{"--arch", "ARCH", "target, e.g. gfx1201", ""},
                   {"-o", "FILE", "write the code object (ELF) to FILE", ""},
                   cli::force_flag(),
                   kernel_flag(),
+                  gqa_packed_flag(),
                   {"--compiler", "NAME", "auto, llvm, hiprtc or nvrtc", "auto"},
                   {"--isa", "", "print the disassembly", ""},
                   {"--resources", "",
