@@ -105,6 +105,26 @@ TEST(NvrtcRegression, EveryKernelKindCompiles) {
                                   pipeline::compile_options(g->target, Options{}, &g->lowered));
     ASSERT_TRUE(code) << code.status().message();
   }
+  // GQA-packed decode's grouped rows (several tokens, causal, a window), on sm_80
+  // and sm_90 (whose four-wave decode kernels take the wgmma rules), at a head
+  // dim of one panel and of four (TMA K/V tiles).
+  for (const char *arch : {"sm_80", "sm_90"})
+    for (int64_t d : {64, 256})
+      for (KernelKind kind :
+           {KernelKind::split_partial, KernelKind::split_combine, KernelKind::decode}) {
+        AttentionSpec s = make_spec(2, 32, 8, 5, 3000, d, d, DType::bf16);
+        s.causal = true;
+        s.window = {1000, 0};
+        s.lse = true;
+        auto packed = gqa_packed_decode(s);
+        ASSERT_TRUE(packed);
+        SCOPED_TRACE(fmt::format("{} {} kind {}", arch, packed->summary(), int(kind)));
+        auto g = pipeline::generate(*packed, arch, Options{}, nullptr, kind);
+        ASSERT_TRUE(g) << g.status().message();
+        auto code = (*nvrtc)->compile(g->lowered.source,
+                                      pipeline::compile_options(g->target, Options{}, &g->lowered));
+        ASSERT_TRUE(code) << code.status().message();
+      }
   for (bool varlen : {false, true}) {
     AttentionSpec spec = make_spec(2, 8, 2, 100, 300, 64, 64, DType::bf16);
     spec.causal = true;
