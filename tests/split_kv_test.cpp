@@ -334,6 +334,17 @@ TEST(SplitKvAttention, DecodeSplitsThroughOneAttention) {
       << explain;
 }
 
+/// What the emulator tests below create their Attention with: no AMD code
+/// object (the emulator runs the kernel text), two CPU threads.
+Options emulator_options(std::string rules = "auto", int64_t mma_m = 0) {
+  Options o;
+  o.compiler = "none";
+  o.cpu_threads = 2;
+  o.rules = std::move(rules);
+  o.mma_m = mma_m;
+  return o;
+}
+
 /// One forward of `shape` through `attn` on fresh inputs, against the reference.
 void forward_matches(Attention &attn, const AttentionSpec &shape, uint64_t seed) {
   HostTensors t = make_random_inputs(shape, seed);
@@ -407,10 +418,8 @@ TEST(SplitKvAttention, GqaPackedDecodeMatchesTheReference) {
       s.num_splits = num_splits;
       return s;
     };
-    Options options;
-    options.compiler = "none";
-    options.cpu_threads = 2;
-    auto attn = Attention::create(shape_of(1, c.sk, 0), "emulator:" + std::string(c.arch), options);
+    auto attn = Attention::create(shape_of(1, c.sk, 0), "emulator:" + std::string(c.arch),
+                                  emulator_options());
     ASSERT_TRUE(attn) << attn.status().message();
     forward_matches(*attn, shape_of(1, c.sk, 0), 1);  // packed, splits chosen
     forward_matches(*attn, shape_of(1, c.sk, 5), 2);  // packed, 5 splits
@@ -453,12 +462,8 @@ TEST(SplitKvAttention, GroupedRowsMatchTheReferenceOnEveryFamily) {
       s.num_splits = num_splits;
       return s;
     };
-    Options options;
-    options.compiler = "none";
-    options.cpu_threads = 2;
-    options.rules = f.rules;
-    options.mma_m = f.mma_m;
-    auto attn = Attention::create(shape_of(3, 150, 0), "emulator:" + std::string(f.arch), options);
+    auto attn = Attention::create(shape_of(3, 150, 0), "emulator:" + std::string(f.arch),
+                                  emulator_options(f.rules, f.mma_m));
     ASSERT_TRUE(attn) << attn.status().message();
     forward_matches(*attn, shape_of(3, 150, 0), 11);
     forward_matches(*attn, shape_of(16, 150, 3), 12);
@@ -478,10 +483,7 @@ TEST(SplitKvAttention, GroupedRowsOfAHandleMadeWithoutGqa) {
     s.num_splits = num_splits;
     return s;
   };
-  Options options;
-  options.compiler = "none";
-  options.cpu_threads = 2;
-  auto attn = Attention::create(shape_of(4, 4, 1, 0), "emulator:gfx1201", options);
+  auto attn = Attention::create(shape_of(4, 4, 1, 0), "emulator:gfx1201", emulator_options());
   ASSERT_TRUE(attn) << attn.status().message();
   forward_matches(*attn, shape_of(4, 4, 1, 0), 21);  // MHA: not packed
   forward_matches(*attn, shape_of(16, 4, 1, 3), 22); // GQA 4:1, one token
