@@ -514,8 +514,8 @@ int64_t Attention::Impl::choose_splits(const AttentionSpec &shape, SplitSet set)
     // The split kernel's query blocks: kDecodeRows rows, or grouped rows' own.
     const int64_t blocks =
         work(set == SplitSet::grouped ? (*sk)->partial.config.block_m : kDecodeRows);
-    // Decode's split kernel is one wave, and one wave's KV loop is latency
-    // bound: as many splits as the device holds at once, down to one KV block
+    // Decode's split kernel is one wave (four for grouped rows), and its KV loop
+    // is latency bound: as many splits as the device holds at once, down to one KV block
     // each, past kMaxSplits. One round, because a second one that is only
     // partly full is a tail at a fraction of the bandwidth: on the H200
     // (bench/results/README.md) B=32 Hq:Hkv 32:8 D=128 with 32768 keys took
