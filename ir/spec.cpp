@@ -472,17 +472,15 @@ std::optional<AttentionSpec> gqa_packed_decode(const AttentionSpec &s) {
   // One token with a mask tensor: the view of strides alone (the mask's rows
   // are its heads); a mask tensor with several tokens is not grouped.
   const bool by_strides = tokens == 1 && s.mask != MaskType::none;
-  if (by_strides ? local : s.mask != MaskType::none && tokens > 1)
+  if (by_strides ? local : s.mask != MaskType::none)
     return std::nullopt;
-  constexpr int64_t kRowStrideLimit = std::numeric_limits<int32_t>::max();
-  for (const Strides *t : {&s.q, &s.o})
-    if (t->head > kRowStrideLimit ||
-        (tokens - 1) * t->seq + (group - 1) * t->head > kRowStrideLimit)
-      return std::nullopt;
   AttentionSpec p = s;
   p.heads = s.kv_heads;
   p.seqlen_q = tokens * group;
-  if (by_strides) {
+  if (by_strides) { // the head stride becomes a row stride, which is 32-bit
+    constexpr int64_t kRowStrideLimit = std::numeric_limits<int32_t>::max();
+    if (s.q.head > kRowStrideLimit || s.o.head > kRowStrideLimit)
+      return std::nullopt;
     p.causal = false;
     for (Strides *t : {&p.q, &p.o}) {
       t->seq = t->head;
@@ -497,6 +495,8 @@ std::optional<AttentionSpec> gqa_packed_decode(const AttentionSpec &s) {
     t->group = t->head;
     t->head *= group;
   }
+  if (!p.validate_q_group()) // the rows' offsets must fit the kernels' 32-bit bound
+    return std::nullopt;
   return p;
 }
 

@@ -231,8 +231,7 @@ private:
   // The trailing arguments of the fj_visible / fj_kv_range / fj_block_unmasked
   // helpers; seqlen_q counts query positions.
   std::string mask_args() const {
-    const std::string g = q_group(), rows = seq_const(*p_.tensor("Q"));
-    return fmt::format("{}, {}, {}, {}", g.empty() ? rows : fmt::format("{} / {}", rows, g),
+    return fmt::format("{}, {}, {}, {}", query_position(seq_const(*p_.tensor("Q"))),
                        seq_const(*p_.tensor("K")), window_expr("window_left"),
                        window_expr("window_right"));
   }
