@@ -3,8 +3,10 @@ for flashjit's flash_attn_func and SDPA's cuDNN and flash backends, with the pla
 chose (explain()). L2 is flushed before each call, as in bench_decode.py. Also the time per
 call of 200 calls back to back (no flush), which is the host's time where that is longer.
 
-    python3 bench/decode_probe.py [--splits 0,4,8] B:SK:HQ:HKV:D [...]
-        e.g. 1:32768:8:1:128 8:32768:32:8:128
+    python3 bench/decode_probe.py [--splits 0,4,8] B:SK:HQ:HKV:D[:SQ] [...]
+        e.g. 1:32768:8:1:128 8:32768:32:8:128 8:4096:8:1:128:16
+
+SQ is the number of query tokens (default 1: decode of one token).
 
 --splits runs flashjit once per num_splits value (0: chosen per call, 1: off); default 0.
 --config KEY=N,KEY=N (repeatable) runs flashjit with that config too (flash_attn_func's
@@ -58,8 +60,12 @@ def main():
             configs.append({k: int(v) for k, v in (kv.split("=") for kv in args[1].split(","))})
         args = args[2:]
     for case in args:
-        b, sk, hq, hkv, d = (int(x) for x in case.split(":"))
-        q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+        fields = [int(x) for x in case.split(":")]
+        if len(fields) not in (5, 6):
+            sys.exit(f"decode_probe: {case!r} is not B:SK:HQ:HKV:D[:SQ]")
+        b, sk, hq, hkv, d = fields[:5]
+        sq = fields[5] if len(fields) == 6 else 1
+        q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16)
         if bhsd:
             k, v = (torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16)
                     .transpose(1, 2) for _ in "kv")
@@ -67,7 +73,8 @@ def main():
             k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16)
                     for _ in "kv")
         gbytes = (k.numel() + v.numel()) * 2 / 1e3  # KB -> GB/s when divided by us
-        print(f"== B={b} Sk={sk} Hq:Hkv={hq}:{hkv} D={d}{' (K, V head-major)' if bhsd else ''}: "
+        print(f"== B={b} Sq={sq} Sk={sk} Hq:Hkv={hq}:{hkv} D={d}"
+              f"{' (K, V head-major)' if bhsd else ''}: "
               f"K+V {gbytes / 1e3:.1f} MB")
         before = set(api._ATTENTIONS)
         flashjit.flash_attn_func(q, k, v)
@@ -104,6 +111,12 @@ def main():
                   f"{back:.1f} us per call back to back")
             for kname, t in ks:
                 print(f"      {t:8.1f} us  {kname}")
+            if name == "flashjit":  # the split count it chose for this case
+                for handle in api._ATTENTIONS.values():
+                    text = (_lib.lib.fj_attention_explain(handle) or b"").decode()
+                    for line in text.splitlines():
+                        if line.strip().startswith("split-kv:"):
+                            print("     " + line.strip()[:160])
         for key in new:  # the plan flashjit chose, with the calls it counted
             text = _lib.lib.fj_attention_explain(api._ATTENTIONS[key]) or b""
             print("   " + text.decode().replace("\n", "\n   ").rstrip())

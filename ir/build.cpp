@@ -23,11 +23,11 @@
 namespace flashjit::ir {
 
 std::string Config::summary() const {
-  return fmt::format("block_m={} block_n={} waves={} stages={} q_in={} pad_k={}{}{}{}", block_m,
+  return fmt::format("block_m={} block_n={} waves={} stages={} q_in={} pad_k={}{}{}{}{}", block_m,
                      block_n, waves, stages, q_in_lds ? "lds" : "regs", pad_k,
                      mma_m ? fmt::format(" mma_m={}", mma_m) : "",
                      dkdv_passes != 1 ? fmt::format(" dkdv_passes={}", dkdv_passes) : "",
-                     persistent ? " persistent" : "");
+                     persistent ? " persistent" : "", prefetch_blocks ? " prefetch_blocks" : "");
 }
 
 Status validate(const Config &c) {
@@ -54,6 +54,10 @@ Status validate(const Config &c) {
   if (c.persistent && c.stages != 3)
     return Status::error("config persistent needs stages 3: the producer warpgroup walks the "
                          "tiles ahead of the consumers");
+  if (c.prefetch_blocks && c.stages != 2)
+    return Status::error("config prefetch_blocks needs stages 2 (got stages {}): it issues the "
+                         "next block's K and V tiles one iteration ahead",
+                         c.stages);
   if (c.dkdv_passes != 1 && c.dkdv_passes != 2)
     return Status::error("config dkdv_passes = {} is not a dK/dV program: expected 1 (one loop) "
                          "or 2 (dV's loop, then dK's)",
@@ -575,6 +579,8 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, bool sp
     p.config["mma_m"] = config.mma_m;
   if (config.persistent)
     p.config["persistent"] = int64_t{1};
+  if (config.prefetch_blocks)
+    p.config["prefetch_blocks"] = int64_t{1};
   const ValueId q_block = p.add_value(Type::index(), "q_block");
   p.grid = {GridAxis{q_block, q_grid, bm}, GridAxis{p.add_value(Type::index(), "head"), heads, 1},
             GridAxis{p.add_value(Type::index(), "batch"), batches, 1}};

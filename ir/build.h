@@ -29,6 +29,12 @@ struct Config {
   /// batch) tiles, so the producer copies the next tile's K and V while the
   /// consumers finish the last one.
   bool persistent = false;
+  /// With stages 2, the forward's KV loop copies whole blocks one iteration
+  /// ahead: block kb + 1's K and V tiles are issued at the top of iteration kb
+  /// into a second copy of their LDS buffers (twice their LDS), where stages 2
+  /// alone issues each tile one step ahead (V while S is computed, the next K
+  /// while O is). The backward's loops prefetch so without it.
+  bool prefetch_blocks = false;
   bool operator==(const Config &) const = default;
   std::string summary() const;
 };

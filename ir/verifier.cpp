@@ -727,19 +727,22 @@ private:
       if (!std::holds_alternative<int64_t>(attr))
         return Status::error("config {} is {}, expected an integer", key, attr_kind(attr));
       const int64_t v = std::get<int64_t>(attr);
-      if (key == "q_in_lds" || key == "persistent") {
+      if (key == "q_in_lds" || key == "persistent" || key == "prefetch_blocks") {
         if (v != 0 && v != 1)
           return Status::error("config {} = {}, expected 0 or 1", key, v);
         if (key == "persistent")
           c.persistent = v != 0;
+        if (key == "prefetch_blocks")
+          c.prefetch_blocks = v != 0;
         continue;
       }
       auto knob = std::find_if(std::begin(knobs), std::end(knobs),
                                [&](const auto &k) { return k.first == key; });
       if (knob == std::end(knobs))
-        return Status::error("config {} is not a knob of the kernels (block_m, block_n, waves, "
-                             "stages, q_in_lds, pad_k, mma_m, dkdv_passes, persistent)",
-                             key);
+        return Status::error(
+            "config {} is not a knob of the kernels (block_m, block_n, waves, "
+            "stages, q_in_lds, pad_k, mma_m, dkdv_passes, persistent, prefetch_blocks)",
+            key);
       *knob->second = v;
     }
     return validate(c);

@@ -318,11 +318,12 @@ private:
   }
   bool plan_pipeline(const Op &loop);
   // Block prefetch (config stages >= 2 where plan_pipeline does not apply: the
-  // backward's loops, which read a tile again after the next one is staged):
-  // every LDS tile and column vector the loop loads has two buffers; block
-  // kb + 1's copies start at the top of iteration kb, right after the barrier
-  // that completes block kb's.
+  // backward's loops, which read a tile again after the next one is staged; or
+  // first, with config prefetch_blocks): every LDS tile and column vector the
+  // loop loads has two buffers; block kb + 1's copies start at the top of
+  // iteration kb, right after the barrier that completes block kb's.
   bool plan_prefetch(const Op &loop);
+  bool prefetch_blocks_ = false; // config prefetch_blocks: block prefetch before the tile pipeline
   void emit_prefetch_issue(const std::string &idx, const std::string &copy);
   void emit_prefetch_views(const std::vector<const Op *> &loads, const std::string &copy);
   // Warp specialization (config stages 3, the sm90 forward): a producer

@@ -443,6 +443,7 @@ Expected<Lowered> KernelEmitter::run() {
   waves_ = get("waves");
   q_in_lds_ = get("q_in_lds") != 0;
   persistent_ = get("persistent") != 0;
+  prefetch_blocks_ = get("prefetch_blocks") != 0;
   if (q_in_lds_ && !rules_.reads_q_from_lds())
     return Status::error("{} rules: config q_in_lds=1 is not supported: keep Q in registers",
                          rules_.name());

@@ -21,6 +21,10 @@ ResourceEstimate estimate_resources(const AttentionSpec &spec, const ir::Config 
   e.lds_k = staged_tile_bytes(c.block_n, e.dim_qk, false, r.lds_layout());
   e.lds_v = staged_tile_bytes(c.block_n, e.dim_v, r.v_transposed(), r.lds_layout());
   e.lds_q = c.q_in_lds ? staged_tile_bytes(c.block_m, e.dim_qk, false, r.lds_layout()) : 0;
+  if (c.prefetch_blocks) { // two copies of K and V: the next block's copies are in flight
+    e.lds_k *= 2;
+    e.lds_v *= 2;
+  }
   // TMA copies (whole swizzled panels of dense tensors with 16-byte aligned
   // rows, KernelEmitter::tma_tile): a barrier per tile of one copy.
   const KernelSignature sig = spec.signature();

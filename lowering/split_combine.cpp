@@ -11,9 +11,10 @@
 // workgroup merges one row: its work-items read the splits' LSEs at once, and
 // groups of work-items each sum every groups-th split's partial row, so a
 // decode call of a few rows and 512 splits is not 512 dependent loads long.
-// With few splits (kFlatUpToSplits) each work-item merges one entry of O over
-// every split: a workgroup per row would leave most of its work-items idle and
-// pay two barriers per row (on an H100, 4096 rows of one split took 47.5 us).
+// With few splits (kFlatUpToSplits) or many rows (kFlatFromRows) each work-item
+// merges one entry of O over every split: a workgroup per row would leave most
+// of its work-items idle and pay two barriers per row (on an H100, 4096 rows of
+// one split took 47.5 us).
 // The sums run in a fixed order (a tree over the LSEs, then the groups in
 // order; or the splits in order): results are the same run to run.
 #include "lowering/lower.h"
@@ -36,9 +37,13 @@ namespace {
 // rows have many splits and the loads in flight, not the work, bound the time.
 constexpr int kThreads = 256, kColThreads = 32, kNarrowColThreads = 8;
 constexpr int64_t kNarrowFromSplits = 256;
-// Up to this many splits a work-item per entry of O (col_threads 1: the "flat"
-// merge), each reading every split's LSE and partial entry in order.
-constexpr int64_t kFlatUpToSplits = 16;
+// Up to this many splits, or from this many rows, a work-item per entry of O
+// (col_threads 1: the "flat" merge), each reading every split's LSE and partial
+// entry in order. With many rows the workgroups per row repeat the LSE reads and
+// trees for every chunk of columns: on an H200 (session 28) 512 rows of 49
+// splits took 11.3 us that way and 6.3 flat over 33; 8192 rows of 24 splits 64.6
+// against 10.2 flat over 6.
+constexpr int64_t kFlatUpToSplits = 16, kFlatFromRows = 256;
 
 std::string combine_name(const KernelSignature &sig) {
   return fmt::format("fa_combine_{}_d{}{}{}", sig.f32_io ? "f32" : dtype_name(sig.dtype),
@@ -57,7 +62,7 @@ ir::Bindings bind_split_combine(const AttentionSpec &spec, int64_t splits) {
     b.set_int("o_group_stride", 0);
     b.set_int("lse_group_stride", 0);
   }
-  if (splits <= kFlatUpToSplits) {
+  if (splits <= kFlatUpToSplits || rows >= kFlatFromRows) {
     b.set_int("col_threads", 1);
     b.set_int("groups", (rows * spec.head_dim_v + kThreads - 1) / kThreads);
     b.set_int("col_chunks", 1);
@@ -125,9 +130,9 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
   w.line("// Merges split-KV's partial results: workspace row r = (batch * heads + head) *");
   w.line("// seqlen_q + query holds O_partial[split][r][0..kDimV) and LSE_partial[split][r];");
   w.line("// grouped rows (q_group > 1) are q_group per query position.");
-  w.line("// col_threads 1 (up to {} splits): a work-item per entry of O, every split in",
-         kFlatUpToSplits);
-  w.line("// order. Else one workgroup per row and col_threads (8 or 32) entries of it.");
+  w.line("// col_threads 1 (up to {} splits, or from {} rows): a work-item per entry of O, every",
+         kFlatUpToSplits, kFlatFromRows);
+  w.line("// split in order. Else one workgroup per row and col_threads (8 or 32) entries of it.");
   open_direct_kernel(w, out);
   const std::string log2e = emit::float_literal(std::numbers::log2e);
   // What both merges write once they have a row's lse_max and sum: the row's

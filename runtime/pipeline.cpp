@@ -3,6 +3,7 @@
 #include "compiler/knobs.h"
 #include "compiler/select.h"
 #include "compiler/sha256.h"
+#include "lowering/resources.h"
 #include "runtime/tuned.h"
 #include "templates/templates.h"
 
@@ -140,9 +141,25 @@ Expected<Generated> generate(const AttentionSpec &spec, std::string_view arch,
     // Grouped rows (GQA-packed decode of several tokens: tokens x group rows per
     // KV head) take four waves of one query tile each, so that a KV head's rows
     // share each K/V tile the workgroup stages.
+    // Those four waves copy whole blocks one iteration ahead (prefetch_blocks, where
+    // the rules pipeline at all: stages 2): with the tile pipeline each block waited
+    // for two copies in turn (V's, then the next K's), which few workgroups per SM
+    // did not hide. H200, bf16, D = 128 (bench/results/README.md, session 28): 16
+    // tokens 0.69-1.02x the time (B=8, 4096 keys, 8:1: 41.9 -> 28.8 us), one token
+    // 0.87-1.06x (B=32, 32768 keys, 32:8: 1071.5 -> 957.0). The one-wave kernel
+    // keeps the tile pipeline: its twice-as-large LDS halves the workgroups per SM
+    // that hide the copies (B=32, 4096 keys, 32:32: 553.7 -> 690.3 us with it), and
+    // so would the four-wave one where the second copies leave one workgroup per SM.
     const int64_t tile = g.config.mma_m ? g.config.mma_m : 16;
     g.config.waves = spec.q_group > 1 ? 4 : 1;
     g.config.block_m = tile * g.config.waves;
+    g.config.prefetch_blocks = spec.q_group > 1 && g.config.stages == 2;
+    if (g.config.prefetch_blocks) {
+      auto e = lowering::estimate_resources(spec, g.config, g.target, *choice);
+      if (!e || !lowering::check_fits(spec, g.config, g.target, *choice) ||
+          g.target.lds_bytes_per_cu < 2 * e->lds_bytes())
+        g.config.prefetch_blocks = false; // the tile pipeline
+    }
   }
   if (backward && !options.config)
     g.config = lowering::backward_config(spec, g.target, g.config, dkdv);

@@ -17,9 +17,10 @@ constexpr int kVersion = 1;
 constexpr int64_t kMaxBytes = 16 << 20;
 
 nlohmann::json config_json(const ir::Config &c) {
-  return {{"block_m", c.block_m}, {"block_n", c.block_n},      {"waves", c.waves},
-          {"stages", c.stages},   {"q_in_lds", c.q_in_lds},    {"pad_k", c.pad_k},
-          {"mma_m", c.mma_m},     {"persistent", c.persistent}};
+  return {
+      {"block_m", c.block_m}, {"block_n", c.block_n},       {"waves", c.waves},
+      {"stages", c.stages},   {"q_in_lds", c.q_in_lds},     {"pad_k", c.pad_k},
+      {"mma_m", c.mma_m},     {"persistent", c.persistent}, {"prefetch_blocks", c.prefetch_blocks}};
 }
 
 ir::Config config_from(const nlohmann::json &j) {
@@ -31,7 +32,8 @@ ir::Config config_from(const nlohmann::json &j) {
   c.q_in_lds = j.at("q_in_lds").get<bool>();
   c.pad_k = j.at("pad_k").get<int64_t>();
   c.mma_m = j.at("mma_m").get<int64_t>();
-  c.persistent = j.value("persistent", false); // absent before session 20
+  c.persistent = j.value("persistent", false);           // absent before session 20
+  c.prefetch_blocks = j.value("prefetch_blocks", false); // absent before session 28
   return c;
 }
 

@@ -106,10 +106,11 @@ TEST(NvrtcRegression, EveryKernelKindCompiles) {
     ASSERT_TRUE(code) << code.status().message();
   }
   // GQA-packed decode's grouped rows (several tokens, causal, a window), on sm_80
-  // and sm_90 (whose four-wave decode kernels take the wgmma rules), at a head
-  // dim of one panel and of four (TMA K/V tiles).
+  // and sm_90 (whose four-wave decode kernels take the wgmma rules), at head dims
+  // of one, two and four panels (TMA K/V tiles); up to 128 their loops prefetch
+  // whole blocks (at 256 the second copies would leave one workgroup per SM).
   for (const char *arch : {"sm_80", "sm_90"})
-    for (int64_t d : {64, 256})
+    for (int64_t d : {64, 128, 256})
       for (KernelKind kind :
            {KernelKind::split_partial, KernelKind::split_combine, KernelKind::decode}) {
         AttentionSpec s = make_spec(2, 32, 8, 5, 3000, d, d, DType::bf16);
@@ -121,10 +122,20 @@ TEST(NvrtcRegression, EveryKernelKindCompiles) {
         SCOPED_TRACE(fmt::format("{} {} kind {}", arch, packed->summary(), int(kind)));
         auto g = pipeline::generate(*packed, arch, Options{}, nullptr, kind);
         ASSERT_TRUE(g) << g.status().message();
+        const bool prefetch = kind != KernelKind::split_combine && d <= 128;
+        EXPECT_EQ(g->config.prefetch_blocks, prefetch) << g->config.summary();
+        EXPECT_EQ(g->lowered.source.find("Block prefetch") != std::string::npos, prefetch);
         auto code = (*nvrtc)->compile(g->lowered.source,
                                       pipeline::compile_options(g->target, Options{}, &g->lowered));
         ASSERT_TRUE(code) << code.status().message();
       }
+  // One-token decode without GQA (one wave of 16 rows) keeps the tile pipeline.
+  for (KernelKind kind : {KernelKind::split_partial, KernelKind::decode}) {
+    auto g = pipeline::generate(make_spec(2, 8, 8, 1, 3000, 128, 128, DType::bf16), "sm_90",
+                                Options{}, nullptr, kind);
+    ASSERT_TRUE(g) << g.status().message();
+    EXPECT_FALSE(g->config.prefetch_blocks) << g->config.summary();
+  }
   for (bool varlen : {false, true}) {
     AttentionSpec spec = make_spec(2, 8, 2, 100, 300, 64, 64, DType::bf16);
     spec.causal = true;

@@ -472,6 +472,40 @@ TEST(SplitKvAttention, GroupedRowsMatchTheReferenceOnEveryFamily) {
   }
 }
 
+// Config prefetch_blocks (the default of GQA-packed decode's four-wave kernels
+// on NVIDIA, whose stages are 2): the KV loop copies block kb + 1's K and V while
+// block kb is computed. A given config reaches every kernel of the plan: the
+// split-KV pair, the decode kernel and the attention kernel of a prefill.
+TEST(SplitKvAttention, LoopsPrefetchingWholeBlocksMatchTheReference) {
+  ir::Config config;
+  config.block_m = 64;
+  config.block_n = 32;
+  config.waves = 4;
+  config.stages = 2;
+  config.prefetch_blocks = true;
+  for (const char *arch : {"gfx1201", "gfx942"}) {
+    SCOPED_TRACE(arch);
+    auto shape_of = [](int64_t sq, int64_t sk, int64_t num_splits) {
+      AttentionSpec s = make_spec(2, 8, 2, sq, sk, 80, 80, bf16);
+      s.causal = true;
+      s.lse = true;
+      s.num_splits = num_splits;
+      return s;
+    };
+    Options options = emulator_options();
+    options.config = config;
+    auto attn = Attention::create(shape_of(1, 150, 0), "emulator:" + std::string(arch), options);
+    ASSERT_TRUE(attn) << attn.status().message();
+    forward_matches(*attn, shape_of(1, 150, 0), 31);  // packed, splits chosen
+    forward_matches(*attn, shape_of(1, 150, 3), 32);  // packed, 3 splits
+    forward_matches(*attn, shape_of(16, 150, 1), 33); // grouped rows: the decode kernel
+    forward_matches(*attn, shape_of(7, 45, 2), 34);   // causal: tokens 0, 1 see no key
+    forward_matches(*attn, shape_of(70, 150, 1), 35); // prefill: the attention kernel
+    EXPECT_NE(attn->source().find("Block prefetch"), std::string::npos);
+    EXPECT_NE(attn->explain().find("prefetch_blocks"), std::string::npos) << attn->explain();
+  }
+}
+
 // The group is a call's, not the signature's: a handle made by a call without
 // GQA builds the grouped kernels right for a later call with it (they once took
 // the handle's group of 1 and read the rows ungrouped).

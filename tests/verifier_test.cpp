@@ -614,7 +614,7 @@ TEST(Verifier, FuzzConfigKnobsAreKnownAndInRange) {
   const std::string good = "config {block_m = 64, block_n = 64}";
   std::string m = rejection(good, "config {block_nblock_m = 43, block_c = 64}");
   EXPECT_TRUE(has(m, "config block_c is not a knob of the kernels (block_m, block_n, waves, "
-                     "stages, q_in_lds, pad_k, mma_m, dkdv_passes, persistent)"))
+                     "stages, q_in_lds, pad_k, mma_m, dkdv_passes, persistent, prefetch_blocks)"))
       << m;
   m = rejection(good, "config {block_m = 0, block_n = 64}");
   EXPECT_TRUE(has(m, "config block_m = 0 is out of range: expected 1..4096")) << m;
@@ -630,8 +630,14 @@ TEST(Verifier, FuzzConfigKnobsAreKnownAndInRange) {
   EXPECT_TRUE(has(m, "config q_in_lds = 2, expected 0 or 1")) << m;
   m = rejection(good, "config {block_m = 64, block_n = 64, persistent = 1}");
   EXPECT_TRUE(has(m, "config persistent needs stages 3")) << m;
+  m = rejection(good, "config {block_m = 64, block_n = 64, prefetch_blocks = 1}");
+  EXPECT_TRUE(has(m, "config prefetch_blocks needs stages 2 (got stages 1)")) << m;
+  m = rejection(good, "config {block_m = 64, block_n = 64, stages = 2, prefetch_blocks = 2}");
+  EXPECT_TRUE(has(m, "config prefetch_blocks = 2, expected 0 or 1")) << m;
   EXPECT_EQ(rejection(good, "config {block_m = 128, block_n = 32, mma_m = 32, pad_k = 16, "
                             "q_in_lds = 1, stages = 2, waves = 8}"),
+            "ok");
+  EXPECT_EQ(rejection(good, "config {block_m = 64, block_n = 64, stages = 2, prefetch_blocks = 1}"),
             "ok");
 }
 

@@ -64,6 +64,10 @@ std::vector<FlagSpec> config_flags() {
        "ring of two K/V copies by TMA (the sm90 forward)",
        "the target's choice"},
       {"--q-in-lds", "", "keep the Q block in LDS instead of registers", ""},
+      {"--prefetch-blocks", "on|off",
+       "with --stages 2: the forward's KV loop issues the next block's K and V tiles at the top of "
+       "each iteration into a second copy of their LDS buffers (twice their LDS)",
+       "the target's choice (on for GQA-packed decode's four-wave kernels)"},
       {"--persistent", "on|off",
        "with --stages 3: a workgroup per SM walks the (query block, head, batch) tiles, the "
        "producer copying the next tile's K/V while the consumers finish the last",
@@ -206,6 +210,14 @@ Expected<ir::Config> config_from(const Args &a, ir::Config base) {
   c.stages = *st;
   if (a.has("--q-in-lds"))
     c.q_in_lds = true;
+  if (a.has("--prefetch-blocks")) {
+    const std::string v = a.get("--prefetch-blocks");
+    if (v != "on" && v != "off")
+      return Status::error("--prefetch-blocks {}: expected on or off", v);
+    c.prefetch_blocks = v == "on";
+  } else if (c.stages != 2) {
+    c.prefetch_blocks = false; // a default's block prefetch is for its stages 2
+  }
   if (a.has("--persistent")) {
     const std::string v = a.get("--persistent");
     if (v != "on" && v != "off")
