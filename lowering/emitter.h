@@ -501,6 +501,14 @@ private:
   // Tiles copied by TMA before a producer's loop whose wait the consumers do
   // after the split (emit_producer): the load and its buffer.
   std::vector<std::pair<const Op *, std::string>> deferred_waits_;
+  // Without a producer, an LDS tile that only the next loop reads (Q) completes
+  // with that loop's first wait (read_in_next_loop): its buffer, while the loop
+  // is written. A wait for TMA tiles there waits for its copies too
+  // (wait_for_deferred_copy); emit_for waits after the loop for the case of no block.
+  std::string q_wait_in_loop_;
+  bool deferred_wait_written_ = false; // in this pass over the loop's body
+  void wait_for_deferred_copy();
+  bool read_in_next_loop(const Op &load) const;
   std::vector<std::pair<std::string, const Op *>> maps_; // map parameter -> a load it serves
   int tma_bars_ = 0;
   std::string tma_bar(const TmaBuffer &b) const;

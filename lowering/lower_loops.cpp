@@ -95,6 +95,27 @@ bool KernelEmitter::plan_interleave(const Op &loop, size_t &s_at, size_t &o_at) 
   return true;
 }
 
+// Whether `load` (a top-level op) is followed by nothing but fills and other
+// loads up to a `for` that reads its value, and nothing after that loop reads it:
+// then the loop's first wait and barrier (a staged K or V tile's, or the block
+// prefetch's, every iteration) complete its copy before any product reads it.
+bool KernelEmitter::read_in_next_loop(const Op &load) const {
+  const std::vector<Op> &body = p_.body;
+  size_t at = 0;
+  while (at < body.size() && &body[at] != &load)
+    ++at;
+  for (size_t i = at + 1; i < body.size(); ++i) {
+    const Op &op = body[i];
+    if (op.kind == OpKind::Fill || op.kind == OpKind::Load)
+      continue;
+    if (op.kind != OpKind::For || !consumer_of(load.results[0], op.body))
+      return false;
+    const std::vector<Op> rest(body.begin() + long(i) + 1, body.end());
+    return consumer_of(load.results[0], rest) == nullptr;
+  }
+  return false;
+}
+
 bool KernelEmitter::plan_prefetch(const Op &loop) {
   if (stages() < 2)
     return false;
@@ -802,6 +823,8 @@ Status KernelEmitter::emit_for(const Op &op) {
       w_.line("fj_stage_wait();");
     if (swizzled_copies)
       w_.line("fj_fence_async_shared(); // the copies are visible to wgmma's reads");
+    if (!async_copies)
+      wait_for_deferred_copy();
     w_.line("{}; // this block's tiles are complete; every wave is done with the other copy",
             barrier());
     read_since_barrier_.clear();
@@ -817,6 +840,7 @@ Status KernelEmitter::emit_for(const Op &op) {
   auto body = [&] {
     predeclared_.clear();
     early_masks_.clear();
+    deferred_wait_written_ = false;
     if (overlap_) {
       predeclared_.insert(op.body[overlap_->o_at].results[0]);
       return emit_overlapped(op);
@@ -860,6 +884,10 @@ Status KernelEmitter::emit_for(const Op &op) {
   w_.close();
   if (persistent_)
     emit_persistent_q();
+  if (!q_wait_in_loop_.empty()) {
+    w_.line("fj_stage_wait(); // Q's copy, where the loop ran no block");
+    q_wait_in_loop_.clear();
+  }
   if (overlap_) {
     w_.open("if (kv_begin < kv_end) {{ // the last block's O product");
     predeclared_.insert(op.body[overlap_->o_at].results[0]);

@@ -42,6 +42,16 @@ Status KernelEmitter::emit_load(const Op &op) {
       lds_of_[op.results[0]] = buf;
       return Status::ok();
     }
+    if (!tma_.count(buf) && stages() < 3 && read_in_next_loop(op)) {
+      // Q's copy completes with the loop's first K or V copy: each iteration
+      // starts with a wait for every copy in flight (fj_stage_wait) and a
+      // workgroup barrier before any product reads Q, so Q's latency overlaps
+      // the first block's instead of preceding it (a split of decode runs
+      // only a block or a few).
+      q_wait_in_loop_ = buf;
+      lds_of_[op.results[0]] = buf;
+      return Status::ok();
+    }
     finish_stage(op, buf);
     return Status::ok();
   }
@@ -231,10 +241,22 @@ void KernelEmitter::declare_lds(const std::string &elem, const std::string &buf,
 
 // Waits for this lane's copies into `buf`, then for every wave's: the tile of
 // `op` is readable from there on.
+// A wait in a loop that only waits for TMA tiles also waits for the copy of a
+// tile whose wait was left to the loop (q_wait_in_loop_): a no-op once it is done.
+void KernelEmitter::wait_for_deferred_copy() {
+  if (q_wait_in_loop_.empty() || deferred_wait_written_)
+    return;
+  deferred_wait_written_ = true;
+  w_.line("fj_stage_wait(); // and Q's copy, left to the loop's first wait");
+  if (swizzled_.count(q_wait_in_loop_))
+    w_.line("fj_fence_async_shared(); // the copies are visible to wgmma's reads");
+}
+
 void KernelEmitter::finish_stage(const Op &op, const std::string &buf) {
   if (auto tma = tma_.find(buf); tma != tma_.end()) {
     w_.line("fj_tma_wait(fj_tma_bar, {}, fj_tma_phase); // this thread sees the {} tile",
             tma_bar(tma->second), op.symbol_attr("tensor"));
+    wait_for_deferred_copy();
   } else {
     w_.line("fj_stage_wait();");
     if (swizzled_.count(buf))

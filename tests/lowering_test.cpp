@@ -290,13 +290,16 @@ TEST(Lowering, EveryArchLowersWithItsFamilysMatrixRules) {
 // partial panels (96) and the forward's tiles of two panels (128) stay on
 // threads' cp.async copies; where Q is packed and K/V are dense, K and V still
 // take TMA.
-// The resource model counts the barriers the kernel declares.
+// The resource model counts the barriers the kernel declares. A tile copied by
+// threads is fenced for wgmma's reads: K and V at their waits in the loop; Q's
+// copy completes at the loop's first wait (with K's, or beside K's TMA wait).
 TEST(Lowering, Sm90CopiesWithTmaWhatATensorMapDescribes) {
   const Target sm90 = target("sm_90");
   struct Case {
     const char *name;
     AttentionSpec spec;
     int tma_tiles; // of Q, K, V
+    int fences;    // fj_fence_async_shared() in the kernel's text
   };
   AttentionSpec packed = spec_for(192, 192, DType::bf16, true);
   packed.seqs.packed_q = packed.seqs.packed_k = true;
@@ -312,16 +315,16 @@ TEST(Lowering, Sm90CopiesWithTmaWhatATensorMapDescribes) {
   paged.seqs.num_pages = 16;
   paged.seqs.pages_per_seq = 4;
   paged.seqlen_k = 256;
-  const Case cases[] = {{"dense", spec_for(256, 256, DType::bf16), 3},
-                        {"whole panels of K only", spec_for(192, 96, DType::bf16), 2},
-                        {"one panel", spec_for(64, 64, DType::bf16), 0},
-                        {"two panels, no producer", spec_for(128, 128, DType::bf16), 0},
-                        {"partial panels", spec_for(96, 96, DType::bf16), 0},
-                        {"align8", spec_for(100, 100, DType::f16), 0},
-                        {"packed", packed, 0},
-                        {"packed Q", packed_q, 2},
-                        {"seqused_k", used, 1},
-                        {"paged", paged, 1}};
+  const Case cases[] = {{"dense", spec_for(256, 256, DType::bf16), 3, 0},
+                        {"whole panels of K only", spec_for(192, 96, DType::bf16), 2, 1},
+                        {"one panel", spec_for(64, 64, DType::bf16), 0, 2},
+                        {"two panels, no producer", spec_for(128, 128, DType::bf16), 0, 2},
+                        {"partial panels", spec_for(96, 96, DType::bf16), 0, 2},
+                        {"align8", spec_for(100, 100, DType::f16), 0, 2},
+                        {"packed", packed, 0, 2},
+                        {"packed Q", packed_q, 2, 1},
+                        {"seqused_k", used, 1, 2},
+                        {"paged", paged, 1, 2}};
   for (const Case &c : cases) {
     SCOPED_TRACE(c.name);
     // Not the producer's default configs (Sm90ProducerWarpgroupFillsARing).
@@ -335,8 +338,10 @@ TEST(Lowering, Sm90CopiesWithTmaWhatATensorMapDescribes) {
     for (const KernelParam &p : l->params)
       maps += p.kind == KernelParam::Kind::tensor_map;
     EXPECT_EQ(maps, c.tma_tiles);
-    EXPECT_EQ(count(l->kernel_text, "fj_fence_async_shared();"), 3 - c.tma_tiles)
+    EXPECT_EQ(count(l->kernel_text, "fj_fence_async_shared();"), c.fences)
         << "each tile copied by threads is fenced for wgmma";
+    EXPECT_EQ(count(l->kernel_text, "and Q's copy, left to the loop's first wait"),
+              c.name == std::string("packed Q") ? 1 : 0);
     Expected<ResourceEstimate> e = estimate_resources(c.spec, config, sm90);
     ASSERT_TRUE(e) << e.status().message();
     EXPECT_EQ(e->lds_barriers, 8 * c.tma_tiles);
