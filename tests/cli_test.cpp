@@ -621,6 +621,32 @@ TEST(Cli, EmitsTheGqaPackedKernels) {
   EXPECT_NE(r.err.find("this spec does not pack"), std::string::npos) << r.err;
 }
 
+/// --prefetch-blocks on|off: block prefetch in the forward's loop where stages is
+/// 2; the default of GQA-packed decode's four-wave kernels on NVIDIA, turned off by
+/// the flag; a value that is not on or off, and stages other than 2, refused.
+TEST(Cli, PrefetchBlocksIsAConfigKnob) {
+  Ran r = run_tool("", "emit --arch sm_90 --head-dim 64 --stages 2 --prefetch-blocks on");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("Block prefetch"), std::string::npos);
+  r = run_tool("", "emit --arch sm_90 --heads 32 --kv-heads 8 --seqlen-q 4 --kernel decode "
+                   "--gqa-packed");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("Block prefetch"), std::string::npos);
+  // A config flag gives the whole config (here decode's own, without the prefetch).
+  r = run_tool("", "emit --arch sm_90 --heads 32 --kv-heads 8 --seqlen-q 4 --kernel decode "
+                   "--gqa-packed --block-m 64 --block-n 64 --waves 4 --stages 2 "
+                   "--prefetch-blocks off");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.find("Block prefetch"), std::string::npos);
+  r = run_tool("", "emit --arch sm_90 --head-dim 64 --stages 2 --prefetch-blocks maybe");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("--prefetch-blocks maybe: expected on or off"), std::string::npos) << r.err;
+  r = run_tool("", "emit --arch sm_90 --head-dim 64 --stages 1 --prefetch-blocks on");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("config prefetch_blocks needs stages 2 (got stages 1)"), std::string::npos)
+      << r.err;
+}
+
 /// `run --device hip:N|cuda:N|emulator:ARCH`: the library's whole path on that
 /// device (here the emulator: the same code as on a GPU but for the copies),
 /// checked against the float64 reference; a GPU library that does not load, an

@@ -210,22 +210,21 @@ Expected<ir::Config> config_from(const Args &a, ir::Config base) {
   c.stages = *st;
   if (a.has("--q-in-lds"))
     c.q_in_lds = true;
-  if (a.has("--prefetch-blocks")) {
-    const std::string v = a.get("--prefetch-blocks");
+  // An on|off knob that belongs to one pipeline: given, it is what it says;
+  // otherwise the base config's value where that pipeline runs, else off.
+  auto knob = [&](const char *flag, bool &value, int64_t stages) -> Status {
+    if (!a.has(flag)) {
+      value = value && c.stages == stages;
+      return Status::ok();
+    }
+    const std::string v = a.get(flag);
     if (v != "on" && v != "off")
-      return Status::error("--prefetch-blocks {}: expected on or off", v);
-    c.prefetch_blocks = v == "on";
-  } else if (c.stages != 2) {
-    c.prefetch_blocks = false; // a default's block prefetch is for its stages 2
-  }
-  if (a.has("--persistent")) {
-    const std::string v = a.get("--persistent");
-    if (v != "on" && v != "off")
-      return Status::error("--persistent {}: expected on or off", v);
-    c.persistent = v == "on";
-  } else if (c.stages != 3) {
-    c.persistent = false; // the rules' persistent default is for their stages 3
-  }
+      return Status::error("{} {}: expected on or off", flag, v);
+    value = v == "on";
+    return Status::ok();
+  };
+  FJ_RETURN_IF_ERROR(knob("--prefetch-blocks", c.prefetch_blocks, 2));
+  FJ_RETURN_IF_ERROR(knob("--persistent", c.persistent, 3));
   FJ_RETURN_IF_ERROR(ir::validate(c));
   return c;
 }
