@@ -239,8 +239,6 @@ void KernelEmitter::declare_lds(const std::string &elem, const std::string &buf,
   lds_bytes_ += int(bytes * copies);
 }
 
-// Waits for this lane's copies into `buf`, then for every wave's: the tile of
-// `op` is readable from there on.
 // A wait in a loop that only waits for TMA tiles also waits for the copy of a
 // tile whose wait was left to the loop (q_wait_in_loop_): a no-op once it is done.
 void KernelEmitter::wait_for_deferred_copy() {
@@ -252,6 +250,8 @@ void KernelEmitter::wait_for_deferred_copy() {
     w_.line("fj_fence_async_shared(); // the copies are visible to wgmma's reads");
 }
 
+// Waits for this lane's copies into `buf`, then for every wave's: the tile of
+// `op` is readable from there on.
 void KernelEmitter::finish_stage(const Op &op, const std::string &buf) {
   if (auto tma = tma_.find(buf); tma != tma_.end()) {
     w_.line("fj_tma_wait(fj_tma_bar, {}, fj_tma_phase); // this thread sees the {} tile",
