@@ -425,8 +425,13 @@ Expected<Program> build(const AttentionSpec &spec, const Config &config, bool sp
   FJ_RETURN_IF_ERROR(spec.validate());
   FJ_RETURN_IF_ERROR(validate(config));
   if (split_kv && spec.sinks)
-    return Status::error("split-KV with attention sinks is not built: each split would count the "
-                         "sink; use num_splits = 1");
+    return Status::error("split-KV's partial kernel with attention sinks is not built: each split "
+                         "would count the sink (the combine counts it once: build the split "
+                         "kernels without sinks)");
+  if (spec.sinks && spec.q_group > 1)
+    return Status::error("grouped query rows with attention sinks are not built: a row's sink is "
+                         "its head's, which the program's head is not (split-KV's combine counts "
+                         "them: build the split kernels without sinks)");
   if (split_kv && spec.seqs.packed_q)
     return Status::error("split-KV with packed queries (cu_seqlens_q) is not built: its "
                          "workspace and combine are dense in the query rows; use num_splits = 1");

@@ -343,8 +343,10 @@ Status AttentionSpec::validate_q_group() const {
     return Status::error("q_group ({}) must be 1, or divide seqlen_q ({}): grouped query rows "
                          "come q_group per query position",
                          q_group, seqlen_q);
+  // (Attention sinks are split-KV's combine's, which finds a grouped row's head;
+  // the tile programs refuse them with grouped rows: ir::build_split_kv.)
   if (seqs.packed_q || alibi != Alibi::none || !score_mod.empty() || !mask_mod.empty() ||
-      mask != MaskType::none || dropout_p > 0 || sinks)
+      mask != MaskType::none || dropout_p > 0)
     return Status::error("q_group ({}) groups the query rows of several heads, but this spec also "
                          "has {}, which reads a row's head or position: set q_group 1",
                          q_group,
@@ -353,8 +355,7 @@ Status AttentionSpec::validate_q_group() const {
                          : !score_mod.empty()     ? "a score_mod"
                          : !mask_mod.empty()      ? "a mask_mod"
                          : mask != MaskType::none ? "a mask tensor"
-                         : dropout_p > 0          ? "dropout"
-                                                  : "sinks");
+                                                  : "dropout");
   for (const Strides *t : {&q, &o})
     if ((seqlen_q / q_group - 1) * t->seq + (q_group - 1) * t->group >
         std::numeric_limits<int32_t>::max())
@@ -365,12 +366,10 @@ Status AttentionSpec::validate_q_group() const {
 }
 
 Status AttentionSpec::validate_modifiers() const {
-  if (num_splits > 1 && (sinks || seqs.packed_q))
-    return Status::error("num_splits ({}) asks for split-KV, which does not run with {}: give "
-                         "num_splits 0 or 1",
-                         num_splits,
-                         sinks ? "attention sinks (each split would count the sink)"
-                               : "packed queries (cu_seqlens_q)");
+  if (num_splits > 1 && seqs.packed_q)
+    return Status::error("num_splits ({}) asks for split-KV, which does not run with packed "
+                         "queries (cu_seqlens_q): give num_splits 0 or 1",
+                         num_splits);
   if (!std::isfinite(softcap) || softcap < 0 || (softcap > 0 && float(softcap) == 0.0f))
     return Status::error("softcap ({}) must be 0 (off) or a positive finite number (the scores "
                          "become softcap * tanh(score / softcap))",
@@ -467,12 +466,13 @@ std::optional<AttentionSpec> gqa_packed_decode(const AttentionSpec &s) {
   const bool local = s.window.left >= 0 || s.window.right >= 0;
   const int64_t tokens = s.seqlen_q;
   if (tokens > kMaxPackedTokens || group <= 1 || s.alibi != Alibi::none || !s.score_mod.empty() ||
-      !s.mask_mod.empty() || s.dropout_p > 0 || s.sinks || s.seqs.packed_q || s.q_group != 1)
+      !s.mask_mod.empty() || s.dropout_p > 0 || s.seqs.packed_q || s.q_group != 1)
     return std::nullopt;
   // One token with a mask tensor: the view of strides alone (the mask's rows
-  // are its heads); a mask tensor with several tokens is not grouped.
+  // are its heads); a mask tensor with several tokens is not grouped. Attention
+  // sinks are the combine's, which finds a row's head in grouped rows only.
   const bool by_strides = tokens == 1 && s.mask != MaskType::none;
-  if (by_strides ? local : s.mask != MaskType::none)
+  if (by_strides ? local || s.sinks : s.mask != MaskType::none)
     return std::nullopt;
   AttentionSpec p = s;
   p.heads = s.kv_heads;

@@ -6,6 +6,12 @@
 //   O       = sum_s w_s O_s / sum_s w_s     (0 for a row that sees no key)
 //   LSE     = lse_max + ln(sum_s w_s)       (-inf for such a row)
 //
+// With attention sinks the splits count no sink (the split kernels are built
+// without them); the merge counts the row's head's once: lse_max takes the sink
+// too and the sum gains exp(sink - lse_max), which O's entries do not (a row
+// that sees no key: O = 0, LSE = sink), as the attention kernel's running max and
+// sum start from the sink.
+//
 // It has no matrix products and no tiles, so it is written here directly
 // rather than built as tile IR (docs/decisions.md). With many splits one
 // workgroup merges one row: its work-items read the splits' LSEs at once, and
@@ -46,8 +52,9 @@ constexpr int64_t kNarrowFromSplits = 256;
 constexpr int64_t kFlatUpToSplits = 16, kFlatFromRows = 256;
 
 std::string combine_name(const KernelSignature &sig) {
-  return fmt::format("fa_combine_{}_d{}{}{}", sig.f32_io ? "f32" : dtype_name(sig.dtype),
-                     sig.head_dim_v, sig.lse ? "_lse" : "", sig.unit_dim[3] ? "" : "_strided");
+  return fmt::format("fa_combine_{}_d{}{}{}{}", sig.f32_io ? "f32" : dtype_name(sig.dtype),
+                     sig.head_dim_v, sig.lse ? "_lse" : "", sig.sinks ? "_sinks" : "",
+                     sig.unit_dim[3] ? "" : "_strided");
 }
 
 } // namespace
@@ -92,6 +99,9 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
   };
   if (sig.lse)
     out.params.push_back({"LSE", KernelParam::Kind::tensor, ir::ScalarType::i64, "float *"});
+  if (sig.sinks)
+    out.params.push_back(
+        {"sinks", KernelParam::Kind::tensor, ir::ScalarType::i64, "const float *"});
   const std::pair<const char *, ir::ScalarType> scalars[] = {
       {"rows", ir::ScalarType::i64},
       {"heads", ir::ScalarType::i32},
@@ -154,6 +164,20 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
            sig.f32_io ? "fj_global_store_f32" : "fj_global_store1",
            sig.unit_dim[3] ? "" : " * o_dim_stride", sig.f32_io ? "" : "fj_from_f32", total);
   };
+  // Attention sinks: the row's head's logit joins lse_max, then the sum (the
+  // caller's head: a KV head's member `member` of its group with grouped rows).
+  auto sink_into_max = [&] {
+    if (!sig.sinks)
+      return;
+    w.line("const float sink = fj_global_load_f32(sinks + head * q_group + member);");
+    w.line("lse_max = fj_max(lse_max, sink);");
+  };
+  auto sink_into_sum = [&] {
+    if (!sig.sinks)
+      return;
+    w.line("if (sink != -FJ_INF) // the sink's weight: in the sum, not in O's entries");
+    w.line("  sum += fj_exp2((sink - lse_max) * {});", log2e);
+  };
   auto store_lse = [&](std::string_view guard) {
     if (!sig.lse)
       return;
@@ -174,9 +198,11 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
   w.line("  return;");
   w.line("const long row = entry / kDimV;");
   w.line("const int col = int(entry % kDimV);");
+  locate_row();
   w.line("float lse_max = -FJ_INF;");
   w.line("for (int s = 0; s < num_splits; ++s)");
   w.line("  lse_max = fj_max(lse_max, fj_global_load_f32(LSE_partial + s * rows + row));");
+  sink_into_max();
   w.line("float sum = 0.0f, acc = 0.0f; // the splits in order");
   w.open("for (int s = 0; s < num_splits; ++s) {{");
   w.line("const float lse = fj_global_load_f32(LSE_partial + s * rows + row);");
@@ -185,7 +211,7 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
   w.line("if (w != 0.0f) // an empty split's partial entry is not read");
   w.line("  acc += w * fj_global_load_f32(O_partial + (s * rows + row) * kDimV + col);");
   w.close();
-  locate_row();
+  sink_into_sum();
   store_entry("acc");
   store_lse("col == 0");
   w.line("return;");
@@ -202,6 +228,8 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
   w.line("  lse_max = fj_max(lse_max, lse);");
   w.line("}}");
   tree_reduce(w, "lds_tree", "lse_max", true, "lse_max");
+  locate_row();
+  sink_into_max();
   w.line("// A split's weight: 0 for an empty one (its partial output is not read), and");
   w.line("// so for every split of a row no split saw a key of.");
   w.line("float sum = 0.0f;");
@@ -212,7 +240,7 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
   w.line("  sum += w;");
   w.line("}}");
   tree_reduce(w, "lds_tree", "sum", false, "sum");
-  locate_row();
+  sink_into_sum();
   // The merge, once per width: each a block with its width a constant.
   for (int cols : {kNarrowColThreads, kColThreads}) {
     if (cols == kNarrowColThreads) {

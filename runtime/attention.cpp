@@ -497,10 +497,21 @@ Status Attention::Impl::with_workspace(int64_t bytes, void *stream, std::string_
 int64_t Attention::Impl::choose_splits(const AttentionSpec &shape, SplitSet set) {
   const bool packed = set != SplitSet::plain;
   // Packed queries have no split kernels (ir::build_split_kv says why).
-  if (executor == Executor::interpreter || shape.seqs.packed_q || shape.sinks)
+  if (executor == Executor::interpreter || shape.seqs.packed_q)
     return 0;
   if (shape.num_splits > 1)
     return shape.num_splits;
+  // With attention sinks the decode kernel, like the splits, is built without
+  // them: one split chosen runs the split kernels over one split (the combine
+  // counts the sink); num_splits 1 (no workspace) the attention kernel, which
+  // counts it itself.
+  if (shape.sinks) {
+    if (shape.num_splits == 1)
+      return 0;
+    AttentionSpec plain = shape;
+    plain.sinks = false;
+    return choose_splits(plain, set);
+  }
   const ir::Config &c = generated->config;
   const bool decode = packed || shape.seqlen_q <= kDecodeRows;
   const int64_t units = std::max(device.compute_units, 1);
@@ -593,9 +604,15 @@ Expected<const Attention::Impl::SplitKv *> Attention::Impl::split_kv(Failure *fa
         {pipeline::KernelKind::split_combine, &made->combine, &made->combine_code,
          &made->combine_kernel},
         {pipeline::KernelKind::decode, &made->direct, &made->direct_code, &made->direct_kernel}};
+    // Attention sinks are the combine's: the splits count none (each would count
+    // the sink), and with sinks no call runs one split alone (choose_splits).
+    AttentionSpec no_sinks = kernel_spec;
+    no_sinks.sinks = false;
     const Generated *all[std::size(slots)];
     for (size_t i = 0; i < std::size(slots); ++i) {
-      auto gen = pipeline::generate(kernel_spec, device.arch, options, failure, slots[i].kind);
+      const bool combine = slots[i].kind == pipeline::KernelKind::split_combine;
+      auto gen = pipeline::generate(combine ? kernel_spec : no_sinks, device.arch, options, failure,
+                                    slots[i].kind);
       if (!gen)
         return gen.status();
       *slots[i].generated = gen.take();
@@ -660,8 +677,11 @@ Status Attention::Impl::run_split_gpu(const SplitKv &sk, const AttentionSpec &sh
                                            {"block_table", t.block_table},
                                            {"alibi_slopes", t.alibi_slopes},
                                            {"attn_mask", t.attn_mask}};
-    const runtime::NamedPointer second[] = {
-        {"O_partial", o_partial}, {"LSE_partial", lse_partial}, {"O", t.out}, {"LSE", t.lse}};
+    const runtime::NamedPointer second[] = {{"O_partial", o_partial},
+                                            {"LSE_partial", lse_partial},
+                                            {"O", t.out},
+                                            {"LSE", t.lse},
+                                            {"sinks", t.sinks}};
     FJ_RETURN_IF_ERROR(launch_reading_mask(sk.partial.lowered, *sk.partial_kernel,
                                            ir::bind_split_kv(shape, splits), first, shape, stream));
     return launch(sk.combine.lowered, *sk.combine_kernel,
@@ -1448,8 +1468,9 @@ Status detail::AttentionAccess::forward(Attention &a, const AttentionSpec &shape
       return failed(failure, Failure::unsupported,
                     sk.status().with_context(fmt::format("forward with num_splits = {}", splits)));
   }
-  // One split: the decode kernel writes O itself (no workspace, no combine).
-  const bool direct = split && splits == 1;
+  // One split: the decode kernel writes O itself (no workspace, no combine), but
+  // for attention sinks, which only the combine counts.
+  const bool direct = split && splits == 1 && !shape.sinks;
   if (split) {
     if (direct) {
       m.decode_launches.fetch_add(1, std::memory_order_relaxed);

@@ -983,9 +983,11 @@ Status check_attention(const lowering::Lowered &k, const AttentionSpec &spec,
   if (tensors.alibi_slopes.size() != slopes)
     return Status::error("emulator: host alibi_slopes holds {} values; the spec needs {}",
                          tensors.alibi_slopes.size(), slopes);
-  if (tensors.sinks.size() != (spec.sinks ? size_t(spec.heads) : 0))
+  // One per query head: a KV head's q_group with grouped rows (GQA-packed decode).
+  const int64_t sinks = spec.sinks ? spec.heads * spec.q_group : 0;
+  if (int64_t(tensors.sinks.size()) != sinks)
     return Status::error("emulator: host sinks holds {} values; the spec needs {}",
-                         tensors.sinks.size(), spec.sinks ? spec.heads : 0);
+                         tensors.sinks.size(), sinks);
   if (int64_t(tensors.attn_mask.size()) != spec.mask_elements())
     return Status::error("emulator: host attn_mask holds {} values; the spec's mask needs {}",
                          tensors.attn_mask.size(), spec.mask_elements());
@@ -1088,11 +1090,14 @@ Status emulate_split_kv(const lowering::Lowered &partial, const lowering::Lowere
   first.insert(first.end(), d.buffers.begin() + 5, d.buffers.end()); // the index arrays
   FJ_RETURN_IF_ERROR(
       emulate_kernel(partial, target, ir::bind_split_kv(spec, splits), first, options));
-  const EmulatorBuffer second[] = {
+  std::vector<EmulatorBuffer> second = {
       {"O_partial", o_partial.data, size_t(ws.o_elements) * 4, 4, false},
       {"LSE_partial", lse_partial.data, size_t(ws.lse_elements) * 4, 4, false},
       d.buffers[3],
       d.buffers[4]};
+  for (const EmulatorBuffer &b : d.buffers) // attention sinks are the combine's
+    if (b.name == "sinks")
+      second.push_back(b);
   FJ_RETURN_IF_ERROR(
       emulate_kernel(combine, target, lowering::bind_split_combine(spec, splits), second, options));
   from_device_tensors(spec, d, tensors);

@@ -506,6 +506,85 @@ TEST(SplitKvAttention, LoopsPrefetchingWholeBlocksMatchTheReference) {
   }
 }
 
+// Attention sinks across splits: the split kernels count none, the combine counts
+// the row's head's once (its max and its sum), so split-KV and GQA-packed decode
+// take sinks: MHA and grouped rows (several tokens, causal with tokens that see
+// no key: O = 0, LSE = the sink), chosen and forced splits, a sink of -inf; one
+// split is the attention kernel's, which counts the sink itself.
+TEST(SplitKvAttention, SinksCountOnceAcrossSplits) {
+  for (const char *arch : {"gfx1201", "gfx942"}) {
+    SCOPED_TRACE(arch);
+    auto shape_of = [](int64_t heads, int64_t kv_heads, int64_t sq, int64_t sk, int64_t splits) {
+      AttentionSpec s = make_spec(2, heads, kv_heads, sq, sk, 64, 64, bf16);
+      s.causal = true;
+      s.lse = true;
+      s.sinks = true;
+      s.num_splits = splits;
+      return s;
+    };
+    auto attn = Attention::create(shape_of(8, 2, 1, 300, 0), "emulator:" + std::string(arch),
+                                  emulator_options());
+    ASSERT_TRUE(attn) << attn.status().message();
+    uint64_t seed = 40;
+    for (const AttentionSpec &shape :
+         {shape_of(8, 2, 1, 300, 0), shape_of(8, 2, 1, 300, 3), shape_of(8, 2, 5, 300, 0),
+          shape_of(8, 2, 7, 5, 2), shape_of(4, 4, 1, 300, 3), shape_of(8, 2, 1, 300, 1)}) {
+      SCOPED_TRACE(shape.summary());
+      HostTensors t = make_random_inputs(shape, ++seed);
+      ASSERT_EQ(t.sinks.size(), size_t(shape.heads));
+      t.sinks[1] = -std::numeric_limits<float>::infinity(); // a head without a sink
+      std::vector<uint16_t> q(t.q.size()), k(t.k.size()), v(t.v.size()), o(t.o.size(), 0x7fff);
+      for (auto [from, to] : {std::pair{&t.q, &q}, std::pair{&t.k, &k}, std::pair{&t.v, &v}})
+        for (size_t i = 0; i < from->size(); ++i)
+          (*to)[i] = uint16_t(to_bits(shape.dtype, (*from)[i]));
+      std::fill(t.lse.begin(), t.lse.end(), std::numeric_limits<float>::quiet_NaN());
+      AttentionTensors a;
+      a.q = q.data();
+      a.k = k.data();
+      a.v = v.data();
+      a.out = o.data();
+      a.lse = t.lse.data();
+      a.sinks = t.sinks.data();
+      Status s = attn->forward(shape, a);
+      ASSERT_TRUE(s) << s.message();
+      for (size_t i = 0; i < o.size(); ++i)
+        t.o[i] = from_bits(shape.dtype, o[i]);
+      expect_matches_reference(shape, t);
+    }
+    const std::string explain = attn->explain();
+    EXPECT_NE(explain.find("5 of those calls ran the split-KV kernels"), std::string::npos)
+        << explain;
+    EXPECT_NE(explain.find("4 as grouped rows"), std::string::npos) << explain;
+    EXPECT_NE(explain.find("1 through this one kernel"), std::string::npos) << explain;
+  }
+  // Rows that fill the device: one split chosen, which runs the split kernels
+  // (the decode kernel counts no sinks).
+  AttentionSpec many = make_spec(16, 32, 16, 1, 200, 64, 64, bf16);
+  many.sinks = true;
+  many.lse = true;
+  auto attn = Attention::create(many, "emulator:gfx1201", emulator_options());
+  ASSERT_TRUE(attn) << attn.status().message();
+  HostTensors t = make_random_inputs(many, 49);
+  std::vector<uint16_t> q(t.q.size()), k(t.k.size()), v(t.v.size()), o(t.o.size(), 0x7fff);
+  for (auto [from, to] : {std::pair{&t.q, &q}, std::pair{&t.k, &k}, std::pair{&t.v, &v}})
+    for (size_t i = 0; i < from->size(); ++i)
+      (*to)[i] = uint16_t(to_bits(many.dtype, (*from)[i]));
+  AttentionTensors a;
+  a.q = q.data();
+  a.k = k.data();
+  a.v = v.data();
+  a.out = o.data();
+  a.lse = t.lse.data();
+  a.sinks = t.sinks.data();
+  ASSERT_TRUE(attn->forward(many, a));
+  for (size_t i = 0; i < o.size(); ++i)
+    t.o[i] = from_bits(many.dtype, o[i]);
+  expect_matches_reference(many, t);
+  EXPECT_NE(attn->explain().find("ran the split-KV kernels (the latest over 1 splits"),
+            std::string::npos)
+      << attn->explain();
+}
+
 // The group is a call's, not the signature's: a handle made by a call without
 // GQA builds the grouped kernels right for a later call with it (they once took
 // the handle's group of 1 and read the rows ungrouped).
@@ -548,6 +627,7 @@ TEST(SplitKvAttention, GqaPackingKeepsWhatDependsOnTheHead) {
     return !gqa_packed_decode(t).has_value();
   };
   EXPECT_TRUE(refused([](AttentionSpec &t) { t.window = {50, -1}; }));
+  EXPECT_TRUE(refused([](AttentionSpec &t) { t.sinks = true; })); // rows by strides: no head
   EXPECT_TRUE(refused([](AttentionSpec &t) { // a mask tensor with several tokens
     t.seqlen_q = 2;
     t.mask_strides = dense_mask_strides("bhqk", 2, 8, 2, 100).value();
@@ -564,7 +644,7 @@ TEST(SplitKvAttention, GqaPackingKeepsWhatDependsOnTheHead) {
   EXPECT_TRUE(refused([](AttentionSpec &t) { t.score_mod = "score + h"; }));
   EXPECT_TRUE(refused([](AttentionSpec &t) { t.mask_mod = "q_idx >= 0"; }));
   EXPECT_TRUE(refused([](AttentionSpec &t) { t.dropout_p = 0.1; }));
-  EXPECT_TRUE(refused([](AttentionSpec &t) { t.sinks = true; }));
+  EXPECT_FALSE(refused([](AttentionSpec &t) { t.sinks = true; })); // the combine's
   EXPECT_FALSE(refused([](AttentionSpec &t) { t.softcap = 30; }));
   // Row r of KV head kv is head kv * 4 + r % 4 of token r / 4, in both layouts;
   // causal and a window stay (on the token).
