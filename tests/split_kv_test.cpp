@@ -287,6 +287,28 @@ TEST(SplitKvCombine, TakesMoreSplitsThanWorkItems) {
 
 // ---- through flashjit::Attention -------------------------------------------
 
+/// One forward of `shape` through `attn` on the inputs of `t` (in the spec's dtype;
+/// O poisoned; the LSE and sinks where the spec has them), against the reference.
+void forward_host_matches(Attention &attn, const AttentionSpec &shape, HostTensors &t) {
+  std::vector<uint16_t> q(t.q.size()), k(t.k.size()), v(t.v.size()), o(t.o.size(), 0x7fff);
+  for (auto [from, to] : {std::pair{&t.q, &q}, std::pair{&t.k, &k}, std::pair{&t.v, &v}})
+    for (size_t i = 0; i < from->size(); ++i)
+      (*to)[i] = uint16_t(to_bits(shape.dtype, (*from)[i]));
+  std::fill(t.lse.begin(), t.lse.end(), std::numeric_limits<float>::quiet_NaN());
+  AttentionTensors a;
+  a.q = q.data();
+  a.k = k.data();
+  a.v = v.data();
+  a.out = o.data();
+  a.lse = shape.lse ? t.lse.data() : nullptr;
+  a.sinks = shape.sinks ? t.sinks.data() : nullptr;
+  Status s = attn.forward(shape, a);
+  ASSERT_TRUE(s) << s.message();
+  for (size_t i = 0; i < o.size(); ++i)
+    t.o[i] = from_bits(shape.dtype, o[i]);
+  expect_matches_reference(shape, t);
+}
+
 // One Attention serves decode steps with split-KV chosen per call (auto), forced
 // (n) and off (1: the decode kernel alone), and prefill, all against the
 // reference; explain() says how many calls split.
@@ -311,15 +333,7 @@ TEST(SplitKvAttention, DecodeSplitsThroughOneAttention) {
     shape.lse = true;
     shape.num_splits = c.num_splits;
     HostTensors t = make_random_inputs(shape, 31 + uint64_t(c.sk));
-    std::vector<uint16_t> q(t.q.size()), k(t.k.size()), v(t.v.size()), o(t.o.size(), 0x7fff);
-    for (auto [from, to] : {std::pair{&t.q, &q}, std::pair{&t.k, &k}, std::pair{&t.v, &v}})
-      for (size_t i = 0; i < from->size(); ++i)
-        (*to)[i] = uint16_t(to_bits(shape.dtype, (*from)[i]));
-    Status s = attn->forward(shape, q.data(), k.data(), v.data(), o.data(), t.lse.data());
-    ASSERT_TRUE(s) << s.message();
-    for (size_t i = 0; i < o.size(); ++i)
-      t.o[i] = from_bits(shape.dtype, o[i]);
-    expect_matches_reference(shape, t);
+    forward_host_matches(*attn, shape, t);
   }
   const std::string explain = attn->explain();
   // Decode takes the split kernels when chosen (sk 1500), and 5 and 128 were asked
@@ -348,16 +362,7 @@ Options emulator_options(std::string rules = "auto", int64_t mma_m = 0) {
 /// One forward of `shape` through `attn` on fresh inputs, against the reference.
 void forward_matches(Attention &attn, const AttentionSpec &shape, uint64_t seed) {
   HostTensors t = make_random_inputs(shape, seed);
-  std::vector<uint16_t> q(t.q.size()), k(t.k.size()), v(t.v.size()), o(t.o.size(), 0x7fff);
-  for (auto [from, to] : {std::pair{&t.q, &q}, std::pair{&t.k, &k}, std::pair{&t.v, &v}})
-    for (size_t i = 0; i < from->size(); ++i)
-      (*to)[i] = uint16_t(to_bits(shape.dtype, (*from)[i]));
-  Status s = attn.forward(shape, q.data(), k.data(), v.data(), o.data(),
-                          shape.lse ? t.lse.data() : nullptr);
-  ASSERT_TRUE(s) << s.message();
-  for (size_t i = 0; i < o.size(); ++i)
-    t.o[i] = from_bits(shape.dtype, o[i]);
-  expect_matches_reference(shape, t);
+  forward_host_matches(attn, shape, t);
 }
 
 // Decode's chosen split count: as many splits as the device holds at once
@@ -533,23 +538,7 @@ TEST(SplitKvAttention, SinksCountOnceAcrossSplits) {
       HostTensors t = make_random_inputs(shape, ++seed);
       ASSERT_EQ(t.sinks.size(), size_t(shape.heads));
       t.sinks[1] = -std::numeric_limits<float>::infinity(); // a head without a sink
-      std::vector<uint16_t> q(t.q.size()), k(t.k.size()), v(t.v.size()), o(t.o.size(), 0x7fff);
-      for (auto [from, to] : {std::pair{&t.q, &q}, std::pair{&t.k, &k}, std::pair{&t.v, &v}})
-        for (size_t i = 0; i < from->size(); ++i)
-          (*to)[i] = uint16_t(to_bits(shape.dtype, (*from)[i]));
-      std::fill(t.lse.begin(), t.lse.end(), std::numeric_limits<float>::quiet_NaN());
-      AttentionTensors a;
-      a.q = q.data();
-      a.k = k.data();
-      a.v = v.data();
-      a.out = o.data();
-      a.lse = t.lse.data();
-      a.sinks = t.sinks.data();
-      Status s = attn->forward(shape, a);
-      ASSERT_TRUE(s) << s.message();
-      for (size_t i = 0; i < o.size(); ++i)
-        t.o[i] = from_bits(shape.dtype, o[i]);
-      expect_matches_reference(shape, t);
+      forward_host_matches(*attn, shape, t);
     }
     const std::string explain = attn->explain();
     EXPECT_NE(explain.find("5 of those calls ran the split-KV kernels"), std::string::npos)
@@ -564,22 +553,7 @@ TEST(SplitKvAttention, SinksCountOnceAcrossSplits) {
   many.lse = true;
   auto attn = Attention::create(many, "emulator:gfx1201", emulator_options());
   ASSERT_TRUE(attn) << attn.status().message();
-  HostTensors t = make_random_inputs(many, 49);
-  std::vector<uint16_t> q(t.q.size()), k(t.k.size()), v(t.v.size()), o(t.o.size(), 0x7fff);
-  for (auto [from, to] : {std::pair{&t.q, &q}, std::pair{&t.k, &k}, std::pair{&t.v, &v}})
-    for (size_t i = 0; i < from->size(); ++i)
-      (*to)[i] = uint16_t(to_bits(many.dtype, (*from)[i]));
-  AttentionTensors a;
-  a.q = q.data();
-  a.k = k.data();
-  a.v = v.data();
-  a.out = o.data();
-  a.lse = t.lse.data();
-  a.sinks = t.sinks.data();
-  ASSERT_TRUE(attn->forward(many, a));
-  for (size_t i = 0; i < o.size(); ++i)
-    t.o[i] = from_bits(many.dtype, o[i]);
-  expect_matches_reference(many, t);
+  forward_matches(*attn, many, 49);
   EXPECT_NE(attn->explain().find("ran the split-KV kernels (the latest over 1 splits"),
             std::string::npos)
       << attn->explain();
