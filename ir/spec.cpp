@@ -344,7 +344,7 @@ Status AttentionSpec::validate_q_group() const {
                          "come q_group per query position",
                          q_group, seqlen_q);
   // (Attention sinks are split-KV's combine's, which finds a grouped row's head;
-  // the tile programs refuse them with grouped rows: ir::build_split_kv.)
+  // the tile programs refuse them with grouped rows: ir/build.cpp.)
   if (seqs.packed_q || alibi != Alibi::none || !score_mod.empty() || !mask_mod.empty() ||
       mask != MaskType::none || dropout_p > 0)
     return Status::error("q_group ({}) groups the query rows of several heads, but this spec also "

@@ -605,7 +605,7 @@ Expected<const Attention::Impl::SplitKv *> Attention::Impl::split_kv(Failure *fa
          &made->combine_kernel},
         {pipeline::KernelKind::decode, &made->direct, &made->direct_code, &made->direct_kernel}};
     // Attention sinks are the combine's: the splits count none (each would count
-    // the sink), and with sinks no call runs one split alone (choose_splits).
+    // the sink), nor does the decode kernel, which no call with sinks runs.
     AttentionSpec no_sinks = kernel_spec;
     no_sinks.sinks = false;
     const Generated *all[std::size(slots)];
