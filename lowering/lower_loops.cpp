@@ -762,15 +762,20 @@ Status KernelEmitter::emit_for(const Op &op) {
     w_.line("{} fj_p_prev[kQTiles][{}] = {{}}; // the P the next O product reads",
             rules_.operand_type(), tiles(type(o.operands[0]).cols));
   }
-  // Config prefetch_blocks asks for the block prefetch where both apply.
-  if (!*producer && prefetch_blocks_)
-    prefetch = plan_prefetch(op);
-  if (!*producer && !prefetch && plan_pipeline(op)) {
+  // Without a producer: the tile pipeline where it applies, else the block
+  // prefetch; config prefetch_blocks asks for the block prefetch first.
+  bool pipelined = false;
+  if (!*producer) {
+    prefetch = prefetch_blocks_ && plan_prefetch(op);
+    pipelined = !prefetch && plan_pipeline(op);
+    prefetch = prefetch || (!pipelined && !prefetch_blocks_ && plan_prefetch(op));
+  }
+  if (pipelined) {
     w_.line("// Software pipeline: the first tile is in flight before the loop starts.");
     w_.open("if (kv_begin < kv_end) {{");
     emit_stage_issue(*pipeline_order_.front(), "kv_begin");
     w_.close();
-  } else if (!*producer && (prefetch || (prefetch = plan_prefetch(op)))) {
+  } else if (prefetch) {
     w_.line("// Block prefetch: the first block's tiles are in flight before the loop starts;");
     w_.line("// each iteration starts the next block's into the other copy of the buffers.");
     for (const Op *l : prefetch_loads_) // an earlier loop may still read copy 0
