@@ -1203,18 +1203,36 @@ Status KernelEmitter::emit_op(const Op &op) {
     close_elements(t);
     w_.close("} else {");
     w_.indent(1);
-    const std::string element = open_elements(t, dst);
-    if (transposed) {
-      w_.line("const int query = {} * kBlockN + c * kNTile + {};", name(op.operands[2]),
-              rules_.acc_col("e"));
-      w_.line("{} = fj_visible(query, query_row(qt, {}), {}) ? {}[qt][c][e] : -FJ_INF;", element,
-              rules_.acc_row("e"), mask_args(), src);
+    if (transposed || !rules_.mask_by_row_bounds()) {
+      // One test per score (the backward's dK/dV tiles have a key per row).
+      const std::string element = open_elements(t, dst);
+      if (transposed) {
+        w_.line("const int query = {} * kBlockN + c * kNTile + {};", name(op.operands[2]),
+                rules_.acc_col("e"));
+        w_.line("{} = fj_visible(query, query_row(qt, {}), {}) ? {}[qt][c][e] : -FJ_INF;", element,
+                rules_.acc_row("e"), mask_args(), src);
+      } else {
+        w_.line("const int key = {} * kBlockN + c * kNTile + {};", name(op.operands[2]),
+                rules_.acc_col("e"));
+        w_.line("{} = fj_visible({}, key, {}) ? {}[qt][c][e] : -FJ_INF;", element,
+                query_position(fmt::format("query_row(qt, {})", rules_.acc_row("e"))), mask_args(),
+                src);
+      }
     } else {
-      w_.line("const int key = {} * kBlockN + c * kNTile + {};", name(op.operands[2]),
-              rules_.acc_col("e"));
-      w_.line("{} = fj_visible({}, key, {}) ? {}[qt][c][e] : -FJ_INF;", element,
-              query_position(fmt::format("query_row(qt, {})", rules_.acc_row("e"))), mask_args(),
-              src);
+      // Each row's visible keys once, counted from the block's first key; then
+      // two compares a score.
+      open_query_tiles();
+      w_.line("int lo[kRowSlots], hi[kRowSlots];");
+      w_.line("#pragma unroll");
+      w_.open("for (int s = 0; s < kRowSlots; ++s) {{");
+      w_.line("fj_visible_keys({}, {}, &lo[s], &hi[s]);",
+              query_position(fmt::format("query_row(qt, {})", rules_.slot_row("s"))), mask_args());
+      w_.line("lo[s] -= {0} * kBlockN;", name(op.operands[2]));
+      w_.line("hi[s] -= {0} * kBlockN;", name(op.operands[2]));
+      w_.close();
+      const std::string element = open_tile_elements(t, dst);
+      w_.line("const int n = c * kNTile + {}, s = {};", rules_.acc_col("e"), rules_.acc_slot("e"));
+      w_.line("{} = n >= lo[s] && n <= hi[s] ? {}[qt][c][e] : -FJ_INF;", element, src);
     }
     close_elements(t);
     w_.close();

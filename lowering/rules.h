@@ -191,6 +191,13 @@ public:
   /// product where their bits fit (KernelEmitter::emit_early_masks); measured
   /// on NVIDIA only.
   virtual bool early_mask_loads() const { return false; }
+  /// Whether a partly visible block compares each score's key with its row's
+  /// bounds (fj_visible_keys, once per row slot) rather than testing fj_visible
+  /// per score. On NVIDIA (sm90, window 128, head dim 64) the per-score tests
+  /// of the run-time window sizes spilled; on the AMD families, whose lanes
+  /// hold one row and keep those sizes in scalar registers, the bounds cost
+  /// vector registers (gfx1201 head dim 128: 248 -> 256 and 2 spilled).
+  virtual bool mask_by_row_bounds() const { return false; }
   /// The default tuning config for a spec (block sizes, waves, pipeline stages):
   /// 4 waves of 16 queries; block_n shrinks as the head dims grow.
   virtual ir::Config default_config(const AttentionSpec &spec) const;

@@ -135,6 +135,7 @@ public:
 
   bool v_transposed() const override { return false; }
   bool early_mask_loads() const override { return true; }
+  bool mask_by_row_bounds() const override { return true; }
   ir::Config default_config(const AttentionSpec &spec) const override {
     // From a sweep on an H100 (bench/sweep_configs.py; bench/results/sweep_*.csv,
     // S = 4096, causal and not), 4 warps and cp.async one tile ahead (stages 2):

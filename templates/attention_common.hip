@@ -149,6 +149,24 @@ FJ_DEVICE bool fj_visible(int i, int j, int seqlen_q, int seqlen_k, int window_l
   return true;
 }
 
+// fj_visible as a range: the keys query row i sees are [*lo, *hi] (none when
+// *lo > *hi), so a masked block compares each key with its row's two bounds
+// instead of evaluating fj_visible per score. (Per score, the run-time window
+// sizes' tests kept the sm90 forward's mixed blocks past its registers.)
+FJ_DEVICE void fj_visible_keys(int i, int seqlen_q, int seqlen_k, int window_left,
+                               int window_right, int *lo, int *hi) {
+  const int diag = i + (seqlen_k - seqlen_q);
+  int first = 0, last = i < seqlen_q ? seqlen_k - 1 : -1;
+  if (kCausal && diag < last)
+    last = diag;
+  if (window_left >= 0 && diag > window_left) // else every key from 0 (no overflow)
+    first = diag - window_left;
+  if (window_right >= 0 && last - diag > window_right)
+    last = diag + window_right;
+  *lo = first;
+  *hi = last;
+}
+
 // The KV blocks holding at least one key visible to a query of positions
 // [first, last] (seqlen_q of them); the loop skips the rest instead of masking them.
 FJ_DEVICE void fj_kv_span(int first, int last, int seqlen_q, int seqlen_k, int window_left,
