@@ -41,6 +41,10 @@ struct CodeObject {
   std::vector<uint8_t> bytes;
   /// Compiler::identity() of the compiler that made it (part of cache keys).
   std::string compiler;
+  /// The compiler's log of this compile (warnings; with nvrtc and
+  /// `--ptxas-options=-v` in extra_flags, ptxas's registers and spills). Not
+  /// cached: a code object from the cache has none.
+  std::string log;
 };
 
 class Compiler {

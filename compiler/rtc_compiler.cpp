@@ -444,6 +444,7 @@ Expected<CodeObject> RtcCompiler::compile(std::string_view source, const Compile
   code.arch = options.arch;
   code.compiler = library_->identity;
   code.bytes.assign(out->code.begin(), out->code.end());
+  code.log = std::move(out->log);
   return code;
 }
 

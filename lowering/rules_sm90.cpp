@@ -87,10 +87,19 @@ public:
     // blocks) 6-13% slower at S = 4096, so bool masks keep the one-warpgroup
     // config (bench/mask_config_probe.py).
     const bool bias = spec.mask == MaskType::bf16 || spec.mask == MaskType::f16;
-    if (d <= 64 && !bias)
+    // Dropout's draws (Philox rounds, the words lanes share) spilled the one
+    // warpgroup of two tiles at head dim 64 (ptxas: 1000 bytes of spill stores)
+    // and the 128- and 96-key blocks at 128 and 192 (164 and 120 bytes; 64-key
+    // blocks none). H200, S = 4096, dropout 0.1 (bench/results/README.md,
+    // session 29): head dim 64 6113 -> 3695 us with two consumer warpgroups
+    // (S = 1024: 1551 -> 953), 128 2488 -> 2184 and 192 1780 -> 1587 with
+    // 64-key blocks. At 96 every block size spills and 64 keys was slower
+    // (2767 -> 3527), so up to 96 the blocks stay 128 keys.
+    const bool dropout = spec.dropout_p > 0;
+    if (d <= 64 && !bias && !dropout)
       return c;
     c.waves = 8;
-    c.block_n = d <= 128 ? 128 : d <= 192 ? 96 : 64;
+    c.block_n = dropout && d > 96 ? 64 : d <= 128 ? 128 : d <= 192 ? 96 : 64;
     // Persistent from head dim 72 to 128, without a mask_mod block range (the
     // producer's scan). H200, S = 1024, B = 16, not causal: +9% at head dim 80,
     // +5% at 128; head dims 64 and 256 within the spread. Causal tiles (uneven

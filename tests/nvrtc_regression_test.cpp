@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <future>
 #include <iostream>
 
@@ -173,3 +174,72 @@ TEST(NvrtcRegression, EveryKernelKindCompiles) {
 }
 
 } // namespace
+
+/// The sm90 forward's default kernels do not spill (ptxas's own count, through
+/// nvrtc's log with --ptxas-options=-v), for the features whose per-score code
+/// once did: a sliding window's run-time sizes (docs/decisions.md, "Masked blocks
+/// compare keys with their row's bounds on NVIDIA") and dropout's draws at head
+/// dims 64, 128 and 192 (rules_sm90.cpp's producer_config). Known spills this
+/// leaves out: dropout at 80, 96 and 256, and a mask_mod's block scan in the
+/// producer's 24 registers (docs/decisions.md).
+TEST(NvrtcRegression, Sm90DefaultForwardsDoNotSpill) {
+  auto nvrtc = compiler::RtcCompiler::load(compiler::RtcKind::nvrtc);
+  if (!nvrtc)
+    GTEST_SKIP() << "nvrtc is not installed here: " << nvrtc.status().message();
+  struct Feature {
+    std::string name;
+    std::function<void(AttentionSpec &)> set;
+    std::vector<int64_t> dims;
+  };
+  const std::vector<int64_t> all = {64, 80, 96, 128, 192, 256};
+  const std::vector<Feature> features = {
+      {"plain", [](AttentionSpec &) {}, all},
+      {"causal", [](AttentionSpec &s) { s.causal = true; }, all},
+      {"causal, window (128, 0)",
+       [](AttentionSpec &s) {
+         s.causal = true;
+         s.window = {128, 0};
+       },
+       all},
+      {"window (100, 30), GQA, LSE",
+       [](AttentionSpec &s) {
+         s.window = {100, 30};
+         s.lse = true;
+       },
+       all},
+      {"ALiBi", [](AttentionSpec &s) { s.alibi = Alibi::heads; }, all},
+      {"dropout", [](AttentionSpec &s) { s.dropout_p = 0.1; }, {64, 128, 192}},
+  };
+  std::vector<std::pair<std::string, std::future<std::string>>> results;
+  for (const Feature &f : features)
+    for (int64_t d : f.dims)
+      results.emplace_back(
+          fmt::format("{}, head dim {}", f.name, d),
+          std::async(std::launch::async, [&nvrtc, &f, d]() -> std::string {
+            AttentionSpec spec = make_spec(2, 8, 2, 300, 517, d, d, DType::bf16);
+            f.set(spec);
+            auto g = pipeline::generate(spec, "sm_90", Options{}, nullptr,
+                                        pipeline::KernelKind::attention);
+            if (!g)
+              return g.status().message();
+            compiler::CompileOptions options =
+                pipeline::compile_options(g->target, Options{}, &g->lowered);
+            options.extra_flags.push_back("--ptxas-options=-v");
+            auto code = (*nvrtc)->compile(g->lowered.source, options);
+            if (!code)
+              return code.status().message();
+            // "N bytes stack frame, N bytes spill stores, N bytes spill loads"
+            const size_t at = code->log.find(" bytes spill stores");
+            if (at == std::string::npos)
+              return "nvrtc's log has no ptxas resource line:\n" + code->log;
+            const size_t line = code->log.rfind('\n', at);
+            const std::string info = code->log.substr(
+                line == std::string::npos ? 0 : line + 1,
+                code->log.find('\n', at) - (line == std::string::npos ? 0 : line + 1));
+            if (info.find(" 0 bytes spill stores, 0 bytes spill loads") == std::string::npos)
+              return g->config.summary() + ": " + info;
+            return "";
+          }));
+  for (auto &[name, result] : results)
+    EXPECT_EQ(result.get(), "") << name;
+}
