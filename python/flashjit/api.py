@@ -538,14 +538,14 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         raise InputError("flashjit: return_attn_probs and return_lse both ask for the LSE: pass "
                          "one (return_attn_probs gives FlashAttention's (out, softmax_lse, None))")
     want_lse = bool(return_attn_probs or return_lse)
-    plain = (not dropout_p and alibi_slopes is None and sinks is None and attn_mask is None and
-             config is None and arch is None)
+    plain = (not dropout_p and alibi_slopes is None and attn_mask is None and config is None and
+             arch is None)
     repeat = None
     if plain:  # a repeat of a plain torch call first: nothing to convert or check again
         repeat = _repeat_key(q, k, v, softmax_scale, causal, window_size, softcap, want_lse,
-                             num_splits, score_mod, mask_mod)
+                             num_splits, score_mod, mask_mod, _sinks_key(sinks))
         if repeat is not None:
-            done = _fast_forward(repeat, q, k, v)
+            done = _fast_forward(repeat, q, k, v, sinks)
             if done is not None:
                 return _returned(*done, return_attn_probs, return_lse)
     # Arrays of other frameworks, through DLPack (_from_dlpack).
@@ -555,7 +555,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         if _Torch.module is None and _kind(q) == "torch" and not torch_ops.compiling():
             _Torch.get()  # outside any trace: from now on _repeat_key gives keys
         repeat = _repeat_key(q, k, v, softmax_scale, causal, window_size, softcap, want_lse,
-                             num_splits, score_mod, mask_mod)
+                             num_splits, score_mod, mask_mod, _sinks_key(sinks))
     if dropout_p and dropout_seed is None and _kind(q) == "torch" and torch_ops.compiling():
         raise NotImplementedError("flashjit: under torch.compile, dropout needs dropout_seed (a "
                                   "seed drawn while tracing would be baked into the graph: the "
@@ -634,6 +634,7 @@ class _Torch:
         if torch is not cls.module and torch is not None:
             cls.tensor = torch.Tensor
             cls.float32 = torch.float32
+            cls.sinks_dtypes = (torch.float32, torch.bfloat16, torch.float16)
             cls.grad_enabled = torch.is_grad_enabled
             cls.compiling = torch_ops.compiling_check(torch)
             cls.stream = _stream_getter(torch)
@@ -641,11 +642,28 @@ class _Torch:
         return torch
 
 
+def _sinks_key(sinks):
+    """The repeat key's part of a call's sinks: None without; the shape, dtype and
+    device of a contiguous float32, bfloat16 or float16 torch tensor (a parameter too)
+    whose gradient is not asked for (read per call); False for any other, which takes
+    the full path."""
+    if sinks is None:
+        return None
+    if _Torch.module is None or not isinstance(sinks, _Torch.tensor) or \
+            sinks.dtype not in _Torch.sinks_dtypes or not sinks.is_contiguous() or \
+            (sinks.requires_grad and _Torch.grad_enabled()):
+        return False
+    return sinks.shape, sinks.dtype, sinks.get_device()
+
+
 def _repeat_key(q, k, v, *args):
-    """The _REPEATS key of a plain torch call (no per-call arrays, grad not needed, not
-    under torch.compile), None for any other call. None too until a call has recorded
-    a repeat (and with it looked up _Torch): a first call may be inside a
-    torch.compile trace, which must not see _Torch change."""
+    """The _REPEATS key of a plain torch call (no per-call arrays but sinks, grad not
+    needed, not under torch.compile), None for any other call. None too until a call
+    has recorded a repeat (and with it looked up _Torch): a first call may be inside a
+    torch.compile trace, which must not see _Torch change. The last of `args` is the
+    call's _sinks_key: False is no repeat."""
+    if args[-1] is False:
+        return None
     torch = sys.modules.get("torch")
     if torch is None or torch is not _Torch.module:
         return None
@@ -698,10 +716,11 @@ _FORWARD_POINTERS.argtypes = [ctypes.c_void_p] * 8
 _FORWARD_POINTERS.restype = ctypes.c_int
 
 
-def _fast_forward(key, q, k, v):
+def _fast_forward(key, q, k, v, sinks=None):
     """A repeat of a plain torch call that ran before: the same spec (its shapes,
     strides and arguments are the key's), new pointers and outputs. (out, lse), or
-    None when the call has not run before or its handle was evicted."""
+    None when the call has not run before or its handle was evicted. `sinks`, as the
+    key's _sinks_key allowed: its pointer goes with the tensors."""
     try:
         seen = _REPEATS.get(key)
     except TypeError:  # e.g. window_size as a list: the full path takes it
@@ -709,6 +728,10 @@ def _fast_forward(key, q, k, v):
     if seen is None:
         return None
     handle_key, spec, out_shape, lse_shape, index, _, spec_address = seen
+    if sinks is not None:  # a 16-bit model parameter widened exactly, as the full path does
+        wide = sinks if sinks.dtype is _Torch.float32 else sinks.float()
+        return _fast_call(handle_key, spec, out_shape, lse_shape, index, q, k, v,
+                          sinks=wide.data_ptr())
     handle = _live_handle(handle_key)
     if handle is None:
         return None

@@ -226,6 +226,51 @@ def test_num_splits_out_of_range_is_refused():
         flashjit.flash_attn_func(q, q, q, num_splits=129)
 
 
+def reference_with_sinks(q, k, v, sinks):
+    """Every key visible (decode), one learned logit per head in each row's denominator."""
+    hq, hkv = q.shape[2], k.shape[2]
+    q, k, v = (x.double().transpose(1, 2) for x in (q, k, v))
+    k = k.repeat_interleave(hq // hkv, 1)
+    v = v.repeat_interleave(hq // hkv, 1)
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    sink = sinks.double()[None, :, None, None]
+    m = torch.maximum(s.amax(-1, keepdim=True), sink)
+    p = torch.exp(s - m)
+    return ((p @ v) / (p.sum(-1, keepdim=True) + torch.exp(sink - m))).transpose(1, 2)
+
+
+def test_repeated_calls_with_sinks_take_the_fast_path(monkeypatch):
+    """gpt-oss decode, the same call every token with the model's sinks: after the first,
+    each call takes the repeat path, yet reads that call's sinks (float32, or a bfloat16
+    parameter under no_grad) and matches float64; sinks whose gradient is asked for take
+    autograd."""
+    from flashjit import api
+    full = []
+    real = api._attention_forward
+    monkeypatch.setattr(api, "_attention_forward",
+                        lambda *a, **kw: full.append(1) or real(*a, **kw))
+    torch.manual_seed(7)
+    b, sk, hq, hkv, d = 2, 3000, 16, 2, 64
+    k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in "kv")
+    f32 = torch.randn(hq, device="cuda") * 2
+    param = torch.nn.Parameter((torch.randn(hq, device="cuda") * 2).to(torch.bfloat16))
+    for sinks in (f32, param):
+        full.clear()
+        for call in range(3):
+            q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+            with torch.no_grad():
+                if call == 2:  # new values in the same tensor: read by this call
+                    sinks.add_(0.75)
+                out = flashjit.flash_attn_func(q, k, v, causal=True, sinks=sinks)
+            err = (out.double() - reference_with_sinks(q, k, v, sinks)).abs().max().item()
+            assert err <= TOL[torch.bfloat16], (sinks.dtype, call, err)
+        assert len(full) == 1, f"{sinks.dtype}: one full call, then repeats"
+    out = flashjit.flash_attn_func(q, k, v, causal=True, sinks=param)
+    assert out.requires_grad
+    out.float().sum().backward()
+    assert param.grad is not None and torch.isfinite(param.grad).all()
+
+
 def test_repeated_calls_take_the_fast_path_and_see_new_data(monkeypatch):
     """A repeat of a plain call (same shapes, strides, dtypes and arguments) skips the
     Python argument work (_fast_forward), yet reads the new tensors and writes new outputs;
