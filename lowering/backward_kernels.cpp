@@ -126,12 +126,32 @@ ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::
   // and the loop's block as operands: a few tiles from LDS, or the whole block
   // where it is not in LDS. gfx11 holds each 16-bit operand twice (its WMMA
   // reads a row from both halves of the wave).
+  // Per-score modifiers hold registers of their own across the loop, which the
+  // count above leaves out. LLVM 22, head dim 64: gfx1201's dK/dV (32-key
+  // blocks) 191 VGPRs plain, with dropout 233 (its draws), a bool mask tensor
+  // 227, a 16-bit one 211, softcap 208; on gfx1100 those spilled 8-33 VGPRs at
+  // head dims 64 to 96. The dQ count is near LLVM's on gfx11 (250 VGPRs
+  // counted 256 at head dim 96), where the modifiers spilled 8-19, but high on
+  // gfx12 (187 counted 238 at 64), which did not spill with them: only gfx11's
+  // dQ counts them (docs/decisions.md, "RDNA's backward without spills").
+  const bool gfx11 = target.family == Family::gfx11;
+  double modifiers = 0;
+  if (dkdv || gfx11) {
+    const bool bool_mask = spec.mask == MaskType::boolean;
+    if (spec.dropout_p > 0)
+      modifiers += dkdv ? 40 : 8;
+    if (spec.mask != MaskType::none)
+      modifiers += bool_mask ? (dkdv ? 32 : 16) : (dkdv ? 20 : 8);
+    if (spec.softcap > 0)
+      modifiers += dkdv ? 20 : 8;
+  }
   auto rdna_fits = [&](int64_t bn, bool operands_in_lds, int64_t passes) {
-    const double dup = target.family == Family::gfx11 ? 2.0 : 1.0;
+    const double dup = gfx11 ? 2.0 : 1.0;
     const double acc = double(!dkdv ? dqk : passes == 2 ? std::max(dqk, dv) : dqk + dv) / 2;
     const double operands = operands_in_lds ? 8.0 * dup : double(bn * (dqk + dv)) / 64 * dup;
-    const double per_column = target.family == Family::gfx11 ? 3.0 : 2.6;
-    const double regs = acc + per_column * double(bn) + double(dqk + dv) / 4 * dup + operands;
+    const double per_column = gfx11 ? 3.0 : 2.6;
+    const double regs =
+        acc + per_column * double(bn) + double(dqk + dv) / 4 * dup + operands + modifiers;
     return regs <= double(target.max_vgprs);
   };
   // gfx12 at wide head dims: blocks of fewer rows (waves x 16) whose row
@@ -199,6 +219,12 @@ ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::
       smallest->dkdv_passes = rdna_fits(smallest->block_n, smallest->q_in_lds, 1) ? 1 : 2;
       return *smallest;
     }
+    // dQ where no block fits the count: on gfx11, or with modifiers, the
+    // smallest block with the operands in LDS. The first to fit the LDS below
+    // spilled more: gfx1100, head dim 160, 294 VGPRs (32-key blocks, operands
+    // in registers) against 26; 128 with a bool mask 109 against 8.
+    if (smallest && (modifiers > 0 || gfx11))
+      return *smallest;
   }
   for (bool operands_in_lds : {true, false})
     for (int64_t bn : {64, 32, 16}) {
