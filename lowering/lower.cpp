@@ -1203,21 +1203,19 @@ Status KernelEmitter::emit_op(const Op &op) {
     close_elements(t);
     w_.close("} else {");
     w_.indent(1);
-    if (transposed || !rules_.mask_by_row_bounds()) {
-      // One test per score (the backward's dK/dV tiles have a key per row).
+    if (transposed) { // the backward's dK/dV tiles: a key per row
       const std::string element = open_elements(t, dst);
-      if (transposed) {
-        w_.line("const int query = {} * kBlockN + c * kNTile + {};", name(op.operands[2]),
-                rules_.acc_col("e"));
-        w_.line("{} = fj_visible(query, query_row(qt, {}), {}) ? {}[qt][c][e] : -FJ_INF;", element,
-                rules_.acc_row("e"), mask_args(), src);
-      } else {
-        w_.line("const int key = {} * kBlockN + c * kNTile + {};", name(op.operands[2]),
-                rules_.acc_col("e"));
-        w_.line("{} = fj_visible({}, key, {}) ? {}[qt][c][e] : -FJ_INF;", element,
-                query_position(fmt::format("query_row(qt, {})", rules_.acc_row("e"))), mask_args(),
-                src);
-      }
+      w_.line("const int query = {} * kBlockN + c * kNTile + {};", name(op.operands[2]),
+              rules_.acc_col("e"));
+      w_.line("{} = fj_visible(query, query_row(qt, {}), {}) ? {}[qt][c][e] : -FJ_INF;", element,
+              rules_.acc_row("e"), mask_args(), src);
+    } else if (!rules_.mask_by_row_bounds()) { // one test per score
+      const std::string element = open_elements(t, dst);
+      w_.line("const int key = {} * kBlockN + c * kNTile + {};", name(op.operands[2]),
+              rules_.acc_col("e"));
+      w_.line("{} = fj_visible({}, key, {}) ? {}[qt][c][e] : -FJ_INF;", element,
+              query_position(fmt::format("query_row(qt, {})", rules_.acc_row("e"))), mask_args(),
+              src);
     } else {
       // Each row's visible keys once, counted from the block's first key; then
       // two compares a score.

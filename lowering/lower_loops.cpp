@@ -766,9 +766,12 @@ Status KernelEmitter::emit_for(const Op &op) {
   // prefetch; config prefetch_blocks asks for the block prefetch first.
   bool pipelined = false;
   if (!*producer) {
-    prefetch = prefetch_blocks_ && plan_prefetch(op);
-    pipelined = !prefetch && plan_pipeline(op);
-    prefetch = prefetch || (!pipelined && !prefetch_blocks_ && plan_prefetch(op));
+    if (prefetch_blocks_)
+      prefetch = plan_prefetch(op);
+    if (!prefetch)
+      pipelined = plan_pipeline(op);
+    if (!prefetch && !pipelined && !prefetch_blocks_)
+      prefetch = plan_prefetch(op);
   }
   if (pipelined) {
     w_.line("// Software pipeline: the first tile is in flight before the loop starts.");
