@@ -102,6 +102,12 @@ const std::vector<KnobInfo> &knob_table() {
       {"FLASHJIT_ALWAYS_COMPILE", "0|1", "0",
        "1: never take a kernel from the cache (memory or disk); compile every time and store the "
        "result."},
+      {"FLASHJIT_DEPENDENT_LAUNCH", "0|1", "1",
+       "On NVIDIA sm_90, split-KV decode of one query token launches its combine kernel as a "
+       "programmatic dependent launch: the combine's workgroups start as the split kernel's "
+       "finish their KV loop and wait for it in their first statement (griddepcontrol.wait), "
+       "which hides the launch between the two. 0 launches the combine after the split kernel "
+       "completes, as on every other target and call."},
       {"FLASHJIT_PROGRESS", "0|1", "unset (when stderr is a terminal)",
        "The command line's progress on stderr: a line every 2 s of an emulator run (workgroups "
        "done of all) and a line per kernel of a warmup as each is ready. The library itself "
@@ -140,6 +146,13 @@ Expected<Knobs> parse_knobs(const Getenv &getenv_fn) {
     else
       problems.push_back(fmt::format(
           "FLASHJIT_ALWAYS_COMPILE={}: expected 0 or 1 (or true/false, yes/no, on/off)", v));
+  }
+  if (std::string v = value("FLASHJIT_DEPENDENT_LAUNCH"); !v.empty()) {
+    if (auto b = parse_bool(v))
+      k.dependent_launch = *b;
+    else
+      problems.push_back(fmt::format(
+          "FLASHJIT_DEPENDENT_LAUNCH={}: expected 0 or 1 (or true/false, yes/no, on/off)", v));
   }
   if (std::string v = value("FLASHJIT_PROGRESS"); !v.empty()) {
     if (auto b = parse_bool(v))

@@ -26,6 +26,9 @@
 //                             it, the least recently used entries are removed
 //   FLASHJIT_ALWAYS_COMPILE=1 never take a kernel from the cache (still stores it)
 //   FLASHJIT_LLVM_PLUGIN=PATH the LLVM plugin to load (llvm_plugin.h)
+//   FLASHJIT_DEPENDENT_LAUNCH=0 launch split-KV's combine after the split kernel
+//                             completes on sm_90 too (default 1: a programmatic
+//                             dependent launch for decode of one token)
 //
 // The three directories must be private, as ssh asks of ~/.ssh: an existing one
 // owned by another user (root aside) or writable by its group or others is
@@ -72,6 +75,9 @@ struct Knobs {
   /// The disk cache's size cap in bytes (FLASHJIT_CACHE_MAX_BYTES); 0: no cap.
   int64_t cache_max_bytes = kDefaultCacheMaxBytes;
   bool always_compile = false;
+  /// FLASHJIT_DEPENDENT_LAUNCH: on sm_90 one-token decode's combine starts as the
+  /// split kernel's workgroups finish their loop (LaunchGeometry::after_previous).
+  bool dependent_launch = true;
   std::string llvm_plugin; ///< empty: look beside libflashjit.so, then in the build
   /// FLASHJIT_PROGRESS: the command line's progress lines on stderr: 1 always,
   /// 0 never, unset (-1) when stderr is a terminal. The library prints none.

@@ -21,6 +21,16 @@ inline void add_scalars(Lowered &out,
     out.params.push_back({name, KernelParam::Kind::scalar, type, emit::c_scalar_type(type)});
 }
 
+/// On sm_90 a kernel's first statement where the runtime may launch it while the
+/// kernel before it on the stream still runs (a programmatic dependent launch,
+/// Lowered::waits_for_previous): wait for that kernel. Returns whether it wrote it.
+inline bool emit_grid_dependency_wait(HipWriter &w, const Target &target) {
+  if (target.family != Family::sm90)
+    return false;
+  w.line("fj_grid_dependency_wait(); // the kernel before it on the stream is done");
+  return true;
+}
+
 /// The kernel's signature from out.params, then its body's opening brace.
 inline void open_direct_kernel(HipWriter &w, const Lowered &out) {
   w.line("FJ_GLOBAL FJ_WORKGROUP_SIZE({})", out.block_threads);

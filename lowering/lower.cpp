@@ -913,6 +913,13 @@ Status KernelEmitter::emit_product(const Op &op, int only_qt, bool wait, bool gr
   return Status::ok();
 }
 
+const Op *KernelEmitter::last_top_level_loop() const {
+  const Op *last = nullptr;
+  for (const Op &op : p_.body)
+    last = op.kind == OpKind::For ? &op : last;
+  return last;
+}
+
 Status KernelEmitter::emit_ops(const std::vector<Op> &body) {
   for (const Op &op : body) {
     for (ValueId r : op.results)
@@ -1359,8 +1366,18 @@ Status KernelEmitter::emit_op(const Op &op) {
     rules_.emit_p_operand(w_, name(op.results[0]), name(op.operands[0]), tiles(to.cols));
     return Status::ok();
   }
-  case OpKind::For:
-    return emit_for(op);
+  case OpKind::For: {
+    FJ_RETURN_IF_ERROR(emit_for(op));
+    // Split-KV's split kernel on sm_90: its combine, launched as a dependent
+    // (runtime: decode of one query token), may start once every workgroup is
+    // past the KV loop, and waits for it (split_combine.cpp). Triggered at the
+    // kernel's start instead, the combine's waiting workgroups took SM resources
+    // beside the loops (H200: up to 1.5x slower at head dim 128).
+    const bool split_kernel = p_.grid.size() == 4; // ir::build_split_kv's: (.., split)
+    if (target_.family == Family::sm90 && split_kernel && &op == last_top_level_loop())
+      w_.line("fj_launch_dependents(); // the combine may start (it waits for this kernel)");
+    return Status::ok();
+  }
   case OpKind::Yield:
     return Status::ok(); // emit_for copies the yielded values
   }

@@ -144,6 +144,8 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
          kFlatUpToSplits, kFlatFromRows);
   w.line("// split in order. Else one workgroup per row and col_threads (8 or 32) entries of it.");
   open_direct_kernel(w, out);
+  // Launched as the split kernel's dependent on sm_90 (runtime: one query token).
+  out.waits_for_previous = emit_grid_dependency_wait(w, target);
   const std::string log2e = emit::float_literal(std::numbers::log2e);
   // What both merges write once they have a row's lse_max and sum: the row's
   // place in O, entry `col` of it (`total` the weighted sum), and the LSE

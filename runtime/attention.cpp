@@ -354,8 +354,10 @@ struct Attention::Impl {
   static constexpr int64_t kDecodeRows = 16;
   /// The split-KV and decode kernels of `set`, built (thread-safely) on first use.
   Expected<const SplitKv *> split_kv(Failure *failure, SplitSet set = SplitSet::plain);
+  /// `dependent_combine`: launch the combine as the split kernel's dependent
+  /// (LaunchGeometry::after_previous), as for decode of one query token.
   Status run_split_gpu(const SplitKv &k, const AttentionSpec &shape, int64_t splits,
-                       const AttentionTensors &t, void *stream);
+                       const AttentionTensors &t, void *stream, bool dependent_combine);
   Status prepare_fallback(const Status &why);
   Status check_arguments(const AttentionSpec &shape, const AttentionTensors &t) const;
   /// On a GPU: every buffer reachable by the device and as long as the shapes
@@ -365,8 +367,11 @@ struct Attention::Impl {
   /// One kernel launch: the grid from `shapes` (within CUDA's y/z limits), the
   /// arguments from `shapes` and `pointers`, and where the kernel takes its
   /// tiles from a counter (Lowered::tile_counter), a zeroed workspace for it.
+  /// `after_previous`: the launch directly follows another kernel of this call
+  /// on `stream`, so on sm_90 it may be a dependent launch (LaunchGeometry).
   Status launch(const lowering::Lowered &l, runtime::GpuKernel &k, const ir::Bindings &shapes,
-                std::span<const runtime::NamedPointer> pointers, void *stream);
+                std::span<const runtime::NamedPointer> pointers, void *stream,
+                bool after_previous = false);
   /// Runs `use` on `bytes` of stream-ordered device memory, released in stream
   /// order after the work `use` queued (`what` names it in errors).
   Status with_workspace(int64_t bytes, void *stream, std::string_view what,
@@ -662,7 +667,8 @@ Expected<const Attention::Impl::SplitKv *> Attention::Impl::split_kv(Failure *fa
 }
 
 Status Attention::Impl::run_split_gpu(const SplitKv &sk, const AttentionSpec &shape, int64_t splits,
-                                      const AttentionTensors &t, void *stream) {
+                                      const AttentionTensors &t, void *stream,
+                                      bool dependent_combine) {
   const ir::SplitWorkspace ws = ir::split_workspace(shape, splits);
   FJ_RETURN_IF_ERROR(with_workspace(ws.bytes(), stream, "split-KV workspace", [&](void *w) {
     float *o_partial = static_cast<float *>(w);
@@ -684,8 +690,11 @@ Status Attention::Impl::run_split_gpu(const SplitKv &sk, const AttentionSpec &sh
                                             {"sinks", t.sinks}};
     FJ_RETURN_IF_ERROR(launch_reading_mask(sk.partial.lowered, *sk.partial_kernel,
                                            ir::bind_split_kv(shape, splits), first, shape, stream));
+    // The combine follows the split kernel on the stream (unless the mask
+    // summary's workspace was released between them).
     return launch(sk.combine.lowered, *sk.combine_kernel,
-                  lowering::bind_split_combine(shape, splits), second, stream);
+                  lowering::bind_split_combine(shape, splits), second, stream,
+                  dependent_combine && sk.partial.lowered.mask_blocks.block_q == 0);
   }));
   if (options.synchronize)
     FJ_RETURN_IF_ERROR(driver->synchronize(device.index, stream)
@@ -1045,7 +1054,8 @@ Status Attention::Impl::check_device_buffers(const AttentionSpec &shape, const A
 
 Status Attention::Impl::launch(const lowering::Lowered &l, runtime::GpuKernel &k,
                                const ir::Bindings &shapes,
-                               std::span<const runtime::NamedPointer> pointers, void *stream) {
+                               std::span<const runtime::NamedPointer> pointers, void *stream,
+                               bool after_previous) {
   auto grid = ir::grid_size(l.grid, shapes);
   if (!grid)
     return grid.status();
@@ -1062,8 +1072,11 @@ Status Attention::Impl::launch(const lowering::Lowered &l, runtime::GpuKernel &k
                          kCudaGridYZ, l.kernel_name, (*grid)[1], (*grid)[2]);
   runtime::LaunchGeometry geometry = workgroup_geometry(l);
   std::copy(grid->begin(), grid->end(), geometry.grid);
-  if (!l.tile_counter)
+  if (!l.tile_counter) {
+    geometry.after_previous =
+        after_previous && l.waits_for_previous && compiler::knobs().dependent_launch;
     return launch_args(l, k, geometry, shapes, pointers, stream);
+  }
   // The kernel takes its tiles from a counter (Lowered::tile_counter): a
   // workspace of this launch alone, zeroed in stream order before it.
   return with_workspace(sizeof(uint64_t), stream, "the tile counter", [&](void *counter) {
@@ -1491,7 +1504,12 @@ Status detail::AttentionAccess::forward(Attention &a, const AttentionSpec &shape
     if (direct)
       s = m.run_attention_program(split->direct.lowered, *split->direct_kernel, plan, t, stream);
     else
-      s = split ? m.run_split_gpu(*split, plan, splits, t, stream) : m.run_gpu(shape, t, stream);
+      // Decode of one token: the combine starts as the split kernel's workgroups
+      // finish its loop (a dependent launch, sm_90). H200 (bench/results/README.md,
+      // session 30): one token 0.86-0.99x the time; 16 tokens 0.93-1.11x, so not there.
+      s = split ? m.run_split_gpu(*split, plan, splits, t, stream,
+                                  /*dependent_combine=*/shape.seqlen_q == 1)
+                : m.run_gpu(shape, t, stream);
     break;
   case Executor::emulator:
     if (direct) {

@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -69,19 +71,33 @@ fj_error null_argument(const char *function, const char *name) {
   return fail(FJ_ERROR_INVALID_ARGUMENT, fmt::format("{}: {} is NULL", function, name));
 }
 
-/// A caller's struct is one this library can read (include/flashjit/flashjit.h,
-/// FJ_ABI_VERSION): its struct_size set by an init function and no larger than
-/// the library's own. ABI 1 is the first layout, so every smaller size is one
-/// no init function ever wrote.
-// The struct_size of each struct's first ABI 1 layout: a caller built against
-// it passes that size, and the fields added since read as their defaults.
-template <typename T> constexpr size_t kFirstSize = sizeof(T);
-template <> constexpr size_t kFirstSize<fj_backward_tensors> = offsetof(fj_backward_tensors, sinks);
-template <> constexpr size_t kFirstSize<fj_spec> = offsetof(fj_spec, f32_io);
-template <> constexpr size_t kFirstSize<fj_options> = offsetof(fj_options, persistent);
+// The struct_size of each layout of a struct that a caller may have been built
+// against, oldest first and the library's own (sizeof) last: a caller built
+// against an older header passes its layout's size, and the fields added since
+// read as their defaults.
+template <typename T> struct Layouts {
+  static constexpr std::array sizes{sizeof(T)};
+};
+template <> struct Layouts<fj_backward_tensors> {
+  static constexpr std::array sizes{offsetof(fj_backward_tensors, sinks),
+                                    sizeof(fj_backward_tensors)};
+};
+template <> struct Layouts<fj_spec> {
+  static constexpr std::array sizes{offsetof(fj_spec, f32_io), sizeof(fj_spec)};
+};
+template <> struct Layouts<fj_options> {
+  static constexpr std::array sizes{offsetof(fj_options, persistent),
+                                    offsetof(fj_options, prefetch_blocks), sizeof(fj_options)};
+};
 
+/// A caller's struct is one this library can read (include/flashjit/flashjit.h,
+/// FJ_ABI_VERSION): its struct_size is one of the struct's Layouts, as an init
+/// function of this or an older header set it. ABI 1 is the first layout, so
+/// every smaller size is one no init function ever wrote.
 template <typename T> fj_error check_size(const char *function, const char *type, const T *in) {
-  if (in->struct_size == sizeof(T) || in->struct_size == kFirstSize<T>)
+  constexpr auto &sizes = Layouts<T>::sizes;
+  static_assert(std::ranges::is_sorted(sizes) && sizes.back() == sizeof(T));
+  if (std::ranges::find(sizes, size_t{in->struct_size}) != sizes.end())
     return FJ_OK;
   if (in->struct_size > sizeof(T))
     return fail(FJ_ERROR_INVALID_ARGUMENT,
@@ -305,6 +321,12 @@ fj_error to_options(const fj_options *in, flashjit::Options *out) {
       return fail(FJ_ERROR_INVALID_ARGUMENT,
                   fmt::format("options.persistent is {}: expected 0 or 1", persistent));
     out->config->persistent = persistent == 1;
+    const int64_t prefetch_blocks =
+        in->struct_size > offsetof(fj_options, prefetch_blocks) ? in->prefetch_blocks : 0;
+    if (prefetch_blocks != 0 && prefetch_blocks != 1)
+      return fail(FJ_ERROR_INVALID_ARGUMENT,
+                  fmt::format("options.prefetch_blocks is {}: expected 0 or 1", prefetch_blocks));
+    out->config->prefetch_blocks = prefetch_blocks == 1;
   }
   return FJ_OK;
 }

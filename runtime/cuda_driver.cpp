@@ -39,6 +39,8 @@ Expected<Api> load() {
 #undef FJ_CUDA_RESOLVE
   if (!library->resolve("cuTensorMapEncodeTiled", api.cuTensorMapEncodeTiled))
     api.cuTensorMapEncodeTiled = nullptr; // before CUDA 12: no TMA
+  if (!library->resolve("cuLaunchKernelEx", api.cuLaunchKernelEx))
+    api.cuLaunchKernelEx = nullptr; // before CUDA 11.8: no launch attributes
   api.init_result = api.cuInit(0);
   if (api.init_result != CUDA_SUCCESS && api.init_result != CUDA_ERROR_NO_DEVICE)
     return check(api, "cuInit", api.init_result).with_context(api.path);
@@ -378,10 +380,29 @@ Status CudaKernel::launch(const LaunchGeometry &g, std::span<void *const> args, 
                            g.grid[1], g.grid[2], g.block[0], g.block[1], g.block[2]);
   return driver_.in_context(device_, [&] {
     FJ_RETURN_IF_ERROR(allow_dynamic_shared(g.dynamic_lds_bytes));
+    void **params = const_cast<void **>(args.data());
+    if (g.after_previous && api.cuLaunchKernelEx != nullptr) {
+      // A programmatic dependent launch: the kernel may start as the previous
+      // one's workgroups finish; it waits for it itself (griddepcontrol.wait).
+      CUlaunchAttribute dependent{};
+      dependent.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+      dependent.value.programmatic_stream_serialization_allowed = 1;
+      const CUlaunchConfig config{unsigned(g.grid[0]),
+                                  unsigned(g.grid[1]),
+                                  unsigned(g.grid[2]),
+                                  unsigned(g.block[0]),
+                                  unsigned(g.block[1]),
+                                  unsigned(g.block[2]),
+                                  unsigned(g.dynamic_lds_bytes),
+                                  static_cast<CUstream>(stream),
+                                  &dependent,
+                                  1};
+      return FJ_CUDA_CHECK(api, cuLaunchKernelEx, &config, function_, params, nullptr);
+    }
     return FJ_CUDA_CHECK(api, cuLaunchKernel, function_, unsigned(g.grid[0]), unsigned(g.grid[1]),
                          unsigned(g.grid[2]), unsigned(g.block[0]), unsigned(g.block[1]),
                          unsigned(g.block[2]), unsigned(g.dynamic_lds_bytes),
-                         static_cast<CUstream>(stream), const_cast<void **>(args.data()), nullptr);
+                         static_cast<CUstream>(stream), params, nullptr);
   });
 }
 

@@ -78,6 +78,29 @@ inline CUstream const CU_STREAM_PER_THREAD = reinterpret_cast<CUstream>(0x2);
 using CUfunction_attribute = int;
 constexpr CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
 
+// cuda.h, CUlaunchAttribute (an id, padding to 8 bytes, a 64-byte union of
+// values) and CUlaunchConfig, for cuLaunchKernelEx; of the attributes only
+// programmatic stream serialization (the union's int
+// programmaticStreamSerializationAllowed) is used.
+constexpr int CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6;
+struct CUlaunchAttribute {
+  int id;
+  char pad[4];
+  union {
+    char bytes[64];
+    void *align; // the union holds pointers: 8-byte aligned
+    int programmatic_stream_serialization_allowed;
+  } value;
+};
+static_assert(sizeof(CUlaunchAttribute) == 72);
+struct CUlaunchConfig {
+  unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, dynamic_shared_bytes;
+  CUstream stream;
+  CUlaunchAttribute *attributes;
+  unsigned attribute_count;
+};
+static_assert(sizeof(CUlaunchConfig) == 56);
+
 /// Dynamic shared memory a kernel may use without opting in (cuFuncSetAttribute).
 constexpr int kDefaultDynamicSharedBytes = 48 * 1024;
 
@@ -130,6 +153,9 @@ struct Api {
 #define FJ_CUDA_POINTER(member, symbol, params) CUresult(*member) params = nullptr;
   FJ_CUDA_FUNCTIONS(FJ_CUDA_POINTER)
 #undef FJ_CUDA_POINTER
+  /// CUDA 11.8+: null where the driver has none (every launch is then cuLaunchKernel's).
+  CUresult (*cuLaunchKernelEx)(const CUlaunchConfig *config, CUfunction function, void **params,
+                               void **extra) = nullptr;
   /// CUDA 12+: null where the driver has no tensor maps (encode_tensor_map says so).
   CUresult (*cuTensorMapEncodeTiled)(void *map, int type, unsigned rank, void *base,
                                      const unsigned long long *dims,

@@ -21,6 +21,12 @@ struct LaunchGeometry {
   int block[3] = {1, 1, 1};    ///< work-items per workgroup in x, y, z
   /// LDS (shared memory) beyond the kernel's static arrays, in bytes.
   int dynamic_lds_bytes = 0;
+  /// The kernel directly follows another kernel of the same call on the stream
+  /// and waits for it in its first instruction (lowering::Lowered::
+  /// waits_for_previous): CUDA may then start it as the previous kernel's
+  /// workgroups finish (a programmatic dependent launch). Drivers without such
+  /// launches ignore it.
+  bool after_previous = false;
 };
 
 /// One kernel of a module loaded on one device. Destroying it unloads the module.

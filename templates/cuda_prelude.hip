@@ -35,6 +35,20 @@ FJ_DEVICE int fj_group_id_x() { return blockIdx.x; }
 FJ_DEVICE int fj_group_id_y() { return blockIdx.y; }
 FJ_DEVICE int fj_group_id_z() { return blockIdx.z; }
 
+// ---- programmatic dependent launch (sm_90) ----
+// A kernel launched while the one before it on the stream still runs (a
+// programmatic dependent launch: the runtime's after_previous) waits in its
+// first statement until that kernel has finished and its writes are visible.
+// fj_launch_dependents lets the kernel after it launch once every workgroup
+// has called it (or exited); that one waits in turn. In a plain launch both
+// return at once.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+FJ_DEVICE void fj_grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+FJ_DEVICE void fj_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+#endif
+
 // ---- synchronisation and cross-lane ----
 FJ_DEVICE void fj_barrier() { __syncthreads(); }
 FJ_DEVICE float fj_shfl_xor(float x, int lane, int mask) {

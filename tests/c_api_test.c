@@ -284,6 +284,48 @@ static void test_errors(void) {
     fj_attention_destroy(attn);
     attn = NULL;
 #endif
+    /* prefetch_blocks, appended after persistent: a flag, and only with stages 2. */
+    fj_options_init(&options);
+    CHECK(options.prefetch_blocks == 0);
+    options.block_m = 64;
+    options.block_n = 32;
+    options.waves = 4;
+    options.stages = 2;
+    options.pad_k = 16;
+    options.prefetch_blocks = 2;
+    CHECK_ERROR(fj_attention_create_ex(&spec, "emulator:gfx1201", &options, &attn),
+                FJ_ERROR_INVALID_ARGUMENT, "options.prefetch_blocks is 2: expected 0 or 1");
+    CHECK(attn == NULL);
+    /* Only sizes of a known layout: one between two is refused by name. */
+    options.prefetch_blocks = 1;
+    options.struct_size = (uint32_t)offsetof(fj_options, prefetch_blocks) + 4;
+    CHECK_ERROR(fj_attention_create_ex(&spec, "emulator:gfx1201", &options, &attn),
+                FJ_ERROR_INVALID_ARGUMENT, "fj_options.struct_size is");
+    options.struct_size = (uint32_t)sizeof(fj_options);
+#ifdef FLASHJIT_TEST_WITH_LLVM /* the emulator's device */
+    options.stages = 1;
+    CHECK(fj_attention_create_ex(&spec, "emulator:gfx1201", &options, &attn) != FJ_OK);
+    CHECK(strstr(fj_last_error(), "config prefetch_blocks needs stages 2 (got stages 1)") != NULL);
+    /* Each of fj_options' three layouts is read: the current one takes the
+     * block prefetch, the two older ones read prefetch_blocks (and the first
+     * persistent) as 0, so stages 1 is valid there. */
+    options.stages = 2;
+    CHECK(fj_attention_create_ex(&spec, "emulator:gfx1201", &options, &attn) == FJ_OK);
+    CHECK(strstr(fj_attention_explain(attn), "prefetch_blocks") != NULL);
+    fj_attention_destroy(attn);
+    attn = NULL;
+    options.stages = 1;
+    options.struct_size = (uint32_t)offsetof(fj_options, prefetch_blocks);
+    CHECK(fj_attention_create_ex(&spec, "emulator:gfx1201", &options, &attn) == FJ_OK);
+    CHECK(strstr(fj_attention_explain(attn), "prefetch_blocks") == NULL);
+    fj_attention_destroy(attn);
+    attn = NULL;
+    options.persistent = 7; /* past the first layout's end: not read */
+    options.struct_size = (uint32_t)offsetof(fj_options, persistent);
+    CHECK(fj_attention_create_ex(&spec, "emulator:gfx1201", &options, &attn) == FJ_OK);
+    fj_attention_destroy(attn);
+    attn = NULL;
+#endif
   }
 
   /* No GPU libraries on a CPU-only machine: the error names the paths tried. */

@@ -1158,6 +1158,12 @@ TEST(Knobs, Values) {
   EXPECT_EQ(k->dump_dir, "/d");
   EXPECT_EQ(k->override_dir, "/o");
   EXPECT_FALSE(parse_knobs(env({{"FLASHJIT_ALWAYS_COMPILE", "0"}}))->always_compile);
+  EXPECT_TRUE(k->dependent_launch) << "on unless asked off";
+  EXPECT_FALSE(parse_knobs(env({{"FLASHJIT_DEPENDENT_LAUNCH", "off"}}))->dependent_launch);
+  auto bad = parse_knobs(env({{"FLASHJIT_DEPENDENT_LAUNCH", "2"}}));
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.status().message().find("FLASHJIT_DEPENDENT_LAUNCH=2: expected 0 or 1"),
+            std::string::npos);
 }
 
 TEST(Knobs, BadValuesAreClearErrors) {
@@ -1186,7 +1192,7 @@ TEST(Knobs, TableDocumentsEveryKnob) {
   EXPECT_EQ(names, (std::set<std::string_view>{
                        "FLASHJIT_DEBUG", "FLASHJIT_DUMP_DIR", "FLASHJIT_OVERRIDE_DIR",
                        "FLASHJIT_CACHE_DIR", "FLASHJIT_CACHE_MAX_BYTES", "FLASHJIT_ALWAYS_COMPILE",
-                       "FLASHJIT_LLVM_PLUGIN", "FLASHJIT_PROGRESS"}));
+                       "FLASHJIT_LLVM_PLUGIN", "FLASHJIT_DEPENDENT_LAUNCH", "FLASHJIT_PROGRESS"}));
   auto on = parse_knobs(
       [](const char *n) { return std::string(n) == "FLASHJIT_PROGRESS" ? "1" : nullptr; });
   ASSERT_TRUE(on) << on.status().message();

@@ -84,6 +84,15 @@ TEST(NvrtcRegression, EveryHeadDimCompiles) {
   }
 }
 
+/// Non-overlapping occurrences of `what` in `text`.
+size_t count(std::string_view text, std::string_view what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string_view::npos;
+       at = text.find(what, at + what.size()))
+    ++n;
+  return n;
+}
+
 /// Every kernel a signature may run on sm_90 (the attention kernel, split-KV's two,
 /// the backward's preprocess, dQ, dK/dV, reduce and sinks' gradient), dense and
 /// varlen, with sinks and the LSE: the hand-written kernels (combine, preprocess,
@@ -126,6 +135,14 @@ TEST(NvrtcRegression, EveryKernelKindCompiles) {
         const bool prefetch = kind != KernelKind::split_combine && d <= 128;
         EXPECT_EQ(g->config.prefetch_blocks, prefetch) << g->config.summary();
         EXPECT_EQ(g->lowered.source.find("Block prefetch") != std::string::npos, prefetch);
+        // On sm_90 the combine may be launched as the split kernel's dependent: it
+        // waits for it first, and the split kernel lets it launch after its loop.
+        const bool sm90 = std::string_view(arch) == "sm_90";
+        EXPECT_EQ(g->lowered.waits_for_previous, sm90 && kind == KernelKind::split_combine);
+        EXPECT_EQ(count(g->lowered.source, "  fj_grid_dependency_wait();"),
+                  sm90 && kind == KernelKind::split_combine ? 1 : 0);
+        EXPECT_EQ(count(g->lowered.source, "  fj_launch_dependents();"),
+                  sm90 && kind == KernelKind::split_partial ? 1 : 0);
         auto code = (*nvrtc)->compile(g->lowered.source,
                                       pipeline::compile_options(g->target, Options{}, &g->lowered));
         ASSERT_TRUE(code) << code.status().message();

@@ -255,6 +255,12 @@ typedef struct fj_options {
    * with block_m 0 (the default config says). Added after ABI 1's first layout;
    * a caller built before passes the shorter struct_size and reads 0. */
   int64_t persistent;
+  /* With stages 2: 1 makes the forward's KV loop issue the next block's K and V
+   * tiles at the top of each iteration, into a second copy of their LDS buffers
+   * (twice their LDS), 0 issues each tile one step ahead. Ignored with block_m 0
+   * (the default config says). Added after persistent; a caller built before
+   * passes the shorter struct_size and reads 0. */
+  int64_t prefetch_blocks;
 } fj_options;
 
 FJ_API void fj_options_init(fj_options *options);

@@ -166,6 +166,8 @@ def test_issue18_finding12_window_size_out_of_range(window, name):
     ({"block_m": 64, "block_n": 32, "waves": 2, "q_in_lds": 2}, r"config\['q_in_lds'\].*0\.\.1"),
     ({"block_m": 64, "block_n": 32, "waves": 2, "persistent": 2},
      r"config\['persistent'\].*0\.\.1"),
+    ({"block_m": 64, "block_n": 32, "waves": 2, "stages": 2, "prefetch_blocks": 2},
+     r"config\['prefetch_blocks'\].*0\.\.1"),
 ])
 def test_issue18_finding12_config_out_of_range(config, message):
     q, k, v = inputs(np.random.default_rng(3), 1, 8, 8, 1, 1, 32, 32, "f16")
@@ -185,6 +187,31 @@ def test_persistent_needs_a_producer():
     with pytest.raises(flashjit.FlashJitError, match="config persistent needs stages 3"):
         flashjit.flash_attn_func(q, k, v, arch="gfx942", config={
             "block_m": 64, "block_n": 32, "waves": 2, "persistent": 1})
+
+
+def test_prefetch_blocks_runs_with_stages_2():
+    """config["prefetch_blocks"] reaches the library (fj_options.prefetch_blocks): with
+    stages 2 the KV loop copies whole blocks one iteration ahead and matches the float64
+    reference (GQA 4:1, causal, bottom-right aligned); without stages 2 it is refused by
+    name, and a value other than 0 or 1 before any C call."""
+    config = {"block_m": 64, "block_n": 32, "waves": 4, "stages": 2, "prefetch_blocks": 1}
+    q, k, v = inputs(np.random.default_rng(8), 1, 70, 150, 4, 1, 80, 80, "bf16")
+    out = flashjit.flash_attn_func(q, k, v, causal=True, arch=ARCH, config=config)
+    ref, _ = attention(q, k, v, causal=True)
+    assert np.abs(out.astype(np.float64) - ref).max() <= TOL["bf16"]
+    explained = [flashjit._lib.lib.fj_attention_explain(h).decode()
+                 for key, h in api._ATTENTIONS.items()
+                 if key[1] == f"emulator:{ARCH}" and dict(key[2]) == config]
+    assert len(explained) == 1 and "prefetch_blocks" in explained[0], explained
+    with pytest.raises(flashjit.FlashJitError,
+                       match=r"config prefetch_blocks needs stages 2 \(got stages 1\)"):
+        flashjit.flash_attn_func(q, k, v, causal=True, arch=ARCH,
+                                 config=dict(config, stages=1))
+    handles = len(api._ATTENTIONS)
+    with pytest.raises(flashjit.InputError, match=r"config\['prefetch_blocks'\] \(2\)"):
+        flashjit.flash_attn_func(q, k, v, causal=True, arch=ARCH,
+                                 config=dict(config, prefetch_blocks=2))
+    assert len(api._ATTENTIONS) == handles
 
 
 @pytest.mark.parametrize("arg", ["batch", "heads", "kv_heads", "seqlen_q", "seqlen_k",
