@@ -55,6 +55,7 @@ FJ_DEVICE int fj_clz(unsigned x) { return __builtin_clz(x); }
 FJ_DEVICE float fj_exp2(float x) { return __builtin_amdgcn_exp2f(x); }
 FJ_DEVICE float fj_log2(float x) { return __builtin_amdgcn_logf(x); }
 FJ_DEVICE float fj_max(float a, float b) { return __builtin_fmaxf(a, b); }
+FJ_DEVICE float fj_fabs(float x) { return __builtin_fabsf(x); }
 FJ_DEVICE float fj_rcp(float x) { return __builtin_amdgcn_rcpf(x); }
 FJ_DEVICE float fj_rcp_approx(float x) { return __builtin_amdgcn_rcpf(x); }
 

@@ -293,7 +293,9 @@ FJ_DEVICE int fj_max_int(int a, int b) { return a > b ? a : b; }
 FJ_DEVICE float fj_min_float(float a, float b) { return a < b ? a : b; }
 FJ_DEVICE float fj_max_float(float a, float b) { return a > b ? a : b; }
 FJ_DEVICE int fj_abs_int(int a) { return a < 0 ? -a : a; }
-FJ_DEVICE float fj_abs_float(float a) { return a < 0 ? -a : a; }
+// |a| as the sign bit cleared (each prelude's fj_fabs): on NVIDIA a modifier of
+// the instruction that reads it, where a compare and select took two.
+FJ_DEVICE float fj_abs_float(float a) { return fj_fabs(a); }
 // Integer / and % as C has them, with 0 for a zero divisor (never a trap).
 FJ_DEVICE int fj_int_div(int a, int b) { return b == 0 ? 0 : a / b; }
 FJ_DEVICE int fj_int_mod(int a, int b) { return b == 0 ? 0 : a % b; }

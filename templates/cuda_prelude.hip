@@ -75,6 +75,7 @@ FJ_DEVICE float fj_exp2(float x) {
 }
 FJ_DEVICE float fj_log2(float x) { return log2f(x); }
 FJ_DEVICE float fj_max(float a, float b) { return fmaxf(a, b); }
+FJ_DEVICE float fj_fabs(float x) { return fabsf(x); }
 FJ_DEVICE float fj_rcp(float x) { return __frcp_rn(x); }
 // rcp.approx: 1 ulp for normal inputs, one instruction (fj_rcp is IEEE, several).
 FJ_DEVICE float fj_rcp_approx(float x) {

@@ -73,6 +73,7 @@ FJ_DEVICE int fj_clz(unsigned x) { return __builtin_clz(x); }
 FJ_DEVICE float fj_exp2(float x) { return fj_emu_exp2(x); }
 FJ_DEVICE float fj_log2(float x) { return fj_emu_log2(x); }
 FJ_DEVICE float fj_max(float a, float b) { return __builtin_fmaxf(a, b); }
+FJ_DEVICE float fj_fabs(float x) { return __builtin_fabsf(x); }
 FJ_DEVICE float fj_rcp(float x) { return 1.0f / x; }
 FJ_DEVICE float fj_rcp_approx(float x) { return 1.0f / x; }
 

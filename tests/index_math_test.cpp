@@ -20,6 +20,7 @@ using fj_bits = unsigned short;
 [[maybe_unused]] static inline float fj_f16_to_f32(fj_bits) { return 0; }
 [[maybe_unused]] static inline float fj_bf16_to_f32(fj_bits) { return 0; }
 [[maybe_unused]] static inline float fj_exp2(float x) { return x; }
+[[maybe_unused]] static inline float fj_fabs(float x) { return x < 0 ? -x : x; }
 [[maybe_unused]] static inline float fj_log2(float x) { return x; }
 [[maybe_unused]] static inline float fj_rcp_approx(float x) { return 1 / x; }
 
