@@ -42,10 +42,16 @@ public:
 
   // The replicated operands take twice gfx12's VGPRs per Q and P element:
   // KV blocks of 32 keys (16 past head dim 192, with Q in LDS) keep every head
-  // dim free of spills.
+  // dim free of spills. Per-score masks (a mask tensor's elements, a mask_mod's
+  // operands) at head dim 192 spilled 8 VGPRs with 32 keys under LLVM 22 (176:
+  // 243-255 VGPRs, none); with 16, 239-249 and none (session 30).
   ir::Config default_config(const AttentionSpec &spec) const override {
     ir::Config c = TransposedRules::default_config(spec);
     c.block_n = std::min<int64_t>(c.block_n, 32);
+    const int64_t d = std::max(ir::padded(spec.head_dim_qk, 16), ir::padded(spec.head_dim_v, 16));
+    const bool per_score_mask = spec.mask != MaskType::none || !spec.mask_mod.empty();
+    if (per_score_mask && d > 176 && d <= 192)
+      c.block_n = 16;
     return c;
   }
 

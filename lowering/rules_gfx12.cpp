@@ -24,10 +24,35 @@
 // (transposed_rules.h).
 #include "lowering/transposed_rules.h"
 
+#include <algorithm>
+
 namespace flashjit::lowering {
 
+namespace {
+
+class Gfx12Rules final : public TransposedRules {
+public:
+  Gfx12Rules() : TransposedRules({.name = "gfx12", .wave = 32}) {}
+
+  // Dropout's draws hold registers across the loop beside the plain kernel's,
+  // which at the widest head dims of each KV block (113-128 with 64 keys,
+  // 177-192 with 32) runs at 251-256 VGPRs: there LLVM 22 spilled 1 VGPR (128)
+  // and 8 (192, causal); half the block keeps dropout at 202 and 187 VGPRs, no
+  // spill (session 30; 112, 144, 160 and 176 kept theirs with 222-249 and none,
+  // bench/results/amd_forward_spills_2026-11-28_session30_*.txt).
+  ir::Config default_config(const AttentionSpec &spec) const override {
+    ir::Config c = TransposedRules::default_config(spec);
+    const int64_t d = std::max(ir::padded(spec.head_dim_qk, 16), ir::padded(spec.head_dim_v, 16));
+    if (spec.dropout_p > 0 && ((d > 112 && d <= 128) || (d > 176 && d <= 192)))
+      c.block_n /= 2;
+    return c;
+  }
+};
+
+} // namespace
+
 const Rules &gfx12_rules() {
-  static const TransposedRules rules({.name = "gfx12", .wave = 32});
+  static const Gfx12Rules rules;
   return rules;
 }
 

@@ -213,6 +213,58 @@ TEST_P(CompileRegression, DefaultConfigsCompileCleanlyWithTheExpectedMatrixCount
   }
 }
 
+// Per-score modifiers on RDNA at the head dims where the plain kernel runs near
+// 256 VGPRs: the default configs take a smaller KV block there (gfx12: dropout
+// at head dims 113-128 and 177-192; gfx11: mask tensors and mask_mods at
+// 177-192), and LLVM
+// 22 spills nothing (with the plain kernel's block: 1 VGPR for gfx1201's dropout
+// at 128, 8 at 192 causal; 8 for gfx1100's f32 mask and causal mask_mod at 192).
+TEST(CompileRegressionModifiers, RdnaDefaultConfigsOfModifiersDoNotSpill) {
+  auto plugin = compiler::llvm_plugin();
+  ASSERT_TRUE(plugin) << plugin.status().message();
+  struct Modified {
+    const char *arch;
+    int64_t d;
+    const char *what;
+    void (*apply)(AttentionSpec &);
+  };
+  const Modified cases[] = {
+      {"gfx1201", 128, "dropout", [](AttentionSpec &s) { s.dropout_p = 0.1; }},
+      {"gfx1201", 192, "causal dropout",
+       [](AttentionSpec &s) {
+         s.causal = true;
+         s.dropout_p = 0.1;
+       }},
+      {"gfx1100", 192, "f32 mask [seqlen_q, seqlen_k]",
+       [](AttentionSpec &s) {
+         s.mask = MaskType::f32;
+         s.mask_strides = *dense_mask_strides("qk", s.batch, s.heads, s.seqlen_q, s.seqlen_k);
+       }},
+      {"gfx1100", 192, "causal mask_mod", [](AttentionSpec &s) { s.mask_mod = "kv_idx <= q_idx"; }},
+  };
+  for (const Modified &m : cases) {
+    SCOPED_TRACE(fmt::format("{} head dim {} {}", m.arch, m.d, m.what));
+    Expected<Target> t = lowering::parse_target(m.arch);
+    ASSERT_TRUE(t) << t.status().message();
+    AttentionSpec spec = spec_for({m.d, m.d, DType::bf16, false});
+    const ir::Config plain = lowering::default_config(spec, *t);
+    m.apply(spec);
+    const ir::Config config = lowering::default_config(spec, *t);
+    EXPECT_EQ(config.block_n, plain.block_n / 2) << config.summary();
+    Expected<Lowered> l = lowering::generate(spec, config, *t);
+    ASSERT_TRUE(l) << l.status().message();
+    auto codes = compile_all({l->source}, options_for(*t), 1);
+    ASSERT_TRUE(codes[0].has_value() && *codes[0]) << codes[0]->status().message();
+    auto reports = compiler::read_resources(**codes[0], t->vgpr_file_per_simd,
+                                            t->max_waves_per_simd, t->lds_bytes_per_cu);
+    ASSERT_TRUE(reports && reports->size() == 1u);
+    std::cout << fmt::format("{} d={} {}: {} | {}\n", m.arch, m.d, m.what, config.summary(),
+                             reports->front().to_text());
+    EXPECT_EQ(reports->front().vgpr_spill_count, 0);
+    EXPECT_EQ(reports->front().private_segment_bytes, 0) << "scratch";
+  }
+}
+
 std::string name_of(const ::testing::TestParamInfo<Lowering> &info) {
   return std::string(info.param.arch) + (info.param.choice == RulesChoice::simt ? "_simt" : "") +
          (info.param.mma_m ? fmt::format("_m{}", info.param.mma_m) : "");
