@@ -43,10 +43,15 @@ if [[ " $sanitizers " == *" asan "* ]]; then
   ninja -C build-asan -j"$jobs"
   # Not run here: `install` (its consumer programs are built without the
   # sanitizer, so libflashjit.so's libasan could not be loaded first).
+  # A failed test runs once more: LeakSanitizer's tracer (ptrace) itself can
+  # crash at a process's exit ("Tracer caught signal 11", seen once after
+  # Nvrtc.ThreadsCompileAtOnce had passed, session 30). The log keeps the first
+  # failure; a deterministic sanitizer finding fails both runs.
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1 \
     LSAN_OPTIONS=suppressions=$PWD/scripts/lsan.supp:print_suppressions=0 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    ctest --test-dir build-asan --output-on-failure -j"$jobs" -LE '^install$'
+    ctest --test-dir build-asan --output-on-failure -j"$jobs" -LE '^install$' \
+    --repeat until-pass:2
 fi
 
 if [[ " $sanitizers " == *" tsan "* ]]; then
