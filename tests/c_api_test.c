@@ -126,6 +126,15 @@ static double check_against_reference(const fj_spec *sp, const uint16_t *q, cons
 
 /* ---- the checks ---------------------------------------------------------- */
 
+/* A config of 64 rows on four waves with `block_n` keys and `stages`. */
+static void set_tiles(fj_options *o, int64_t block_n, int64_t stages) {
+  o->block_m = 64;
+  o->block_n = block_n;
+  o->waves = 4;
+  o->stages = stages;
+  o->pad_k = 16;
+}
+
 static void test_basics(void) {
   fj_spec spec;
   char *source = NULL;
@@ -266,11 +275,7 @@ static void test_errors(void) {
     /* persistent, appended to fj_options: a flag, and only for a producer's config. */
     fj_options_init(&options);
     CHECK(options.persistent == 0);
-    options.block_m = 64;
-    options.block_n = 64;
-    options.waves = 4;
-    options.stages = 1;
-    options.pad_k = 16;
+    set_tiles(&options, 64, 1);
     options.persistent = 7;
     CHECK_ERROR(fj_attention_create_ex(&spec, "emulator:gfx1201", &options, &attn),
                 FJ_ERROR_INVALID_ARGUMENT, "options.persistent is 7: expected 0 or 1");
@@ -287,11 +292,7 @@ static void test_errors(void) {
     /* prefetch_blocks, appended after persistent: a flag, and only with stages 2. */
     fj_options_init(&options);
     CHECK(options.prefetch_blocks == 0);
-    options.block_m = 64;
-    options.block_n = 32;
-    options.waves = 4;
-    options.stages = 2;
-    options.pad_k = 16;
+    set_tiles(&options, 32, 2);
     options.prefetch_blocks = 2;
     CHECK_ERROR(fj_attention_create_ex(&spec, "emulator:gfx1201", &options, &attn),
                 FJ_ERROR_INVALID_ARGUMENT, "options.prefetch_blocks is 2: expected 0 or 1");
