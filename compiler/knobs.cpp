@@ -140,27 +140,21 @@ Expected<Knobs> parse_knobs(const Getenv &getenv_fn) {
     else
       k.debug = static_cast<int>(level);
   }
-  if (std::string v = value("FLASHJIT_ALWAYS_COMPILE"); !v.empty()) {
-    if (auto b = parse_bool(v))
-      k.always_compile = *b;
-    else
-      problems.push_back(fmt::format(
-          "FLASHJIT_ALWAYS_COMPILE={}: expected 0 or 1 (or true/false, yes/no, on/off)", v));
-  }
-  if (std::string v = value("FLASHJIT_DEPENDENT_LAUNCH"); !v.empty()) {
-    if (auto b = parse_bool(v))
-      k.dependent_launch = *b;
-    else
-      problems.push_back(fmt::format(
-          "FLASHJIT_DEPENDENT_LAUNCH={}: expected 0 or 1 (or true/false, yes/no, on/off)", v));
-  }
-  if (std::string v = value("FLASHJIT_PROGRESS"); !v.empty()) {
-    if (auto b = parse_bool(v))
-      k.progress = *b ? 1 : 0;
-    else
+  // A 0|1 knob: its value where set and valid, else none (a problem where invalid).
+  auto flag = [&](const char *name) -> std::optional<bool> {
+    const std::string v = value(name);
+    if (v.empty())
+      return std::nullopt;
+    auto b = parse_bool(v);
+    if (!b)
       problems.push_back(
-          fmt::format("FLASHJIT_PROGRESS={}: expected 0 or 1 (or true/false, yes/no, on/off)", v));
-  }
+          fmt::format("{}={}: expected 0 or 1 (or true/false, yes/no, on/off)", name, v));
+    return b;
+  };
+  k.always_compile = flag("FLASHJIT_ALWAYS_COMPILE").value_or(k.always_compile);
+  k.dependent_launch = flag("FLASHJIT_DEPENDENT_LAUNCH").value_or(k.dependent_launch);
+  if (auto b = flag("FLASHJIT_PROGRESS"))
+    k.progress = *b ? 1 : 0;
   if (std::string v = value("FLASHJIT_CACHE_MAX_BYTES"); !v.empty()) {
     if (auto bytes = parse_bytes(v))
       k.cache_max_bytes = *bytes;

@@ -340,8 +340,6 @@ private:
   // around the program (emit_persistent); emit_producer writes the producer's
   // code for one tile into producer_w_.
   bool persistent_ = false;
-  /// The program's last KV loop outside any other (null without one).
-  const Op *last_top_level_loop() const;
   // Config persistent over tiles of uneven work (causal): each workgroup's tiles
   // after its first come from a counter in a zeroed workspace (Lowered::tile_counter),
   // fetched by the producer and handed to the consumers in a two-slot LDS ring.

@@ -913,13 +913,6 @@ Status KernelEmitter::emit_product(const Op &op, int only_qt, bool wait, bool gr
   return Status::ok();
 }
 
-const Op *KernelEmitter::last_top_level_loop() const {
-  const Op *last = nullptr;
-  for (const Op &op : p_.body)
-    last = op.kind == OpKind::For ? &op : last;
-  return last;
-}
-
 Status KernelEmitter::emit_ops(const std::vector<Op> &body) {
   for (const Op &op : body) {
     for (ValueId r : op.results)
@@ -1373,8 +1366,7 @@ Status KernelEmitter::emit_op(const Op &op) {
     // past the KV loop, and waits for it (split_combine.cpp). Triggered at the
     // kernel's start instead, the combine's waiting workgroups took SM resources
     // beside the loops (H200: up to 1.5x slower at head dim 128).
-    const bool split_kernel = p_.grid.size() == 4; // ir::build_split_kv's: (.., split)
-    if (target_.family == Family::sm90 && split_kernel && &op == last_top_level_loop())
+    if (target_.family == Family::sm90 && op.attrs.count("splits")) // the split's KV loop
       w_.line("fj_launch_dependents(); // the combine may start (it waits for this kernel)");
     return Status::ok();
   }

@@ -59,7 +59,7 @@ struct Lowered {
   /// launch passes lds_bytes as its dynamic size.
   bool lds_dynamic = false;
   /// The kernel's first statement waits for the kernel before it on the stream
-  /// (fj_grid_dependency, sm_90): a launch may start it while that one runs
+  /// (fj_grid_dependency_wait, sm_90): a launch may start it while that one runs
   /// (runtime::LaunchGeometry::after_previous).
   bool waits_for_previous = false;
   const MatrixInstr *mma = nullptr; // null for the simt rules

@@ -46,7 +46,7 @@ ir::Config Rules::default_config(const AttentionSpec &spec) const {
   c.waves = 4;
   c.block_m = 16 * c.waves;
   c.pad_k = 16;
-  const int64_t d = std::max(ir::padded(spec.head_dim_qk, 16), ir::padded(spec.head_dim_v, 16));
+  const int64_t d = padded_head_dim(spec);
   // Keep the S tile small where the output accumulator and Q fragments take most registers.
   c.block_n = d <= 128 ? 64 : d <= 192 ? 32 : 16;
   return c;

@@ -14,6 +14,7 @@
 #include "lowering/matrix_table.h"
 #include "lowering/target.h"
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <string>
@@ -231,6 +232,12 @@ public:
   virtual bool dynamic_lds() const { return false; }
   virtual void emit_mma_wrapper(HipWriter &w, const MatrixInstr &mi, DType dtype) const = 0;
 };
+
+/// The wider of the two head dims padded to 16 columns: what the default
+/// configs size their blocks by.
+inline int64_t padded_head_dim(const AttentionSpec &spec) {
+  return std::max(ir::padded(spec.head_dim_qk, 16), ir::padded(spec.head_dim_v, 16));
+}
 
 /// The preferred rules for a target's family, or nullptr.
 const Rules *rules_for(const Target &t);

@@ -48,7 +48,7 @@ public:
   ir::Config default_config(const AttentionSpec &spec) const override {
     ir::Config c = TransposedRules::default_config(spec);
     c.block_n = std::min<int64_t>(c.block_n, 32);
-    const int64_t d = std::max(ir::padded(spec.head_dim_qk, 16), ir::padded(spec.head_dim_v, 16));
+    const int64_t d = padded_head_dim(spec);
     const bool per_score_mask = spec.mask != MaskType::none || !spec.mask_mod.empty();
     if (per_score_mask && d > 176 && d <= 192)
       c.block_n = 16;

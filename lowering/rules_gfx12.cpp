@@ -24,8 +24,6 @@
 // (transposed_rules.h).
 #include "lowering/transposed_rules.h"
 
-#include <algorithm>
-
 namespace flashjit::lowering {
 
 namespace {
@@ -42,7 +40,7 @@ public:
   // bench/results/amd_forward_spills_2026-11-28_session30_*.txt).
   ir::Config default_config(const AttentionSpec &spec) const override {
     ir::Config c = TransposedRules::default_config(spec);
-    const int64_t d = std::max(ir::padded(spec.head_dim_qk, 16), ir::padded(spec.head_dim_v, 16));
+    const int64_t d = padded_head_dim(spec);
     if (spec.dropout_p > 0 && ((d > 112 && d <= 128) || (d > 176 && d <= 192)))
       c.block_n /= 2;
     return c;

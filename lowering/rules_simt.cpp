@@ -45,7 +45,7 @@ public:
   ir::Config default_config(const AttentionSpec &spec) const override {
     ir::Config c = TransposedRules::default_config(spec);
     c.q_in_lds = true;
-    const int64_t d = std::max(ir::padded(spec.head_dim_qk, 16), ir::padded(spec.head_dim_v, 16));
+    const int64_t d = padded_head_dim(spec);
     c.block_n = d <= 96 ? 32 : 16;
     return c;
   }

@@ -145,7 +145,7 @@ public:
     //                    (at most 99 KiB: every sm_8x/sm_90 block can opt into it);
     //   above (unmeasured): the same with 16-key blocks, for the registers.
     ir::Config c;
-    const int64_t d = std::max(ir::padded(spec.head_dim_qk, 16), ir::padded(spec.head_dim_v, 16));
+    const int64_t d = padded_head_dim(spec);
     c.waves = 4;
     c.stages = 2;
     c.pad_k = 16;

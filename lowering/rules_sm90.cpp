@@ -55,7 +55,7 @@ public:
     //   <= 128:           the same with 64-key blocks;
     //   <= 256:           two warpgroups of one tile each, 128-key blocks;
     //   above (unmeasured): the same with 32-key blocks.
-    const int64_t d = max_dim(spec);
+    const int64_t d = padded_head_dim(spec);
     ir::Config c;
     c.stages = 2;
     c.pad_k = 16;
@@ -74,7 +74,7 @@ public:
     // and 128-key blocks (two workgroups per SM). H100 (bench/results/README.md,
     // producer_*_H100.log, tune_*_H100.txt): faster than default_config's at
     // S = 1024-16384, causal and not, but for a few cases at S = 1024 within 3%.
-    const int64_t d = max_dim(spec);
+    const int64_t d = padded_head_dim(spec);
     if (d < 64 || d > 256 || !producer_fits(spec)) // below 64 unmeasured: a box is 64 columns
       return std::nullopt;
     ir::Config c = default_config(spec);
@@ -119,7 +119,7 @@ public:
     // (10% ahead of 128 at head dims 96 and 128: two workgroups per SM fit);
     // dK/dV over 64-query blocks (32 was 13-33% slower), 32 above head dim
     // 128, where 64 spills.
-    const int64_t d = max_dim(spec);
+    const int64_t d = padded_head_dim(spec);
     ir::Config c;
     c.block_m = 64;
     c.waves = 4;
@@ -202,9 +202,6 @@ private:
     const KernelSignature sig = spec.signature();
     return sig.row_align >= 16 && !sig.f32_io && sig.unit_dim[0] && sig.unit_dim[1] &&
            sig.unit_dim[2] && !sig.packed_q && !sig.packed_k && !sig.used_k && !sig.paged;
-  }
-  static int64_t max_dim(const AttentionSpec &spec) {
-    return std::max(ir::padded(spec.head_dim_qk, 16), ir::padded(spec.head_dim_v, 16));
   }
 
   // fj_wgmma_<dtype>_n<N>_<r|s><k|mn>: d (+)= a x b for a 64 x N accumulator

@@ -1506,7 +1506,8 @@ Status detail::AttentionAccess::forward(Attention &a, const AttentionSpec &shape
     else
       // Decode of one token: the combine starts as the split kernel's workgroups
       // finish its loop (a dependent launch, sm_90). H200 (bench/results/README.md,
-      // session 30): one token 0.86-0.99x the time; 16 tokens 0.93-1.11x, so not there.
+      // session 30): one token 0.87-1.04x the time (46 cases, geometric mean 0.97);
+      // 16 tokens 0.93-1.11x, so not there.
       s = split ? m.run_split_gpu(*split, plan, splits, t, stream,
                                   /*dependent_combine=*/shape.seqlen_q == 1)
                 : m.run_gpu(shape, t, stream);

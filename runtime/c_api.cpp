@@ -315,18 +315,25 @@ fj_error to_options(const fj_options *in, flashjit::Options *out) {
   if (in->block_m != 0) {
     out->config = flashjit::ir::Config{in->block_m,       in->block_n, in->waves, in->stages,
                                        in->q_in_lds != 0, in->pad_k,   in->mma_m};
-    const int64_t persistent =
-        in->struct_size > offsetof(fj_options, persistent) ? in->persistent : 0;
-    if (persistent != 0 && persistent != 1)
-      return fail(FJ_ERROR_INVALID_ARGUMENT,
-                  fmt::format("options.persistent is {}: expected 0 or 1", persistent));
-    out->config->persistent = persistent == 1;
-    const int64_t prefetch_blocks =
-        in->struct_size > offsetof(fj_options, prefetch_blocks) ? in->prefetch_blocks : 0;
-    if (prefetch_blocks != 0 && prefetch_blocks != 1)
-      return fail(FJ_ERROR_INVALID_ARGUMENT,
-                  fmt::format("options.prefetch_blocks is {}: expected 0 or 1", prefetch_blocks));
-    out->config->prefetch_blocks = prefetch_blocks == 1;
+    // The flags appended after ABI 1's first layout: 0 where the caller's struct
+    // ends before them (a field past it is never read).
+    struct Flag {
+      const char *name;
+      size_t offset;
+      const int64_t *field;
+      bool &into;
+    };
+    const Flag flags[] = {
+        {"persistent", offsetof(fj_options, persistent), &in->persistent, out->config->persistent},
+        {"prefetch_blocks", offsetof(fj_options, prefetch_blocks), &in->prefetch_blocks,
+         out->config->prefetch_blocks}};
+    for (const Flag &f : flags) {
+      const int64_t v = in->struct_size > f.offset ? *f.field : 0;
+      if (v != 0 && v != 1)
+        return fail(FJ_ERROR_INVALID_ARGUMENT,
+                    fmt::format("options.{} is {}: expected 0 or 1", f.name, v));
+      f.into = v == 1;
+    }
   }
   return FJ_OK;
 }
