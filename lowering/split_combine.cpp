@@ -6,23 +6,28 @@
 //   O       = sum_s w_s O_s / sum_s w_s     (0 for a row that sees no key)
 //   LSE     = lse_max + ln(sum_s w_s)       (-inf for such a row)
 //
+// computed in one pass, as the attention kernel's online softmax folds KV
+// blocks: a running max m, sum l and weighted sum acc, rescaled when m moves.
+// Each split's LSE and partial entry are loaded together, so the merge is one
+// round of loads deep, not a max over every LSE and then a second round.
+//
 // With attention sinks the splits count no sink (the split kernels are built
-// without them); the merge counts the row's head's once: lse_max takes the sink
-// too and the sum gains exp(sink - lse_max), which O's entries do not (a row
-// that sees no key: O = 0, LSE = sink), as the attention kernel's running max and
-// sum start from the sink.
+// without them); the merge counts the row's head's once, after the splits: the
+// max takes the sink too and the sum gains exp(sink - max), which O's entries
+// do not (a row that sees no key: O = 0, LSE = sink), as the attention kernel's
+// running max and sum starting from the sink give.
 //
 // It has no matrix products and no tiles, so it is written here directly
 // rather than built as tile IR (docs/decisions.md). With many splits one
-// workgroup merges one row: its work-items read the splits' LSEs at once, and
-// groups of work-items each sum every groups-th split's partial row, so a
+// workgroup merges one row: groups of work-items each fold every groups-th
+// split's partial row, then the first group folds the groups' results, so a
 // decode call of a few rows and 512 splits is not 512 dependent loads long.
 // With few splits (kFlatUpToSplits) or many rows (kFlatFromRows) each work-item
 // merges one entry of O over every split: a workgroup per row would leave most
-// of its work-items idle and pay two barriers per row (on an H100, 4096 rows of
+// of its work-items idle and pay a barrier per row (on an H100, 4096 rows of
 // one split took 47.5 us).
-// The sums run in a fixed order (a tree over the LSEs, then the groups in
-// order; or the splits in order): results are the same run to run.
+// The folds run in a fixed order (the splits in order within a group, then
+// the groups in order): results are the same run to run.
 #include "lowering/lower.h"
 
 #include "ir/build.h"
@@ -35,9 +40,8 @@ namespace flashjit::lowering {
 namespace {
 
 // A workgroup merges col_threads entries of one row (the grid's y axis covers
-// the head dim): kThreads work-items read the LSEs (every kThreads-th split
-// each, kMaxChosenSplits at most), then kThreads / col_threads groups of
-// col_threads, one entry per work-item, sum every groups-th split. col_threads
+// the head dim): kThreads / col_threads groups of col_threads, one entry per
+// work-item, each fold every groups-th split. col_threads
 // is a call's: 32 (8 groups) where splits are few, kNarrowColThreads (32
 // groups, and 4x the workgroups) from kNarrowFromSplits splits on, where few
 // rows have many splits and the loads in flight, not the work, bound the time.
@@ -135,7 +139,6 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
   w.blank();
   w.line("constexpr int kDimV = {}; // head_dim_v", sig.head_dim_v);
   w.line("constexpr int kThreads = {}; // work-items", kThreads);
-  w.line("constexpr int kMaxSplits = {}; // the most splits a call has", kMaxChosenSplits);
   w.blank();
   w.line("// Merges split-KV's partial results: workspace row r = (batch * heads + head) *");
   w.line("// seqlen_q + query holds O_partial[split][r][0..kDimV) and LSE_partial[split][r];");
@@ -147,102 +150,87 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
   // Launched as the split kernel's dependent on sm_90 (runtime: one query token).
   out.waits_for_previous = emit_grid_dependency_wait(w, target);
   const std::string log2e = emit::float_literal(std::numbers::log2e);
-  // What both merges write once they have a row's lse_max and sum: the row's
-  // place in O, entry `col` of it (`total` the weighted sum), and the LSE
-  // (`guard` picks the one work-item that writes it).
-  // Grouped rows (AttentionSpec::q_group; 1 elsewhere): query row `query` is
-  // member `member` of position `position`.
-  auto locate_row = [&] {
+  // One pass over the splits: each work-item folds its splits into a running
+  // (max, sum, weighted sum) in order, as the attention kernel's online softmax
+  // does over KV blocks. The split's LSE and its partial entry are loaded together
+  // (neither waits for a max over every split first); an empty split (LSE -inf)
+  // is selected away, its entry loaded but never used.
+  auto fold_splits = [&](std::string_view first, std::string_view step) {
+    w.line("float m = -FJ_INF, l = 0.0f, acc = 0.0f;");
+    w.line("#pragma unroll 4");
+    w.open("for (int s = {}; s < num_splits; {}) {{", first,
+           step == "1" ? std::string("++s") : fmt::format("s += {}", step));
+    w.line("const float lse = fj_global_load_f32(LSE_partial + s * rows + row);");
+    w.line("const float o = col < kDimV ? fj_global_load_f32(O_partial + (s * rows + row) * "
+           "kDimV + col) : 0.0f;");
+    w.line("const float m_new = fj_max(m, lse);");
+    // Where the split is seen m_new is finite, so exp2 takes -inf (m = -inf: 0) or a
+    // number; elsewhere scale and p may be NaN, and are selected away.
+    w.line("const float scale = fj_exp2((m - m_new) * {});", log2e);
+    w.line("const float p = fj_exp2((lse - m_new) * {});", log2e);
+    w.line("const bool seen = lse != -FJ_INF;");
+    w.line("l = seen ? l * scale + p : l;");
+    w.line("acc = seen ? acc * scale + p * o : acc;");
+    w.line("m = seen ? m_new : m;");
+    w.close();
+  };
+  // With attention sinks the row's head's logit joins the sum (not O's entries)
+  // once every split is in (the caller's head: a KV head's member `member` of its
+  // group with grouped rows).
+  auto sink_in = [&] {
+    if (!sig.sinks)
+      return;
+    w.line("const float sink = fj_global_load_f32(sinks + head * q_group + member);");
+    w.open("if (sink != -FJ_INF) {{");
+    w.line("const float m_new = fj_max(m, sink);");
+    w.line("const float scale = fj_exp2((m - m_new) * {}); // m = -inf: 0", log2e);
+    w.line("l = l * scale + fj_exp2((sink - m_new) * {});", log2e);
+    w.line("acc *= scale;");
+    w.line("m = m_new;");
+    w.close();
+  };
+  // What both merges write once they have a row's m, l and acc: the row's place
+  // in O, entry `col` of it, and the LSE (`guard` picks the one work-item that
+  // writes it). Grouped rows (AttentionSpec::q_group; 1 elsewhere): query row
+  // `query` is member `member` of position `position`.
+  auto finish_row = [&](std::string_view guard) {
     w.line("const int query = int(row % seqlen_q);");
     w.line("const int head = int(row / seqlen_q % heads);");
     w.line("const long batch = row / seqlen_q / heads;");
     w.line("const int position = query / q_group, member = query % q_group;");
-  };
-  auto store_entry = [&](std::string_view total) {
+    sink_in();
     w.line("{} *dst = O + batch * o_batch_stride + head * o_head_stride + long(position) * "
            "o_seq_stride + member * o_group_stride;",
            sig.f32_io ? "float" : "fj_bits");
-    w.line("{}(dst + long(col){}, {}(sum > 0.0f ? {} / sum : 0.0f));",
+    w.line("if (col < kDimV) // 0 for a row that sees no key");
+    w.line("  {}(dst + long(col){}, {}(l > 0.0f ? acc / l : 0.0f));",
            sig.f32_io ? "fj_global_store_f32" : "fj_global_store1",
-           sig.unit_dim[3] ? "" : " * o_dim_stride", sig.f32_io ? "" : "fj_from_f32", total);
-  };
-  // Attention sinks: the row's head's logit joins lse_max, then the sum (the
-  // caller's head: a KV head's member `member` of its group with grouped rows).
-  auto sink_into_max = [&] {
-    if (!sig.sinks)
-      return;
-    w.line("const float sink = fj_global_load_f32(sinks + head * q_group + member);");
-    w.line("lse_max = fj_max(lse_max, sink);");
-  };
-  auto sink_into_sum = [&] {
-    if (!sig.sinks)
-      return;
-    w.line("if (sink != -FJ_INF) // the sink's weight: in the sum, not in O's entries");
-    w.line("  sum += fj_exp2((sink - lse_max) * {});", log2e);
-  };
-  auto store_lse = [&](std::string_view guard) {
+           sig.unit_dim[3] ? "" : " * o_dim_stride", sig.f32_io ? "" : "fj_from_f32");
     if (!sig.lse)
       return;
-    w.line("if ({})", guard);
+    w.line("if ({}) // -inf for a row that sees no key", guard);
     w.line(
         "  fj_global_store_f32(LSE + batch * lse_batch_stride + head * lse_head_stride + position "
         "+ member * lse_group_stride,");
-    w.line("                      sum > 0.0f ? lse_max + fj_log2(sum) * {} : -FJ_INF);",
+    w.line("                      l > 0.0f ? m + fj_log2(l) * {} : -FJ_INF);",
            emit::float_literal(std::numbers::ln2));
   };
-  w.line("// The merges of a workgroup per row use these; the flat one none.");
-  w.line("FJ_LDS_ARRAY(float, lds_weight, kMaxSplits); // each split's weight");
-  w.line("FJ_LDS_ARRAY(float, lds_tree, kThreads); // the reductions over the splits");
-  w.line("FJ_LDS_ARRAY(float, lds_acc, kThreads); // each group's weighted sums");
+  w.line("// The groups' running (max, sum, weighted sum) of the merge of a workgroup per row.");
+  w.line("FJ_LDS_ARRAY(float, lds_m, kThreads);");
+  w.line("FJ_LDS_ARRAY(float, lds_l, kThreads);");
+  w.line("FJ_LDS_ARRAY(float, lds_acc, kThreads);");
   w.open("if (col_threads == 1) {{");
   w.line("const long entry = long(fj_group_id_x()) * kThreads + fj_thread_id();");
   w.line("if (entry >= rows * kDimV)");
   w.line("  return;");
   w.line("const long row = entry / kDimV;");
   w.line("const int col = int(entry % kDimV);");
-  locate_row();
-  w.line("float lse_max = -FJ_INF;");
-  w.line("for (int s = 0; s < num_splits; ++s)");
-  w.line("  lse_max = fj_max(lse_max, fj_global_load_f32(LSE_partial + s * rows + row));");
-  sink_into_max();
-  w.line("float sum = 0.0f, acc = 0.0f; // the splits in order");
-  w.open("for (int s = 0; s < num_splits; ++s) {{");
-  w.line("const float lse = fj_global_load_f32(LSE_partial + s * rows + row);");
-  w.line("const float w = lse == -FJ_INF ? 0.0f : fj_exp2((lse - lse_max) * {});", log2e);
-  w.line("sum += w;");
-  w.line("if (w != 0.0f) // an empty split's partial entry is not read");
-  w.line("  acc += w * fj_global_load_f32(O_partial + (s * rows + row) * kDimV + col);");
-  w.close();
-  sink_into_sum();
-  store_entry("acc");
-  store_lse("col == 0");
+  fold_splits("0", "1");
+  finish_row("col == 0");
   w.line("return;");
   w.close();
   w.line("const long row = long(fj_group_id_x());");
   w.line("const int tid = fj_thread_id();");
-  w.line("const long split_rows = rows; // rows per split in the workspace");
-  w.line("// lse_max = max_s LSE_s, then sum = sum_s w_s: each work-item over every");
-  w.line("// kThreads-th split, then a tree; all in a fixed order.");
-  w.line("float lse_max = -FJ_INF;");
-  w.line("for (int s = tid; s < num_splits; s += kThreads) {{");
-  w.line("  const float lse = fj_global_load_f32(LSE_partial + s * split_rows + row);");
-  w.line("  lds_weight[s] = lse;");
-  w.line("  lse_max = fj_max(lse_max, lse);");
-  w.line("}}");
-  tree_reduce(w, "lds_tree", "lse_max", true, "lse_max");
-  locate_row();
-  sink_into_max();
-  w.line("// A split's weight: 0 for an empty one (its partial output is not read), and");
-  w.line("// so for every split of a row no split saw a key of.");
-  w.line("float sum = 0.0f;");
-  w.line("for (int s = tid; s < num_splits; s += kThreads) {{");
-  w.line("  const float lse = lds_weight[s];");
-  w.line("  const float w = lse == -FJ_INF ? 0.0f : fj_exp2((lse - lse_max) * {});", log2e);
-  w.line("  lds_weight[s] = w;");
-  w.line("  sum += w;");
-  w.line("}}");
-  tree_reduce(w, "lds_tree", "sum", false, "sum");
-  sink_into_sum();
   // The merge, once per width: each a block with its width a constant.
   for (int cols : {kNarrowColThreads, kColThreads}) {
     if (cols == kNarrowColThreads) {
@@ -251,36 +239,39 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
       w.close("} else {");
       w.indent(1);
     }
-    w.line("// kGroups groups of kCols work-items, each summing every kGroups-th split.");
+    w.line("// kGroups groups of kCols work-items, each folding every kGroups-th split;");
+    w.line("// then the first group folds the groups' results in order.");
     w.line("constexpr int kCols = {}, kGroups = kThreads / kCols;", cols);
     w.line("const int group = tid / kCols, lane = tid % kCols;");
     w.line("const int col = int(fj_group_id_y()) * kCols + lane;");
-    w.line("float acc = 0.0f;");
-    w.open("if (col < kDimV) {{");
-    w.line("#pragma unroll 8");
-    w.open("for (int s = group; s < num_splits; s += kGroups) {{");
-    w.line("const float w = lds_weight[s];");
-    w.line("if (w != 0.0f)");
-    w.line("  acc += w * fj_global_load_f32(O_partial + (s * split_rows + row) * kDimV + col);");
-    w.close();
-    w.close();
+    fold_splits("group", "kGroups");
+    w.line("lds_m[tid] = m;");
+    w.line("lds_l[tid] = l;");
     w.line("lds_acc[tid] = acc;");
     w.line("fj_barrier();");
-    w.open("if (tid < kCols && col < kDimV) {{");
-    w.line("float total = 0.0f; // the groups' sums in order");
+    w.open("if (tid < kCols) {{");
+    w.line("m = -FJ_INF, l = 0.0f, acc = 0.0f;");
     w.line("#pragma unroll");
-    w.line("for (int g = 0; g < kGroups; ++g)");
-    w.line("  total += lds_acc[g * kCols + tid];");
-    store_entry("total");
+    w.open("for (int g = 0; g < kGroups; ++g) {{");
+    w.line("const float mg = lds_m[g * kCols + tid];");
+    w.line("if (mg == -FJ_INF) // a group of empty splits, or none");
+    w.line("  continue;");
+    w.line("const float m_new = fj_max(m, mg);");
+    w.line("const float scale = fj_exp2((m - m_new) * {}); // m = -inf: 0", log2e);
+    w.line("const float scale_g = fj_exp2((mg - m_new) * {});", log2e);
+    w.line("l = l * scale + lds_l[g * kCols + tid] * scale_g;");
+    w.line("acc = acc * scale + lds_acc[g * kCols + tid] * scale_g;");
+    w.line("m = m_new;");
+    w.close();
+    finish_row("tid == 0 && fj_group_id_y() == 0");
     w.close();
   }
-  w.close();
-  store_lse("tid == 0 && fj_group_id_y() == 0");
-  w.close();
+  w.close(); // the widths
+  w.close(); // the kernel
   finish_direct_kernel(out, target, w, "merges split-KV partial results",
                        "a loop over the splits per output element");
   out.rules = "combine";
-  out.lds_bytes = int((kMaxChosenSplits + 2 * kThreads) * 4);
+  out.lds_bytes = int(3 * kThreads * 4);
   return out;
 }
 
