@@ -146,6 +146,18 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
   w.line("// col_threads 1 (up to {} splits, or from {} rows): a work-item per entry of O, every",
          kFlatUpToSplits, kFlatFromRows);
   w.line("// split in order. Else one workgroup per row and col_threads (8 or 32) entries of it.");
+  w.line("// Folds (mb, lb, accb), the running max, sum and weighted sum of other keys (mb");
+  w.line("// finite), into the running (m, l, acc); m = -inf (nothing folded yet) scales by 0.");
+  w.open(
+      "FJ_DEVICE void fj_fold(float &m, float &l, float &acc, float mb, float lb, float accb) {{");
+  w.line("const float m_new = fj_max(m, mb);");
+  w.line("const float scale = fj_exp2((m - m_new) * {0}), scale_b = fj_exp2((mb - m_new) * {0});",
+         emit::float_literal(std::numbers::log2e));
+  w.line("l = l * scale + lb * scale_b;");
+  w.line("acc = acc * scale + accb * scale_b;");
+  w.line("m = m_new;");
+  w.close();
+  w.blank();
   open_direct_kernel(w, out);
   // Launched as the split kernel's dependent on sm_90 (runtime: one query token).
   out.waits_for_previous = emit_grid_dependency_wait(w, target);
@@ -164,8 +176,9 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
     w.line("const float o = col < kDimV ? fj_global_load_f32(O_partial + (s * rows + row) * "
            "kDimV + col) : 0.0f;");
     w.line("const float m_new = fj_max(m, lse);");
-    // Where the split is seen m_new is finite, so exp2 takes -inf (m = -inf: 0) or a
-    // number; elsewhere scale and p may be NaN, and are selected away.
+    // fj_fold's arithmetic with selects, not a branch, so that nothing moves the entry's
+    // load after the LSE's: where the split is seen m_new is finite, so exp2 takes -inf
+    // (m = -inf: 0) or a number; elsewhere scale and p may be NaN, and are selected away.
     w.line("const float scale = fj_exp2((m - m_new) * {});", log2e);
     w.line("const float p = fj_exp2((lse - m_new) * {});", log2e);
     w.line("const bool seen = lse != -FJ_INF;");
@@ -181,13 +194,8 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
     if (!sig.sinks)
       return;
     w.line("const float sink = fj_global_load_f32(sinks + head * q_group + member);");
-    w.open("if (sink != -FJ_INF) {{");
-    w.line("const float m_new = fj_max(m, sink);");
-    w.line("const float scale = fj_exp2((m - m_new) * {}); // m = -inf: 0", log2e);
-    w.line("l = l * scale + fj_exp2((sink - m_new) * {});", log2e);
-    w.line("acc *= scale;");
-    w.line("m = m_new;");
-    w.close();
+    w.line("if (sink != -FJ_INF) // a logit of weight 1 and no value");
+    w.line("  fj_fold(m, l, acc, sink, 1.0f, 0.0f);");
   };
   // What both merges write once they have a row's m, l and acc: the row's place
   // in O, entry `col` of it, and the LSE (`guard` picks the one work-item that
@@ -252,17 +260,10 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
     w.open("if (tid < kCols) {{");
     w.line("m = -FJ_INF, l = 0.0f, acc = 0.0f;");
     w.line("#pragma unroll");
-    w.open("for (int g = 0; g < kGroups; ++g) {{");
-    w.line("const float mg = lds_m[g * kCols + tid];");
-    w.line("if (mg == -FJ_INF) // a group of empty splits, or none");
-    w.line("  continue;");
-    w.line("const float m_new = fj_max(m, mg);");
-    w.line("const float scale = fj_exp2((m - m_new) * {}); // m = -inf: 0", log2e);
-    w.line("const float scale_g = fj_exp2((mg - m_new) * {});", log2e);
-    w.line("l = l * scale + lds_l[g * kCols + tid] * scale_g;");
-    w.line("acc = acc * scale + lds_acc[g * kCols + tid] * scale_g;");
-    w.line("m = m_new;");
-    w.close();
+    w.line("for (int g = 0; g < kGroups; ++g)");
+    w.line("  if (lds_m[g * kCols + tid] != -FJ_INF) // else a group of empty splits, or none");
+    w.line("    fj_fold(m, l, acc, lds_m[g * kCols + tid], lds_l[g * kCols + tid], "
+           "lds_acc[g * kCols + tid]);");
     finish_row("tid == 0 && fj_group_id_y() == 0");
     w.close();
   }
