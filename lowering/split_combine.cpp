@@ -140,28 +140,28 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
   w.line("constexpr int kDimV = {}; // head_dim_v", sig.head_dim_v);
   w.line("constexpr int kThreads = {}; // work-items", kThreads);
   w.blank();
-  w.line("// Merges split-KV's partial results: workspace row r = (batch * heads + head) *");
-  w.line("// seqlen_q + query holds O_partial[split][r][0..kDimV) and LSE_partial[split][r];");
-  w.line("// grouped rows (q_group > 1) are q_group per query position.");
-  w.line("// col_threads 1 (up to {} splits, or from {} rows): a work-item per entry of O, every",
-         kFlatUpToSplits, kFlatFromRows);
-  w.line("// split in order. Else one workgroup per row and col_threads (8 or 32) entries of it.");
+  const std::string log2e = emit::float_literal(std::numbers::log2e);
   w.line("// Folds (mb, lb, accb), the running max, sum and weighted sum of other keys (mb");
   w.line("// finite), into the running (m, l, acc); m = -inf (nothing folded yet) scales by 0.");
   w.open(
       "FJ_DEVICE void fj_fold(float &m, float &l, float &acc, float mb, float lb, float accb) {{");
   w.line("const float m_new = fj_max(m, mb);");
   w.line("const float scale = fj_exp2((m - m_new) * {0}), scale_b = fj_exp2((mb - m_new) * {0});",
-         emit::float_literal(std::numbers::log2e));
+         log2e);
   w.line("l = l * scale + lb * scale_b;");
   w.line("acc = acc * scale + accb * scale_b;");
   w.line("m = m_new;");
   w.close();
   w.blank();
+  w.line("// Merges split-KV's partial results: workspace row r = (batch * heads + head) *");
+  w.line("// seqlen_q + query holds O_partial[split][r][0..kDimV) and LSE_partial[split][r];");
+  w.line("// grouped rows (q_group > 1) are q_group per query position.");
+  w.line("// col_threads 1 (up to {} splits, or from {} rows): a work-item per entry of O, every",
+         kFlatUpToSplits, kFlatFromRows);
+  w.line("// split in order. Else one workgroup per row and col_threads (8 or 32) entries of it.");
   open_direct_kernel(w, out);
   // Launched as the split kernel's dependent on sm_90 (runtime: one query token).
   out.waits_for_previous = emit_grid_dependency_wait(w, target);
-  const std::string log2e = emit::float_literal(std::numbers::log2e);
   // One pass over the splits: each work-item folds its splits into a running
   // (max, sum, weighted sum) in order, as the attention kernel's online softmax
   // does over KV blocks. The split's LSE and its partial entry are loaded together
