@@ -175,16 +175,15 @@ Expected<Lowered> lower_split_combine(const AttentionSpec &spec, const Target &t
     w.line("const float lse = fj_global_load_f32(LSE_partial + s * rows + row);");
     w.line("const float o = col < kDimV ? fj_global_load_f32(O_partial + (s * rows + row) * "
            "kDimV + col) : 0.0f;");
-    w.line("const float m_new = fj_max(m, lse);");
-    // fj_fold's arithmetic with selects, not a branch, so that nothing moves the entry's
-    // load after the LSE's: where the split is seen m_new is finite, so exp2 takes -inf
-    // (m = -inf: 0) or a number; elsewhere scale and p may be NaN, and are selected away.
-    w.line("const float scale = fj_exp2((m - m_new) * {});", log2e);
-    w.line("const float p = fj_exp2((lse - m_new) * {});", log2e);
+    // The split folded into a copy, then kept by selects, not a branch, so that
+    // nothing moves the entry's load after the LSE's (an empty split's fold may be
+    // NaN: (-inf) - (-inf)).
+    w.line("float mf = m, lf = l, accf = acc;");
+    w.line("fj_fold(mf, lf, accf, lse, 1.0f, o);");
     w.line("const bool seen = lse != -FJ_INF;");
-    w.line("l = seen ? l * scale + p : l;");
-    w.line("acc = seen ? acc * scale + p * o : acc;");
-    w.line("m = seen ? m_new : m;");
+    w.line("m = seen ? mf : m;");
+    w.line("l = seen ? lf : l;");
+    w.line("acc = seen ? accf : acc;");
     w.close();
   };
   // With attention sinks the row's head's logit joins the sum (not O's entries)
