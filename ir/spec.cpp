@@ -70,6 +70,8 @@ std::string format_strides(const Strides &s) {
 /// elements share an address, and that every offset fits in int64.
 Status validate_strides(std::string_view tensor, const Strides &s, int64_t b, int64_t h, int64_t n,
                         int64_t d) {
+  if (b == 0 || n == 0) // an empty tensor: its strides address nothing (NumPy's are all 0)
+    return Status::ok();
   std::array<Dim, 4> dims = dims_of(s, b, h, n, d);
   for (const Dim &dim : dims) {
     if (dim.stride < 0)
@@ -197,7 +199,7 @@ Expected<MaskStrides> dense_mask_strides(std::string_view axes, int64_t batch, i
 }
 
 int64_t AttentionSpec::mask_elements() const {
-  if (mask == MaskType::none)
+  if (mask == MaskType::none || batch == 0 || seqlen_q == 0 || seqlen_k == 0)
     return 0;
   const MaskStrides &m = mask_strides;
   return (batch - 1) * m.batch + (heads - 1) * m.head + (seqlen_q - 1) * m.q +
@@ -258,9 +260,13 @@ Status AttentionSpec::validate() const {
       {"batch", batch},       {"heads", heads},       {"kv_heads", kv_heads},
       {"seqlen_q", seqlen_q}, {"seqlen_k", seqlen_k},
   };
+  // batch and the sequence lengths may be 0 (an empty call, or keys that are
+  // all absent: output 0 and LSE -inf); heads may not, a kernel's signature
+  // has them.
   for (const auto &[field, value] : counts)
-    if (value < 1)
-      return Status::error("{} ({}) must be at least 1", field, value);
+    if (value < (field.ends_with("heads") ? 1 : 0))
+      return Status::error("{} ({}) must be at least {}", field, value,
+                           field.ends_with("heads") ? 1 : 0);
   if (num_splits < 0 || num_splits > kMaxSplits)
     return Status::error("num_splits ({}) must be 0 (chosen per call), 1 (no split-KV) or up to {}",
                          num_splits, kMaxSplits);

@@ -131,6 +131,9 @@ constexpr int64_t kMaxChosenSplits = 1024;
 constexpr int64_t kMaxSeqlen = int64_t(1) << 29;
 
 struct AttentionSpec {
+  // batch and the lengths may be 0 (FlashAttention-2's empty calls): without
+  // query rows nothing is written; without keys every query gets output 0 and
+  // LSE -inf. A tensor without elements may be null.
   int64_t batch = 1;
   int64_t heads = 1;    // query heads
   int64_t kv_heads = 1; // key/value heads; heads % kv_heads == 0 (GQA/MQA)

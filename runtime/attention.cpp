@@ -213,6 +213,43 @@ Status check_sinks_pointer(const AttentionSpec &s, const void *pointer, std::str
   return Status::ok();
 }
 
+/// A tensor without elements may be null (PyTorch's empty tensors are): the
+/// kernels get this stand-in instead, which nothing reads or writes (the
+/// emulator reports an access past its 0 bytes as out of bounds).
+alignas(256) std::byte empty_tensor[256];
+
+template <class T> void stand_in(T *&pointer, int64_t elements) {
+  if (pointer == nullptr && elements == 0)
+    pointer = reinterpret_cast<T *>(empty_tensor);
+}
+
+/// `t` with a stand-in for each tensor the spec needs that is null and empty.
+template <class Tensors> Tensors with_stand_ins(const AttentionSpec &s, Tensors t) {
+  stand_in(t.q, s.q_elements());
+  stand_in(t.k, s.k_elements());
+  stand_in(t.v, s.v_elements());
+  stand_in(t.out, s.o_elements());
+  if constexpr (std::is_same_v<Tensors, BackwardTensors>) {
+    stand_in(t.lse, s.lse_elements());
+    stand_in(t.dout, s.o_elements());
+    stand_in(t.dq, s.q_elements());
+    stand_in(t.dk, s.k_elements());
+    stand_in(t.dv, s.v_elements());
+  } else {
+    if (s.lse)
+      stand_in(t.lse, s.lse_elements());
+    if (s.seqs.used_k)
+      stand_in(t.seqused_k, s.batch);
+    if (s.seqs.paged())
+      stand_in(t.block_table, s.batch * s.seqs.pages_per_seq);
+  }
+  if (s.alibi != Alibi::none)
+    stand_in(t.alibi_slopes, alibi_slopes(s));
+  if (s.mask != MaskType::none)
+    stand_in(t.attn_mask, s.mask_elements());
+  return t;
+}
+
 /// A kernel's workgroup: its work-items and the LDS its launch passes (dynamic
 /// LDS, else none: static in the kernel). The grid is the launch's.
 runtime::LaunchGeometry workgroup_geometry(const lowering::Lowered &l) {
@@ -504,6 +541,8 @@ int64_t Attention::Impl::choose_splits(const AttentionSpec &shape, SplitSet set)
   // Packed queries have no split kernels (ir::build_split_kv says why).
   if (executor == Executor::interpreter || shape.seqs.packed_q)
     return 0;
+  if (shape.lse_elements() == 0 || shape.seqlen_k == 0)
+    return 0; // no keys to split: the attention kernel writes O = 0, LSE -inf
   if (shape.num_splits > 1)
     return shape.num_splits;
   // With attention sinks the decode kernel, like the splits, is built without
@@ -914,15 +953,17 @@ Status Attention::Impl::run_backward(const Backward &b, const AttentionSpec &sha
   const bool gpu = executor == Executor::gpu;
   // The workspace: stream-ordered device memory, or host memory poisoned with
   // NaN on the emulator (every element a kernel reads must have been written).
+  // (A call of no query rows may need none: its kernels get the stand-in.)
   std::vector<float> host;
-  float *base = nullptr;
-  if (gpu) {
+  float *base = reinterpret_cast<float *>(empty_tensor);
+  const bool allocated = gpu && ws.elements > 0;
+  if (allocated) {
     auto w = driver->allocate_async(device.index, size_t(ws.elements) * 4, stream);
     if (!w)
       return w.status().with_context(
           fmt::format("backward workspace of {} bytes on {}", ws.elements * 4, device.id()));
     base = static_cast<float *>(*w);
-  } else {
+  } else if (!gpu && ws.elements > 0) {
     host.assign(size_t(ws.elements), std::numeric_limits<float>::quiet_NaN());
     base = host.data();
   }
@@ -1014,7 +1055,7 @@ Status Attention::Impl::run_backward(const Backward &b, const AttentionSpec &sha
     s = run(
         KernelKind::backward_reduce,
         {{"dK_heads", dk_heads, dk_bytes, 4}, {"dV_heads", dv_heads, dv_bytes, 4}, cu_k, dk, dv});
-  if (gpu) {
+  if (allocated) {
     // Released in stream order: after the last kernel above has read it.
     Status released = driver->release_async(device.index, base, stream);
     FJ_RETURN_IF_ERROR(s);
@@ -1064,6 +1105,8 @@ Status Attention::Impl::launch(const lowering::Lowered &l, runtime::GpuKernel &k
     const int64_t resident = int64_t(std::max(device.compute_units, 1)) * l.persistent_blocks;
     *grid = {std::min(tiles, resident), 1, 1};
   }
+  if ((*grid)[0] * (*grid)[1] * (*grid)[2] == 0) // nothing to compute (no query rows, or keys)
+    return Status::ok();
   // CUDA grids hold at most 65535 workgroups in y (heads) and z (batch).
   constexpr int64_t kCudaGridYZ = 65535;
   if (device.kind == DeviceKind::cuda && ((*grid)[1] > kCudaGridYZ || (*grid)[2] > kCudaGridYZ))
@@ -1225,8 +1268,10 @@ Status Attention::backward(const AttentionSpec &shape, const BackwardTensors &te
 }
 
 Status detail::AttentionAccess::backward(Attention &a, const AttentionSpec &shape,
-                                         const BackwardTensors &t, void *stream, Failure *failure) {
+                                         const BackwardTensors &given, void *stream,
+                                         Failure *failure) {
   Attention::Impl &m = *a.impl_;
+  const BackwardTensors t = with_stand_ins(shape, given);
   if (&shape != &m.spec) {
     if (Status s = shape.validate(); !s)
       return failed(failure, Failure::spec, s.with_context("backward: invalid shapes"));
@@ -1249,6 +1294,11 @@ Status detail::AttentionAccess::backward(Attention &a, const AttentionSpec &shap
       if (Status s = lowering::check_launch(g.lowered, shape); !s)
         return failed(failure, Failure::argument, s.with_context("backward"));
   }
+  // No query rows and no keys: no gradient has an element. Otherwise the
+  // kernels whose grids are empty are skipped, and the others write zeros (dQ
+  // without keys, dK/dV without queries).
+  if (shape.lse_elements() == 0 && shape.k_elements() == 0 && shape.v_elements() == 0)
+    return Status::ok();
   Status s = m.run_backward(**plan, shape, t, stream);
   if (!s)
     return failed(failure, Failure::runtime, s);
@@ -1441,8 +1491,10 @@ Expected<Attention> detail::AttentionAccess::create(const AttentionSpec &spec, c
 }
 
 Status detail::AttentionAccess::forward(Attention &a, const AttentionSpec &shape,
-                                        const AttentionTensors &t, void *stream, Failure *failure) {
+                                        const AttentionTensors &given, void *stream,
+                                        Failure *failure) {
   Attention::Impl &m = *a.impl_;
+  const AttentionTensors t = with_stand_ins(shape, given);
   if (&shape != &m.spec) {
     if (Status s = shape.validate(); !s)
       return failed(failure, Failure::spec, s.with_context("forward: invalid shapes"));
@@ -1460,6 +1512,8 @@ Status detail::AttentionAccess::forward(Attention &a, const AttentionSpec &shape
   if (m.generated)
     if (Status s = lowering::check_launch(m.generated->lowered, shape); !s)
       return failed(failure, Failure::argument, s.with_context("forward"));
+  if (shape.lse_elements() == 0) // no query rows (batch 0, seqlen_q 0): nothing to write
+    return Status::ok();
   m.launches.fetch_add(1, std::memory_order_relaxed);
   // Split-KV when asked for, or chosen (decode; a call that cannot fill the
   // device); chosen kernels that cannot be built leave the call to the attention

@@ -681,6 +681,61 @@ TEST(RuntimeShapes, OneKernelServesEveryShapeOnEveryAmdFamily) {
   }
 }
 
+// Empty shapes, FlashAttention-2's semantics: queries without keys get output 0
+// and LSE -inf (the log of an empty sum), through the attention kernel, the
+// decode kernel and split-KV alike; a call without query rows writes nothing.
+// An empty tensor may be null, as PyTorch's are. Outputs start poisoned, and
+// the gaps between rows must stay as they were.
+TEST(RuntimeShapes, EmptyShapesWriteZerosOrNothingOnEveryAmdFamily) {
+  SKIP_WITHOUT_EMULATOR();
+  for (const char *arch : {"gfx1201", "gfx1100", "gfx942"}) {
+    Options options;
+    options.compiler = "none";
+    auto attn = Attention::create(small_spec(), std::string("emulator:") + arch, options);
+    ASSERT_TRUE(attn) << attn.status().message();
+    struct Call {
+      int64_t b, sq, sk, num_splits;
+    };
+    for (const Call c : {Call{1, 33, 0, 0},
+                         {2, 1, 0, 0},
+                         {2, 1, 0, 4},
+                         {1, 16, 0, 1},
+                         {2, 0, 47, 0},
+                         {0, 33, 47, 0},
+                         {0, 0, 0, 0}}) {
+      AttentionSpec shape = small_spec();
+      shape.batch = c.b;
+      shape.seqlen_q = c.sq;
+      shape.seqlen_k = c.sk;
+      shape.num_splits = c.num_splits;
+      shape.set_layout(Layout::bshd);
+      SCOPED_TRACE(fmt::format("{} {} num_splits {}", arch, shape.summary(), c.num_splits));
+      HostBuffers host(shape, 13);
+      auto data = [](auto &v) { return v.empty() ? nullptr : v.data(); };
+      ASSERT_TRUE(attn->forward(shape, data(host.q), data(host.k), data(host.v), data(host.o),
+                                data(host.lse)));
+      int64_t zeros = 0;
+      HostBuffers::for_each_o(shape, [&](int64_t i) { zeros += host.o[size_t(i)] == 0; });
+      EXPECT_EQ(zeros, c.b * shape.heads * c.sq * shape.head_dim_v);
+      EXPECT_TRUE(std::all_of(host.lse.begin(), host.lse.end(),
+                              [](float x) { return std::isinf(x) && x < 0; }));
+      EXPECT_EQ(host.gaps_overwritten(shape), 0);
+    }
+  }
+  // A tensor with elements is never null.
+  Options options;
+  options.compiler = "none";
+  auto attn = Attention::create(small_spec(), "emulator:gfx1201", options);
+  ASSERT_TRUE(attn) << attn.status().message();
+  AttentionSpec shape = small_spec();
+  shape.seqlen_k = 0;
+  shape.set_layout(Layout::bshd);
+  HostBuffers host(shape);
+  EXPECT_HAS(
+      attn->forward(shape, nullptr, nullptr, nullptr, host.o.data(), host.lse.data()).message(),
+      "forward: q is null");
+}
+
 TEST(RuntimeShapes, ForwardRefusesShapesOfAnotherSignature) {
   SKIP_WITHOUT_EMULATOR();
   Options options;

@@ -548,6 +548,38 @@ TEST(BackwardEmulator, MhaWritesDkDvDirectlyAndGqaSumsEachGroup) {
   EXPECT_NE(text.find("fa_bwd_reduce_"), std::string::npos) << text;
 }
 
+// Empty shapes, FlashAttention-2's semantics: without keys dQ is 0 (no query
+// sees a key); without queries dK and dV are 0 (no key is seen); a batch of 0
+// writes nothing. Each gradient starts as NaN, so an element left unwritten
+// shows; MHA (dK/dV written directly) and GQA (the group sum) alike.
+TEST(BackwardEmulator, EmptyShapesWriteZeroGradients) {
+  if (!runtime::emulator_available())
+    GTEST_SKIP() << "this build has no emulator (FLASHJIT_WITH_LLVM=OFF)";
+  for (const char *arch : {"gfx1201", "gfx942"})
+    for (const Case &base : {Case{"mha", 2, 2, 2, 40, 56, 64, 64, true},
+                             Case{"gqa", 2, 4, 2, 33, 40, 48, 48, false, {16, 0}}}) {
+      auto attn = Attention::create(spec_of(base), fmt::format("emulator:{}", arch), emulated());
+      ASSERT_TRUE(attn) << attn.status().message();
+      for (auto [b, sq, sk] : {std::tuple{2, 0, 56}, {2, 40, 0}, {0, 40, 56}, {1, 0, 0}}) {
+        SCOPED_TRACE(fmt::format("{} {} b={} sq={} sk={}", arch, base.name, b, sq, sk));
+        Case c = base;
+        c.b = b;
+        c.sq = sq;
+        c.sk = sk;
+        const AttentionSpec spec = spec_of(c);
+        HostTensors t = make_random_inputs(spec, 51);
+        make_random_grad(spec, t, 52);
+        run_on(*attn, spec, t);
+        if (HasFatalFailure())
+          return;
+        for (const auto &[name, grad] : {std::pair{"o", &t.o}, std::pair{"dq", &t.dq},
+                                         std::pair{"dk", &t.dk}, std::pair{"dv", &t.dv}})
+          EXPECT_TRUE(std::all_of(grad->begin(), grad->end(), [](float x) { return x == 0; }))
+              << name << " has an element that is not 0 (NaN: never written)";
+      }
+    }
+}
+
 // Masks with empty, full and mixed blocks (tests/support/masks.h: left padding
 // and causal as a bool tensor, an additive one with a stripe of finite values):
 // the dQ and dK/dV loops each read the mask's block summary of their own blocks

@@ -164,8 +164,8 @@ TEST(Validate, CustomStridesPass) {
 
 TEST(Validate, RejectsBatch) {
   AttentionSpec s = valid_spec();
-  s.batch = 0;
-  EXPECT_TRUE(Mentions(rejection(s), "batch (0)"));
+  s.batch = -1;
+  EXPECT_TRUE(Mentions(rejection(s), "batch (-1) must be at least 0"));
 }
 
 TEST(Validate, RejectsHeads) {
@@ -177,19 +177,35 @@ TEST(Validate, RejectsHeads) {
 TEST(Validate, RejectsKvHeads) {
   AttentionSpec s = valid_spec();
   s.kv_heads = 0;
-  EXPECT_TRUE(Mentions(rejection(s), "kv_heads (0)"));
+  EXPECT_TRUE(Mentions(rejection(s), "kv_heads (0) must be at least 1"));
 }
 
 TEST(Validate, RejectsSeqlenQ) {
   AttentionSpec s = valid_spec();
-  s.seqlen_q = 0;
-  EXPECT_TRUE(Mentions(rejection(s), "seqlen_q (0)"));
+  s.seqlen_q = -3;
+  EXPECT_TRUE(Mentions(rejection(s), "seqlen_q (-3) must be at least 0"));
 }
 
 TEST(Validate, RejectsSeqlenK) {
   AttentionSpec s = valid_spec();
-  s.seqlen_k = 0;
-  EXPECT_TRUE(Mentions(rejection(s), "seqlen_k (0)"));
+  s.seqlen_k = -1;
+  EXPECT_TRUE(Mentions(rejection(s), "seqlen_k (-1) must be at least 0"));
+}
+
+// Empty calls are valid (FlashAttention-2 runs them): no batch, no queries or
+// no keys, whatever the empty tensors' strides (NumPy's are all 0).
+TEST(Validate, AcceptsEmptyBatchesAndSequences) {
+  for (auto [b, sq, sk] : {std::tuple{0, 8, 8}, {2, 0, 8}, {2, 8, 0}, {1, 0, 0}}) {
+    AttentionSpec s = valid_spec();
+    s.batch = b;
+    s.seqlen_q = sq;
+    s.seqlen_k = sk;
+    s.set_layout(Layout::bshd);
+    EXPECT_TRUE(s.validate().is_ok()) << s.validate().message();
+    if (sk == 0)
+      s.k = s.v = Strides{};
+    EXPECT_TRUE(s.validate().is_ok()) << s.validate().message();
+  }
 }
 
 TEST(Validate, RejectsHeadsNotMultipleOfKvHeads) {

@@ -132,11 +132,12 @@ typedef struct fj_strides {
  * of the fj_spec_init_* helpers (they set struct_size), then change fields. */
 typedef struct fj_spec {
   uint32_t struct_size; /* sizeof(fj_spec), set by the init functions (FJ_ABI_VERSION) */
-  int64_t batch;
-  int64_t heads;    /* query heads */
-  int64_t kv_heads; /* key/value heads; heads % kv_heads == 0 (GQA/MQA) */
-  int64_t seqlen_q;
-  int64_t seqlen_k;
+  int64_t batch;        /* >= 0; batch 0 (or seqlen_q 0) is a call that writes nothing */
+  int64_t heads;        /* query heads */
+  int64_t kv_heads;     /* key/value heads; heads % kv_heads == 0 (GQA/MQA) */
+  int64_t seqlen_q;     /* >= 0 */
+  int64_t seqlen_k;     /* >= 0; 0: every query gets output 0 and LSE -inf (an empty
+                           tensor may be NULL) */
   int64_t head_dim_qk;
   int64_t head_dim_v;
   int32_t dtype;                     /* fj_dtype, of Q, K, V and O; accumulation is f32 */

@@ -186,7 +186,9 @@ lib.fj_list_devices.argtypes = [_p(ctypes.c_void_p)]
 def check(code, what):
     if code != FJ_OK:
         msg = (lib.fj_last_error() or b"").decode()
-        raise FlashJitError(f"{what} failed ({_ERROR_NAMES.get(code, code)}): {msg}")
+        # A refused argument or spec is a ValueError too, as the Python side's own checks are.
+        error = InputError if code in (1, 2) else FlashJitError
+        raise error(f"{what} failed ({_ERROR_NAMES.get(code, code)}): {msg}")
 
 
 def take_string(ptr):

@@ -195,6 +195,12 @@ def _dtype_name(x, kind):
 
 
 def _strides(x, kind):
+    if 0 in tuple(x.shape):  # an empty array's strides address nothing (NumPy's are 0): dense
+        s, step = [], 1
+        for n in reversed(tuple(x.shape)):
+            s.insert(0, step)
+            step *= max(n, 1)
+        return tuple(s)
     if kind == "torch":
         s = tuple(x.stride())
     else:

@@ -284,9 +284,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         raise InputError(f"flashjit: q {tuple(q.shape)}, k {tuple(k.shape)} and v "
                          f"{tuple(v.shape)} do not fit: head dims of q and k, and k's and v's "
                          "rows and heads, must agree; heads a multiple of kv_heads")
-    batch = _int("len(cu_seqlens_q) - 1", cu_seqlens_q.shape[0] - 1, 1)
-    max_q = _int("max_seqlen_q", max_seqlen_q, 1)
-    max_k = _int("max_seqlen_k", max_seqlen_k, 1)
+    batch = _int("len(cu_seqlens_q) - 1", cu_seqlens_q.shape[0] - 1, 0)
+    max_q = _int("max_seqlen_q", max_seqlen_q, 0)
+    max_k = _int("max_seqlen_k", max_seqlen_k, 0)
     dev = None if kind == "numpy" else str(q.device)
     keep = []
     pointers = {}
@@ -423,9 +423,9 @@ def flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu
     if tuple(softmax_lse.shape) != (hq, total_q):
         raise InputError(f"flashjit: softmax_lse must be [heads, total_q] = {(hq, total_q)}, got "
                          f"{tuple(softmax_lse.shape)}")
-    batch = _int("len(cu_seqlens_q) - 1", cu_seqlens_q.shape[0] - 1, 1)
-    max_q = _int("max_seqlen_q", max_seqlen_q, 1)
-    max_k = _int("max_seqlen_k", max_seqlen_k, 1)
+    batch = _int("len(cu_seqlens_q) - 1", cu_seqlens_q.shape[0] - 1, 0)
+    max_q = _int("max_seqlen_q", max_seqlen_q, 0)
+    max_k = _int("max_seqlen_k", max_seqlen_k, 0)
     dev = None if kind == "numpy" else str(q.device)
     keep, pointers = [], {}
     for name, a in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
@@ -561,7 +561,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     (interleaved or half-split): k at cache_seqlens + i; q at cache_seqlens + i when
     causal or local, else at cache_seqlens. The append and rotary run as torch / NumPy
     operations before the kernel (not fused yet). Split-KV (num_splits) applies. Returns
-    out, and softmax_lse [batch, heads, seqlen_q] with return_softmax_lse. cache_leftpad
+    out, and softmax_lse [batch, heads, seqlen_q] with return_softmax_lse (+inf where a
+    query sees no key, as FlashAttention writes it). cache_leftpad
     (int32 [batch]) is where each sequence's keys start in its cache row: batch b attends
     to rows cache_leftpad[b] .. cache_seqlens[b] + seqlen_new - 1 (causal and windows
     aligned to the last of them; rotary positions stay the cache rows); not with a
@@ -585,7 +586,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             done = _kv_fast_forward(repeat, q, k_cache, v_cache, k, v, cache_seqlens,
                                     cache_batch_idx, block_table)
             if done is not None:
-                return done if return_softmax_lse else done[0]
+                if not return_softmax_lse:
+                    return done[0]
+                # FlashAttention's +inf for a query that sees no key, as _finish writes it
+                return done[0], done[1].masked_fill_(done[1] == float("-inf"), float("inf"))
     if cache_leftpad is not None and block_table is not None:
         raise NotImplementedError("flashjit: cache_leftpad with a block_table is not supported "
                                   "(FlashAttention refuses the pair too): pass one of them")
@@ -713,5 +717,5 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                None if cache_seqlens is not None and type(cache_seqlens) is not int
                                else used, held)
     del keep
-    out, lse = _finish(out, lse, kind, dtype, False)
+    out, lse = _finish(out, lse, kind, dtype, True)
     return (out, lse) if return_softmax_lse else out

@@ -300,3 +300,61 @@ print("ok")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=dict(os.environ), timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_empty_shapes_follow_flash_attention():
+    """FlashAttention-2's empty calls: queries without keys get output 0 and LSE +inf (its
+    LSE of an empty row; flashjit's return_lse keeps -inf), a batch of 0 or no queries an
+    empty output. The same for the varlen, KV-cache, SDPA and backward entry points. The
+    inputs that exist are random; every output is checked element by element."""
+    rng = np.random.default_rng(9)
+    for b, sq, sk in ((2, 17, 0), (2, 0, 17), (0, 17, 17), (1, 0, 0)):
+        q, k, v = inputs(rng, b, sq, sk, 4, 2, 40, 40, "bf16")
+        out, lse, _ = flashjit.flash_attn_func(q, k, v, causal=True, return_attn_probs=True,
+                                               arch=ARCH)
+        assert out.shape == (b, sq, 4, 40) and lse.shape == (b, 4, sq)
+        assert (out == 0).all() and np.isposinf(lse).all()
+        _, lse2 = flashjit.flash_attn_func(q, k, v, return_lse=True, arch=ARCH)
+        assert np.isneginf(lse2).all()
+        dq, dk, dv = flashjit.flash_attn_backward(rng.standard_normal(out.shape).astype(np.float32),
+                                                  q, k, v, out, lse, causal=True, arch=ARCH)
+        # Without keys no query sees one (dq 0); without queries no key is seen (dk, dv 0).
+        assert (dq == 0).all() and (dk == 0).all() and (dv == 0).all()
+        assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+    # Varlen: empty sequences among others, all empty, and a batch of 0.
+    for lq, lk in (([3, 0, 5], [0, 6, 4]), ([0, 0], [0, 0]), ([2], [0]), ([], [])):
+        cq = np.array([0] + list(np.cumsum(lq)), np.int32)
+        ck = np.array([0] + list(np.cumsum(lk)), np.int32)
+        q, k, v = inputs(rng, 1, int(cq[-1]), int(ck[-1]), 4, 2, 40, 40, "bf16")
+        out, lse, _ = flashjit.flash_attn_varlen_func(
+            q[0], k[0], v[0], cq, ck, max(lq, default=0), max(lk, default=0), causal=True,
+            return_attn_probs=True, arch=ARCH)
+        assert out.shape == (cq[-1], 4, 40) and lse.shape == (4, cq[-1])
+        for i in range(len(lq)):
+            rows = slice(cq[i], cq[i + 1])
+            if lq[i] == 0:
+                continue
+            if lk[i] == 0:
+                assert (out[rows] == 0).all() and np.isposinf(lse[:, rows]).all()
+                continue
+            ref, ref_lse = attention(q[:, rows], k[:, ck[i]:ck[i + 1]], v[:, ck[i]:ck[i + 1]],
+                                     causal=True)
+            assert np.abs(out[rows].astype(np.float64) - ref[0]).max() <= TOL["bf16"]
+            want = np.where(np.isneginf(ref_lse[0]), np.inf, ref_lse[0])
+            assert np.allclose(lse[:, rows], want, atol=1e-3)
+    # A KV cache that holds no key (cache_seqlens 0, or a capacity of 0).
+    q = rng.standard_normal((2, 1, 4, 40)).astype(np.float32)
+    for cap, seqlens in ((32, np.zeros(2, np.int32)), (0, None)):
+        kc = rng.standard_normal((2, cap, 2, 40)).astype(np.float32)
+        vc = rng.standard_normal((2, cap, 2, 40)).astype(np.float32)
+        out, lse = flashjit.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens,
+                                                    return_softmax_lse=True, arch=ARCH)
+        assert (out == 0).all() and np.isposinf(lse).all()
+    # SDPA (BHSD): no keys gives 0 (PyTorch's math backend does too), no queries nothing.
+    q = rng.standard_normal((1, 4, 8, 40)).astype(np.float32)
+    kv = rng.standard_normal((1, 4, 0, 40)).astype(np.float32)
+    assert (flashjit.scaled_dot_product_attention(q, kv, kv, arch=ARCH) == 0).all()
+    mask = np.ones((8, 0), bool)
+    assert (flashjit.scaled_dot_product_attention(q, kv, kv, attn_mask=mask, arch=ARCH) == 0).all()
+    out = flashjit.scaled_dot_product_attention(kv, q, q, arch=ARCH)
+    assert out.shape == (1, 4, 0, 40)

@@ -316,3 +316,55 @@ def test_repeated_calls_take_the_fast_path_and_see_new_data(monkeypatch):
     out.float().sum().backward()
     assert qg.grad is not None and torch.isfinite(qg.grad).all()
 
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_empty_shapes_on_cuda(d):
+    """FlashAttention-2's empty calls on CUDA tensors (whose empty storage is null):
+    queries without keys get 0 and LSE +inf (return_attn_probs), gradients 0; no
+    queries or a batch of 0 an empty output. D=128 takes sm_90's TMA kernel, whose
+    tensor maps see the empty K and V. Outputs start as NaN where the test makes them."""
+    torch.manual_seed(5)
+    dev, dt = "cuda", torch.bfloat16
+    for b, sq, sk in ((2, 300, 0), (2, 1, 0), (2, 0, 300), (0, 64, 64), (1, 0, 0)):
+        q = torch.randn(b, sq, 8, d, device=dev, dtype=dt, requires_grad=True)
+        k = torch.randn(b, sk, 2, d, device=dev, dtype=dt, requires_grad=True)
+        v = torch.randn(b, sk, 2, d, device=dev, dtype=dt, requires_grad=True)
+        out, lse, _ = flashjit.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+        assert out.shape == (b, sq, 8, d) and lse.shape == (b, 8, sq)
+        assert (out == 0).all() and torch.isposinf(lse).all()
+        out.backward(torch.randn_like(out))
+        for x in (q, k, v):
+            assert x.grad.shape == x.shape and (x.grad == 0).all()
+        with torch.no_grad():
+            for splits in (0, 1, 4):
+                o = flashjit.flash_attn_func(q, k, v, num_splits=splits)
+                assert o.shape == out.shape and (o == 0).all()
+    with torch.no_grad():
+        # Varlen with sequences without keys or queries, and all empty.
+        for lq, lk in (([3, 0, 500], [0, 600, 400]), ([0, 0], [0, 0])):
+            cq = torch.tensor([0] + lq, device=dev).cumsum(0).int()
+            ck = torch.tensor([0] + lk, device=dev).cumsum(0).int()
+            q = torch.randn(int(cq[-1]), 8, d, device=dev, dtype=dt)
+            k = torch.randn(int(ck[-1]), 2, d, device=dev, dtype=dt)
+            v = torch.randn_like(k)
+            out = flashjit.flash_attn_varlen_func(q, k, v, cq, ck, max(lq), max(lk), causal=True)
+            for i in range(len(lq)):
+                rows, keys = slice(int(cq[i]), int(cq[i + 1])), slice(int(ck[i]), int(ck[i + 1]))
+                if lq[i] and lk[i]:
+                    ref = reference(q[None, rows], k[None, keys], v[None, keys], True, (-1, -1))
+                    assert (out[None, rows].double() - ref).abs().max().item() <= TOL[dt]
+                elif lq[i]:
+                    assert (out[rows] == 0).all()
+        # A KV cache that holds no key, and SDPA without keys.
+        q = torch.randn(2, 1, 8, d, device=dev, dtype=dt)
+        for cap in (0, 256):
+            kc = torch.randn(2, cap, 2, d, device=dev, dtype=dt)
+            out, lse = flashjit.flash_attn_with_kvcache(
+                q, kc, torch.randn_like(kc), cache_seqlens=torch.zeros(2, dtype=torch.int32,
+                                                                       device=dev),
+                return_softmax_lse=True)
+            assert (out == 0).all() and torch.isposinf(lse).all()
+        kv = torch.randn(2, 8, 0, d, device=dev, dtype=dt)
+        out = flashjit.scaled_dot_product_attention(q.transpose(1, 2), kv, kv)
+        assert out.shape == (2, 8, 1, d) and (out == 0).all()
