@@ -60,6 +60,34 @@ def test_three_d_inputs_scale_and_refusals():
         flashjit.scaled_dot_product_attention(q, q, q, dropout_p=1.5, arch=ARCH)
 
 
+def test_any_leading_dims_as_in_pytorch():
+    """[..., heads, seqlen, head_dim]: 2-D (no batch or heads) and 5-D inputs, a mask over
+    the leading dims, against float64 on the same data as 4-D; bad dims refused by name."""
+    rng = np.random.default_rng(8)
+    q, k, v = (make(rng, (2, 3, 2, 20, 32), "bf16") for _ in range(3))
+    mask = rng.uniform(size=(3, 1, 20, 20)) < 0.8  # broadcast over the first dim and heads
+    out = flashjit.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=True,
+                                                arch=ARCH)
+    assert out.shape == (2, 3, 2, 20, 32)
+    t = (lambda x: x.reshape(6, 2, 20, 32).transpose(0, 2, 1, 3))
+    full = np.broadcast_to(mask, (2, 3, 2, 20, 20)).reshape(6, 2, 20, 20) & np.tril(
+        np.ones((20, 20), bool))
+    ref, _ = attention(t(q), t(k), t(v), mask=full)
+    np.testing.assert_allclose(np.asarray(out, np.float64).reshape(6, 2, 20, 32),
+                               ref.transpose(0, 2, 1, 3), atol=3e-2, rtol=0)
+    out2 = flashjit.scaled_dot_product_attention(q[0, 0, 0], k[0, 0, 0], v[0, 0, 0], arch=ARCH)
+    ref2, _ = attention(*(x[0, 0, 0][None, :, None] for x in (q, k, v)))
+    assert out2.shape == (20, 32)
+    np.testing.assert_allclose(np.asarray(out2, np.float64), ref2[0, :, 0], atol=3e-2, rtol=0)
+    with pytest.raises(ValueError, match="one number of dims, at least 2"):
+        flashjit.scaled_dot_product_attention(q[0, 0, 0, 0], k[0, 0, 0, 0], v[0, 0, 0, 0],
+                                              arch=ARCH)
+    with pytest.raises(ValueError, match="must share their leading dims"):
+        flashjit.scaled_dot_product_attention(q, k[:1], v[:1], arch=ARCH)
+    with pytest.raises(ValueError, match="more dims than the inputs"):
+        flashjit.scaled_dot_product_attention(q[0], k[0], v[0], attn_mask=mask[None], arch=ARCH)
+
+
 @pytest.mark.parametrize("sq,sk,gqa", [(128, 300, False), (200, 90, True), (256, 256, False)])
 def test_matches_torch_sdpa_forward_and_backward(sq, sk, gqa):
     torch = pytest.importorskip("torch")
