@@ -192,13 +192,9 @@ Expected<bool> KernelEmitter::plan_producer(const Op &loop) {
     return refuse("the sm90 rules' warpgroup products");
   if (p_.tensor("dO") != nullptr || loop.int_attr("transposed") != 0 || producer_threads_ > 0)
     return refuse("the forward's one KV loop");
-  if (loop.attrs.count("splits"))
-    return refuse("a loop over all of a query block's keys (no split-KV)");
-  // Everything staged before the loop is staged by TMA too: every thread runs
-  // that code, and a copy spread over kThreads would leave the producer out.
-  for (const auto &[buf, role] : lds_role_)
-    if (!tma_.count(buf))
-      return refuse(fmt::format("every staged tile copied by TMA ({} is not)", buf));
+  // What was staged before the loop without TMA (grouped query rows, which no
+  // tensor map describes) the consumers copied alone (emit_stage_issue), and
+  // every thread waited for it at the barrier before the loop.
   std::vector<const Op *> loads;
   std::set<std::string> tensors;
   for (const Op &op : loop.body) {

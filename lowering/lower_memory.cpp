@@ -405,6 +405,13 @@ void KernelEmitter::emit_stage_issue(const Op &op, const std::string &idx) {
   // AMD keeps the strided loop.
   const int64_t chunks = rows * (cols / 8), threads = waves_ * target_.wave_size;
   w_.line("// {} rows x {} chunks of 8 elements", rows, cols / 8);
+  // Config stages 3: a tile staged before the KV loop without TMA is the
+  // consumers' to copy (kThreads of them); the producer warpgroup's threads,
+  // which run the code before the loop too, skip it.
+  const bool consumers_copy = target_.is_nvidia() && stages() == 3;
+  if (consumers_copy)
+    w_.open("if (fj_thread_id() < kThreads) {{ // the consumers' copy (the producer's threads skip "
+            "it)");
   if (!target_.is_nvidia()) {
     w_.open("for (int i = fj_thread_id(); i < {}; i += kThreads) {{", chunks);
     w_.line("const int r = i / {}, d0 = (i % {}) * 8;", cols / 8, cols / 8);
@@ -465,6 +472,8 @@ void KernelEmitter::emit_stage_issue(const Op &op, const std::string &idx) {
     w_.close();
   }
   w_.close();
+  if (consumers_copy)
+    w_.close();
   w_.line("fj_stage_commit();");
   w_.close();
 }

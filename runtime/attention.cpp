@@ -331,9 +331,26 @@ struct Attention::Impl {
   /// causal, which one bottom-right query makes a no-op (`packed_split`; null
   /// while unbuilt, and for a signature without causal: `split` serves).
   std::unique_ptr<SplitKv> packed_split, grouped_split;
+  /// Grouped rows of kWideRows or more per KV head (16 tokens of 8:1 GQA) where
+  /// the rules have a producer config of two consumer warpgroups (sm_90:
+  /// pipeline::wide_grouped_config): their own split and decode kernels, 128
+  /// rows a workgroup with a producer warpgroup copying K and V by TMA. Null
+  /// while unbuilt; `wide_failure` says why they cannot be built (those calls
+  /// then take grouped_split).
+  std::unique_ptr<SplitKv> wide_split;
+  std::string wide_failure;
+  /// Calls with at least kWideRows grouped rows per KV head and kWideKeys keys
+  /// over all (batch, KV head) pairs take them. H200, 16 tokens of 8:1 GQA,
+  /// against grouped_split's one warpgroup of 64 rows (bench/results/README.md,
+  /// session 32): B=32, 32768 keys, head dim 128 187.6 -> 149.9 us, 80 168.8 ->
+  /// 115.3, 96 177.7 -> 126.0, 256 363.6 -> 284.5; B=128, 131072 keys, 128
+  /// 3221.9 -> 2022.1 (bench_decode.py). Fewer keys gain nothing (B=1 or 8 at
+  /// 32768 or 4096 keys: within 0.5 us) or lose: B=1, 4096 keys 19.0 -> 29.3.
+  static constexpr int64_t kWideRows = 128, kWideKeys = 32768;
   /// Which split-KV kernels a call takes: the signature's, or GQA-packed
-  /// decode's by strides (one token, a mask tensor) or as grouped rows.
-  enum class SplitSet { plain, packed, grouped };
+  /// decode's by strides (one token, a mask tensor), as grouped rows, or as
+  /// many grouped rows (wide_split).
+  enum class SplitSet { plain, packed, grouped, wide };
   static SplitSet split_set(const std::optional<AttentionSpec> &packed) {
     return !packed ? SplitSet::plain : packed->q_group > 1 ? SplitSet::grouped : SplitSet::packed;
   }
@@ -370,6 +387,7 @@ struct Attention::Impl {
   std::atomic<int64_t> decode_launches{0};  // one split: the decode kernel alone
   std::atomic<int64_t> packed_launches{0};  // of those two, the GQA-packed calls
   std::atomic<int64_t> grouped_launches{0}; // of those, the ones as grouped rows
+  std::atomic<int64_t> wide_launches{0};    // of those, the ones through wide_split
   std::atomic<int64_t> last_splits{0};      // the latest split call's number of splits
 
   /// Generation, compile and module load; the first failure with its stage.
@@ -568,7 +586,8 @@ int64_t Attention::Impl::choose_splits(const AttentionSpec &shape, SplitSet set)
       return 0; // explain() says why (split_failure)
     // The split kernel's query blocks: kDecodeRows rows, or grouped rows' own.
     const int64_t blocks =
-        work(set == SplitSet::grouped ? (*sk)->partial.config.block_m : kDecodeRows);
+        work(set == SplitSet::grouped || set == SplitSet::wide ? (*sk)->partial.config.block_m
+                                                               : kDecodeRows);
     // Decode's split kernel is one wave (four for grouped rows), and its KV loop
     // is latency bound: as many splits as the device holds at once, down to one KV block
     // each, past kMaxSplits. One round, because a second one that is only
@@ -616,14 +635,17 @@ Expected<const Attention::Impl::SplitKv *> Attention::Impl::split_kv(Failure *fa
   if (set == SplitSet::packed && !spec.causal) // without causal, the packed kernels are the same
     set = SplitSet::plain;
   std::unique_ptr<SplitKv> &slot = set == SplitSet::grouped  ? grouped_split
+                                   : set == SplitSet::wide   ? wide_split
                                    : set == SplitSet::packed ? packed_split
                                                              : split;
   if (slot)
     return slot.get();
+  if (set == SplitSet::wide && !wide_failure.empty())
+    return Status::error("{}", wide_failure);
   AttentionSpec kernel_spec = spec;
   if (set == SplitSet::packed)
     kernel_spec.causal = false;
-  if (set == SplitSet::grouped) {
+  if (set == SplitSet::grouped || set == SplitSet::wide) {
     // The signature with grouped query rows (gqa_packed_decode's view), as a
     // spec of one head and one position of two rows, whose strides are valid
     // whatever this handle's shapes: the group and the heads are a call's
@@ -633,6 +655,16 @@ Expected<const Attention::Impl::SplitKv *> Attention::Impl::split_kv(Failure *fa
     kernel_spec.seqlen_q = kernel_spec.q_group = 2;
     kernel_spec.q.group = spec.q.head;
     kernel_spec.o.group = spec.o.head;
+  }
+  Options kernel_options = options;
+  if (set == SplitSet::wide) {
+    kernel_options.config = pipeline::wide_grouped_config(kernel_spec, device.arch, options);
+    if (!kernel_options.config) {
+      wide_failure = fmt::format("{} has no producer config of two consumer warpgroups for "
+                                 "{} (or a config was given)",
+                                 device.arch, kernel_spec.signature().summary());
+      return Status::error("{}", wide_failure);
+    }
   }
   auto built = [&]() -> Expected<std::unique_ptr<SplitKv>> {
     auto made = std::make_unique<SplitKv>();
@@ -655,8 +687,8 @@ Expected<const Attention::Impl::SplitKv *> Attention::Impl::split_kv(Failure *fa
     const Generated *all[std::size(slots)];
     for (size_t i = 0; i < std::size(slots); ++i) {
       const bool combine = slots[i].kind == pipeline::KernelKind::split_combine;
-      auto gen = pipeline::generate(combine ? kernel_spec : no_sinks, device.arch, options, failure,
-                                    slots[i].kind);
+      auto gen = pipeline::generate(combine ? kernel_spec : no_sinks, device.arch, kernel_options,
+                                    failure, slots[i].kind);
       if (!gen)
         return gen.status();
       *slots[i].generated = gen.take();
@@ -697,7 +729,7 @@ Expected<const Attention::Impl::SplitKv *> Attention::Impl::split_kv(Failure *fa
     return made;
   }();
   if (!built) {
-    split_failure = built.status().message();
+    (set == SplitSet::wide ? wide_failure : split_failure) = built.status().message();
     return built.status().with_context("split-KV kernels");
   }
   slot = built.take();
@@ -1370,30 +1402,36 @@ std::string Attention::explain() const {
                                                   : m.grouped_split.get();
     if (shown)
       line("split-kv",
-           fmt::format("{} of those calls ran the split-KV kernels ({}{} workgroups of the "
-                       "first resident per compute unit): {} then {} (built on the first decode "
-                       "call{}); {} ran the decode kernel {} "
-                       "(one split: O written directly, no workspace); {} of these "
-                       "GQA-packed (a KV head's query heads as the rows of its tiles){}, {} "
-                       "as grouped rows (a token's heads side by side){}",
-                       m.split_launches.load(),
-                       m.split_launches.load() > 0
-                           ? fmt::format("the latest over {} splits; ", m.last_splits.load())
-                           : "",
-                       shown->resident, shown->partial.lowered.kernel_name,
-                       shown->combine.lowered.kernel_name,
-                       shown->partial_code ? ", cache " + shown->partial_code->cache_outcome : "",
-                       m.decode_launches.load(), shown->direct.lowered.kernel_name,
-                       m.packed_launches.load(),
-                       m.split && m.packed_split
-                           ? fmt::format(", through {} (causal is a no-op there)",
-                                         m.packed_split->partial.lowered.kernel_name)
-                           : "",
-                       m.grouped_launches.load(),
-                       m.grouped_split ? fmt::format(": {} and {}",
-                                                     m.grouped_split->partial.lowered.kernel_name,
-                                                     m.grouped_split->direct.lowered.kernel_name)
-                                       : ""));
+           fmt::format(
+               "{} of those calls ran the split-KV kernels ({}{} workgroups of the "
+               "first resident per compute unit): {} then {} (built on the first decode "
+               "call{}); {} ran the decode kernel {} "
+               "(one split: O written directly, no workspace); {} of these "
+               "GQA-packed (a KV head's query heads as the rows of its tiles){}, {} "
+               "as grouped rows (a token's heads side by side){}{}",
+               m.split_launches.load(),
+               m.split_launches.load() > 0
+                   ? fmt::format("the latest over {} splits; ", m.last_splits.load())
+                   : "",
+               shown->resident, shown->partial.lowered.kernel_name,
+               shown->combine.lowered.kernel_name,
+               shown->partial_code ? ", cache " + shown->partial_code->cache_outcome : "",
+               m.decode_launches.load(), shown->direct.lowered.kernel_name,
+               m.packed_launches.load(),
+               m.split && m.packed_split ? fmt::format(", through {} (causal is a no-op there)",
+                                                       m.packed_split->partial.lowered.kernel_name)
+                                         : "",
+               m.grouped_launches.load(),
+               m.grouped_split
+                   ? fmt::format(": {} and {}", m.grouped_split->partial.lowered.kernel_name,
+                                 m.grouped_split->direct.lowered.kernel_name)
+                   : "",
+               m.wide_split ? fmt::format("; {} of those {} or more rows per KV head through {} "
+                                          "and {} (two consumer warpgroups, a producer)",
+                                          m.wide_launches.load(), Impl::kWideRows,
+                                          m.wide_split->partial.lowered.kernel_name,
+                                          m.wide_split->direct.lowered.kernel_name)
+                            : ""));
     else if (!m.split_failure.empty())
       line("split-kv", "unavailable, calls run unsplit: " + m.split_failure);
     else
@@ -1524,7 +1562,12 @@ Status detail::AttentionAccess::forward(Attention &a, const AttentionSpec &shape
   int64_t splits = 0;
   if (m.executor != Executor::interpreter)
     packed = gqa_packed_decode(shape);
-  const Attention::Impl::SplitSet set = Attention::Impl::split_set(packed);
+  Attention::Impl::SplitSet set = Attention::Impl::split_set(packed);
+  // Many grouped rows per KV head take the wide kernels where they build.
+  if (set == Attention::Impl::SplitSet::grouped && packed->seqlen_q >= Attention::Impl::kWideRows &&
+      packed->batch * packed->heads * packed->seqlen_k >= Attention::Impl::kWideKeys &&
+      m.split_kv(nullptr, Attention::Impl::SplitSet::wide))
+    set = Attention::Impl::SplitSet::wide;
   splits = m.choose_splits(packed ? *packed : shape, set);
   const Attention::Impl::SplitKv *split = nullptr;
   if (splits > 0) {
@@ -1547,8 +1590,10 @@ Status detail::AttentionAccess::forward(Attention &a, const AttentionSpec &shape
     }
     if (packed)
       m.packed_launches.fetch_add(1, std::memory_order_relaxed);
-    if (set == Attention::Impl::SplitSet::grouped)
+    if (set == Attention::Impl::SplitSet::grouped || set == Attention::Impl::SplitSet::wide)
       m.grouped_launches.fetch_add(1, std::memory_order_relaxed);
+    if (set == Attention::Impl::SplitSet::wide)
+      m.wide_launches.fetch_add(1, std::memory_order_relaxed);
   }
   // The split kernels see the packed view; everything else the caller's shapes.
   const AttentionSpec &plan = split && packed ? *packed : shape;

@@ -77,6 +77,21 @@ compiler::CompileOptions compile_options(const lowering::Target &target, const O
   return c;
 }
 
+std::optional<ir::Config> wide_grouped_config(const AttentionSpec &spec, std::string_view arch,
+                                              const Options &options) {
+  auto choice = lowering::parse_rules_choice(options.rules);
+  auto target = lowering::parse_target(arch);
+  if (options.config || !choice || *choice != lowering::RulesChoice::automatic || !target)
+    return std::nullopt;
+  ir::Config c = lowering::default_config(spec, *target, *choice, options.mma_m, /*producer=*/true);
+  if (c.stages != 3 || c.waves != 8)
+    return std::nullopt;
+  c.persistent = false; // a split's range, or one workgroup per (batch, KV head): no tiles to walk
+  if (!lowering::check_fits(spec, c, *target, *choice))
+    return std::nullopt;
+  return c;
+}
+
 Expected<Generated> generate(const AttentionSpec &spec, std::string_view arch,
                              const Options &options, Failure *failure, KernelKind kind) {
   if (Status s = spec.validate(); !s)

@@ -71,6 +71,14 @@ Expected<Generated> generate(const AttentionSpec &spec, std::string_view arch,
                              const Options &options, Failure *failure = nullptr,
                              KernelKind kind = KernelKind::attention);
 
+/// The config of GQA-packed decode's split and decode kernels for calls of many
+/// grouped rows per KV head (Attention's wide split set): the rules' producer
+/// config where it has two consumer warpgroups of 64 rows (sm_90 from head dim
+/// 72 to 256), not persistent; none elsewhere, with Options::config or other
+/// rules given, or where it does not fit.
+std::optional<ir::Config> wide_grouped_config(const AttentionSpec &spec, std::string_view arch,
+                                              const Options &options);
+
 /// A compiled kernel and where it came from.
 struct Compiled {
   compiler::CodeObject code;

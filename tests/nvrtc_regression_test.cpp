@@ -190,6 +190,53 @@ TEST(NvrtcRegression, EveryKernelKindCompiles) {
   }
 }
 
+/// GQA-packed decode of many grouped rows per KV head (Attention's wide split
+/// set): on sm_90 from head dim 72 the split and decode kernels take two
+/// consumer warpgroups of 64 rows and a producer warpgroup that copies K and V
+/// by TMA; grouped Q rows, which no tensor map describes, are staged by the
+/// consumers alone before the producer splits off. They compile without
+/// spilling. Head dim 64 (one consumer warpgroup in the producer config, slower
+/// there) and sm_80 have none.
+TEST(NvrtcRegression, WideGroupedDecodeKernelsCompileWithoutSpills) {
+  auto nvrtc = compiler::RtcCompiler::load(compiler::RtcKind::nvrtc);
+  if (!nvrtc)
+    GTEST_SKIP() << "nvrtc is not installed here: " << nvrtc.status().message();
+  using pipeline::KernelKind;
+  for (int64_t d : {64, 80, 128, 256}) {
+    AttentionSpec s = make_spec(2, 8, 1, 16, 3000, d, d, DType::bf16);
+    s.causal = true;
+    s.lse = true;
+    auto packed = gqa_packed_decode(s);
+    ASSERT_TRUE(packed);
+    EXPECT_FALSE(pipeline::wide_grouped_config(*packed, "sm_80", Options{}));
+    const std::optional<ir::Config> config =
+        pipeline::wide_grouped_config(*packed, "sm_90", Options{});
+    ASSERT_EQ(config.has_value(), d != 64) << d;
+    if (!config)
+      continue;
+    EXPECT_EQ(config->block_m, 128);
+    EXPECT_EQ(config->waves, 8);
+    EXPECT_EQ(config->stages, 3);
+    EXPECT_FALSE(config->persistent);
+    Options options;
+    options.config = config;
+    for (KernelKind kind : {KernelKind::split_partial, KernelKind::decode}) {
+      SCOPED_TRACE(fmt::format("head dim {} kind {}", d, int(kind)));
+      auto g = pipeline::generate(*packed, "sm_90", options, nullptr, kind);
+      ASSERT_TRUE(g) << g.status().message();
+      EXPECT_EQ(count(g->lowered.source, "if (fj_thread_id() < kThreads) { // the consumers' copy"),
+                1);
+      EXPECT_EQ(count(g->lowered.source, "if (wave >= kWaves) { // the producer warpgroup"), 1);
+      compiler::CompileOptions co = pipeline::compile_options(g->target, options, &g->lowered);
+      co.extra_flags.push_back("--ptxas-options=-v");
+      auto code = (*nvrtc)->compile(g->lowered.source, co);
+      ASSERT_TRUE(code) << code.status().message();
+      EXPECT_NE(code->log.find(" 0 bytes spill stores, 0 bytes spill loads"), std::string::npos)
+          << code->log;
+    }
+  }
+}
+
 } // namespace
 
 /// The sm90 forward's default kernels do not spill (ptxas's own count, through

@@ -61,7 +61,7 @@ std::vector<FlagSpec> config_flags() {
        "K/V pipelining: 1 none, 2 issues each K/V tile's copy one step ahead (the backward's loops "
        "prefetch the next block into a second copy of their LDS tiles), 3 a producer warpgroup "
        "fills a "
-       "ring of two K/V copies by TMA (the sm90 forward)",
+       "ring of two K/V copies by TMA (sm_90: the forward, and wide GQA-packed decode)",
        "the target's choice"},
       {"--q-in-lds", "", "keep the Q block in LDS instead of registers", ""},
       {"--prefetch-blocks", "on|off",

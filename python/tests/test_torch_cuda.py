@@ -126,7 +126,13 @@ def test_configs_beyond_static_shared_memory(d, config):
                          [(1, 1, 8192, 32, 8, 128, False, (-1, -1)),
                           (4, 1, 3000, 8, 1, 64, True, (-1, -1)),
                           (1, 16, 5000, 8, 1, 80, True, (-1, -1)),
-                          (2, 1, 4100, 16, 4, 256, False, (1000, 0))])
+                          (2, 1, 4100, 16, 4, 256, False, (1000, 0)),
+                          # 128 grouped rows or more per KV head and 32768 keys or more
+                          # in all: sm_90's wide kernels (two consumer warpgroups and a
+                          # producer), 132 rows ragged
+                          (2, 16, 9000, 16, 2, 128, True, (500, 0)),
+                          (3, 11, 6000, 24, 2, 96, True, (-1, -1)),
+                          (2, 16, 17000, 8, 1, 256, False, (-1, -1))])
 def test_split_kv_decode_matches_sdpa_in_float64(b, sq, sk, hq, hkv, d, causal, window,
                                                  num_splits):
     torch.manual_seed(sk + num_splits)
@@ -368,3 +374,30 @@ def test_empty_shapes_on_cuda(d):
         kv = torch.randn(2, 8, 0, d, device=dev, dtype=dt)
         out = flashjit.scaled_dot_product_attention(q.transpose(1, 2), kv, kv)
         assert out.shape == (2, 8, 1, d) and (out == 0).all()
+
+
+def test_many_grouped_rows_take_the_wide_kernels():
+    """16 tokens of 8:1 GQA are 128 grouped rows per KV head: with 40000 keys in all, on
+    sm_90 the wide split and decode kernels run them (explain() counts them), 8 tokens
+    the four-wave ones."""
+    import re
+    from flashjit import _lib, api
+
+    def wide_calls():
+        texts = [(_lib.lib.fj_attention_explain(h) or b"").decode()
+                 for h in api._ATTENTIONS.values()]
+        return sum(int(n) for t in texts
+                   for n in re.findall(r"(\d+) of those 128 or more rows per KV head", t))
+
+    torch.manual_seed(3)
+    k = torch.randn(2, 20000, 1, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    before = wide_calls()
+    for sq in (8, 16):
+        q = torch.randn(2, sq, 8, 128, device="cuda", dtype=torch.bfloat16)
+        for splits in (0, 1):
+            out = flashjit.flash_attn_func(q, k, v, causal=True, num_splits=splits)
+            ref = reference(q, k, v, True, (-1, -1))
+            assert (out.double() - ref).abs().max().item() <= TOL[torch.bfloat16]
+    sm90 = torch.cuda.get_device_capability() == (9, 0)
+    assert wide_calls() - before == (2 if sm90 else 0)
