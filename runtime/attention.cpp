@@ -407,6 +407,8 @@ struct Attention::Impl {
   /// built the call runs unsplit (explain() says why).
   int64_t choose_splits(const AttentionSpec &shape, SplitSet set = SplitSet::plain);
   static constexpr int64_t kDecodeRows = 16;
+  /// Grouped rows per KV head from which a split takes at least four KV blocks.
+  static constexpr int64_t kManyRows = 64;
   /// The split-KV and decode kernels of `set`, built (thread-safely) on first use.
   Expected<const SplitKv *> split_kv(Failure *failure, SplitSet set = SplitSet::plain);
   /// `dependent_combine`: launch the combine as the split kernel's dependent
@@ -611,10 +613,24 @@ int64_t Attention::Impl::choose_splits(const AttentionSpec &shape, SplitSet set)
     // block, 10.9 over 32 of two; 16384 keys 11.7 over 256 of one, 12.8-13.2
     // over 128 of two; 32768 keys 16.6-16.9 over 256 of two, 18.2 over 512 of
     // one (each split's fixed cost and the combine's reads of every split).
+    // Grouped rows of 64 or more per KV head (16 tokens of 32:8 GQA, 8 of 8:1)
+    // make each split's fixed cost large (its query block, and its partial rows,
+    // which the combine reads back): at least four blocks each, unless that
+    // leaves fewer workgroups than half the compute units. H200, 16 tokens
+    // (bench/results/README.md, session 32): B=1, 4096 keys, 32:8, D=64 16.6 us
+    // over 32 splits of one block, 12.0 over 8 of four; B=8, 4096 keys, 8:1,
+    // D=64 16.9 over 24, 13.2 over 8; B=1, 32768 keys, 8:1, D=128 24.9 over 132
+    // of two, 21.4 over 64 of four; but B=1, 4096 keys, 8:1, D=64 (two query
+    // blocks) 12.5 over 32 of one, 16.0 over 8 of four.
+    const bool many_rows =
+        (set == SplitSet::grouped || set == SplitSet::wide) && shape.seqlen_q >= kManyRows;
     const int64_t split_blocks =
         (shape.seqlen_k + (*sk)->partial.config.block_n - 1) / (*sk)->partial.config.block_n;
-    const int64_t most =
-        std::min({split_blocks, std::max<int64_t>(256, split_blocks / 2), kMaxChosenSplits});
+    const int64_t half_filled = (units + 2 * blocks - 1) / (2 * blocks);
+    const int64_t split_cap =
+        many_rows ? std::max(split_blocks / 4, std::min(split_blocks, half_filled)) : split_blocks;
+    const int64_t most = std::min({std::max<int64_t>(split_cap, 1),
+                                   std::max<int64_t>(256, split_blocks / 2), kMaxChosenSplits});
     const int64_t slots = units * (*sk)->resident;
     const int64_t splits = shape.num_splits == 1 ? 1 : std::clamp<int64_t>(slots / blocks, 1, most);
     return splits > 1 || packed || c.block_m >= 128 ? splits : 0;
