@@ -402,6 +402,31 @@ static void test_emulator(void) {
               "num_splits (129)");
   spec.num_splits = 0;
 
+  /* No keys (FlashAttention-2's empty call): K and V may be NULL, every query
+     gets output 0 and LSE -inf; no query rows: nothing is written. */
+  {
+    fj_spec empty = spec;
+    empty.seqlen_k = 0;
+    CHECK(fj_spec_set_layout(&empty, FJ_LAYOUT_BSHD) == FJ_OK);
+    for (i = 0; i < no; ++i)
+      o[i] = 0xffff;
+    CHECK(fj_attention_forward_shape(attn, &empty, q, NULL, NULL, o, lse, NULL) == FJ_OK);
+    for (i = 0; i < no; ++i)
+      if (o[i] != 0) {
+        CHECK(!"output 0 without keys");
+        break;
+      }
+    for (i = 0; i < (size_t)(spec.batch * spec.heads * spec.seqlen_q); ++i)
+      if (!(isinf(lse[i]) && lse[i] < 0)) {
+        CHECK(!"LSE -inf without keys");
+        break;
+      }
+    empty = spec;
+    empty.batch = 0;
+    CHECK(fj_spec_set_layout(&empty, FJ_LAYOUT_BSHD) == FJ_OK);
+    CHECK(fj_attention_forward_shape(attn, &empty, NULL, NULL, NULL, NULL, NULL, NULL) == FJ_OK);
+  }
+
   CHECK_ERROR(fj_attention_forward(attn, NULL, k, v, o, lse, NULL), FJ_ERROR_INVALID_ARGUMENT,
               "q is null");
   CHECK_ERROR(fj_attention_forward(attn, q, k, v, o, NULL, NULL), FJ_ERROR_INVALID_ARGUMENT,
