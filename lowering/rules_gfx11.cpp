@@ -44,7 +44,11 @@ public:
   // KV blocks of 32 keys (16 past head dim 192, with Q in LDS) keep every head
   // dim free of spills. Per-score masks (a mask tensor's elements, a mask_mod's
   // operands) at head dim 192 spilled 8 VGPRs with 32 keys under LLVM 22 (176:
-  // 243-255 VGPRs, none); with 16, 239-249 and none (session 30).
+  // 243-255 VGPRs, none); with 16, 239-249 and none (session 30). A mask_mod
+  // past head dim 224 spilled 8 VGPRs in four of six kernels (q_idx >= kv_idx,
+  // kv_idx < seqlen_k - 5, with causal or the LSE; 250-252 VGPRs); with each
+  // block's K/V copies issued one step ahead (stages 2) none did, 246-248
+  // (session 32). Elsewhere stages 2 changed little, or spilled (gfx1201 at 128).
   ir::Config default_config(const AttentionSpec &spec) const override {
     ir::Config c = TransposedRules::default_config(spec);
     c.block_n = std::min<int64_t>(c.block_n, 32);
@@ -52,6 +56,8 @@ public:
     const bool per_score_mask = spec.mask != MaskType::none || !spec.mask_mod.empty();
     if (per_score_mask && d > 176 && d <= 192)
       c.block_n = 16;
+    if (!spec.mask_mod.empty() && d > 224)
+      c.stages = 2;
     return c;
   }
 
