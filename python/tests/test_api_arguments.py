@@ -330,6 +330,15 @@ def test_empty_shapes_follow_flash_attention():
             q[0], k[0], v[0], cq, ck, max(lq, default=0), max(lk, default=0), causal=True,
             return_attn_probs=True, arch=ARCH)
         assert out.shape == (cq[-1], 4, 40) and lse.shape == (4, cq[-1])
+        dq, dk, dv = flashjit.flash_attn_varlen_backward(
+            rng.standard_normal(out.shape).astype(np.float32), q[0], k[0], v[0], out, lse, cq,
+            ck, max(lq, default=0), max(lk, default=0), causal=True, arch=ARCH)
+        assert not (np.isnan(dq).any() or np.isnan(dk).any() or np.isnan(dv).any())
+        for i in range(len(lq)):  # no key seen: dq 0; no query: dk, dv 0
+            if lk[i] == 0:
+                assert (dq[cq[i]:cq[i + 1]] == 0).all()
+            if lq[i] == 0:
+                assert (dk[ck[i]:ck[i + 1]] == 0).all() and (dv[ck[i]:ck[i + 1]] == 0).all()
         for i in range(len(lq)):
             rows = slice(cq[i], cq[i + 1])
             if lq[i] == 0:
