@@ -352,7 +352,17 @@ struct Attention::Impl {
   /// many grouped rows (wide_split).
   enum class SplitSet { plain, packed, grouped, wide };
   static SplitSet split_set(const std::optional<AttentionSpec> &packed) {
-    return !packed ? SplitSet::plain : packed->q_group > 1 ? SplitSet::grouped : SplitSet::packed;
+    if (!packed)
+      return SplitSet::plain;
+    if (packed->q_group == 1)
+      return SplitSet::packed;
+    const bool wide = packed->seqlen_q >= kWideRows &&
+                      packed->batch * packed->heads * packed->seqlen_k >= kWideKeys;
+    return wide ? SplitSet::wide : SplitSet::grouped;
+  }
+  /// Whether a set's kernels take grouped rows (their own query blocks).
+  static bool grouped_rows(SplitSet set) {
+    return set == SplitSet::grouped || set == SplitSet::wide;
   }
 
   /// The backward pass's kernels, pipeline::KernelKind's backward_* in that
@@ -561,7 +571,7 @@ int64_t Attention::Impl::choose_splits(const AttentionSpec &shape, SplitSet set)
   // Packed queries have no split kernels (ir::build_split_kv says why).
   if (executor == Executor::interpreter || shape.seqs.packed_q)
     return 0;
-  if (shape.lse_elements() == 0 || shape.seqlen_k == 0)
+  if (shape.seqlen_k == 0)
     return 0; // no keys to split: the attention kernel writes O = 0, LSE -inf
   if (shape.num_splits > 1)
     return shape.num_splits;
@@ -587,9 +597,7 @@ int64_t Attention::Impl::choose_splits(const AttentionSpec &shape, SplitSet set)
     if (!sk)
       return 0; // explain() says why (split_failure)
     // The split kernel's query blocks: kDecodeRows rows, or grouped rows' own.
-    const int64_t blocks =
-        work(set == SplitSet::grouped || set == SplitSet::wide ? (*sk)->partial.config.block_m
-                                                               : kDecodeRows);
+    const int64_t blocks = work(grouped_rows(set) ? (*sk)->partial.config.block_m : kDecodeRows);
     // Decode's split kernel is one wave (four for grouped rows), and its KV loop
     // is latency bound: as many splits as the device holds at once, down to one KV block
     // each, past kMaxSplits. One round, because a second one that is only
@@ -622,8 +630,7 @@ int64_t Attention::Impl::choose_splits(const AttentionSpec &shape, SplitSet set)
     // D=64 16.9 over 24, 13.2 over 8; B=1, 32768 keys, 8:1, D=128 24.9 over 132
     // of two, 21.4 over 64 of four; but B=1, 4096 keys, 8:1, D=64 (two query
     // blocks) 12.5 over 32 of one, 16.0 over 8 of four.
-    const bool many_rows =
-        (set == SplitSet::grouped || set == SplitSet::wide) && shape.seqlen_q >= kManyRows;
+    const bool many_rows = grouped_rows(set) && shape.seqlen_q >= kManyRows;
     const int64_t split_blocks =
         (shape.seqlen_k + (*sk)->partial.config.block_n - 1) / (*sk)->partial.config.block_n;
     const int64_t half_filled = (units + 2 * blocks - 1) / (2 * blocks);
@@ -661,7 +668,7 @@ Expected<const Attention::Impl::SplitKv *> Attention::Impl::split_kv(Failure *fa
   AttentionSpec kernel_spec = spec;
   if (set == SplitSet::packed)
     kernel_spec.causal = false;
-  if (set == SplitSet::grouped || set == SplitSet::wide) {
+  if (grouped_rows(set)) {
     // The signature with grouped query rows (gqa_packed_decode's view), as a
     // spec of one head and one position of two rows, whose strides are valid
     // whatever this handle's shapes: the group and the heads are a call's
@@ -1579,11 +1586,9 @@ Status detail::AttentionAccess::forward(Attention &a, const AttentionSpec &shape
   if (m.executor != Executor::interpreter)
     packed = gqa_packed_decode(shape);
   Attention::Impl::SplitSet set = Attention::Impl::split_set(packed);
-  // Many grouped rows per KV head take the wide kernels where they build.
-  if (set == Attention::Impl::SplitSet::grouped && packed->seqlen_q >= Attention::Impl::kWideRows &&
-      packed->batch * packed->heads * packed->seqlen_k >= Attention::Impl::kWideKeys &&
-      m.split_kv(nullptr, Attention::Impl::SplitSet::wide))
-    set = Attention::Impl::SplitSet::wide;
+  // Many grouped rows take the wide kernels where they build, else the grouped ones.
+  if (set == Attention::Impl::SplitSet::wide && !m.split_kv(nullptr, set))
+    set = Attention::Impl::SplitSet::grouped;
   splits = m.choose_splits(packed ? *packed : shape, set);
   const Attention::Impl::SplitKv *split = nullptr;
   if (splits > 0) {
@@ -1606,7 +1611,7 @@ Status detail::AttentionAccess::forward(Attention &a, const AttentionSpec &shape
     }
     if (packed)
       m.packed_launches.fetch_add(1, std::memory_order_relaxed);
-    if (set == Attention::Impl::SplitSet::grouped || set == Attention::Impl::SplitSet::wide)
+    if (Attention::Impl::grouped_rows(set))
       m.grouped_launches.fetch_add(1, std::memory_order_relaxed);
     if (set == Attention::Impl::SplitSet::wide)
       m.wide_launches.fetch_add(1, std::memory_order_relaxed);

@@ -65,8 +65,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                              f"inputs {tuple(query.shape)}: pass a mask of at most {nd} dims")
         if nd > 4 and m > 2:  # broadcast over the leading dims, which become the batch
             full = lead + (sq, sk)
-            attn_mask = (attn_mask.expand(full) if kind == "torch" else
-                         __import__("numpy").broadcast_to(attn_mask, full))
+            if kind == "torch":
+                attn_mask = attn_mask.expand(full)
+            else:
+                import numpy as np
+                attn_mask = np.broadcast_to(attn_mask, full)
             attn_mask = attn_mask.reshape(batch, lead[-1], sq, sk)
     out = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, mask_mod=mask_mod,
                           arch=arch, config=config, attn_mask=attn_mask, dropout_p=dropout_p,
