@@ -1,9 +1,13 @@
 """Where a backward call's time goes: each CUDA kernel's device time per call (torch.profiler)
 for flashjit's flash_attn_backward and the backward of SDPA's cuDNN and flash backends, L2
 flushed before each call (as bench_backward.py). Shapes as bench_backward.py: B * S = 16k
-tokens, H * D = 2048, bf16; --kv-heads N gives K and V N heads (GQA) instead of H.
+tokens, H * D = 2048, bf16; --kv-heads N gives K and V N heads (GQA) instead of H. Each
+--config k=v,... (repeatable) times flashjit's backward with that config too (the same
+config for the dQ and dK/dV kernels, as flash_attn_backward(config=) passes it) and prints
+each gradient's largest difference from the default config's.
 
-    python3 bench/backward_probe.py [--kv-heads N] [--causal] S:D [...]   e.g. 1024:128 4096:64
+    python3 bench/backward_probe.py [--kv-heads N] [--causal] [--config k=v,...] S:D [...]
+    e.g. 1024:128 4096:64
 """
 import sys
 
@@ -16,10 +20,13 @@ from decode_probe import kernels  # noqa: E402  (each kernel's device time, L2 f
 
 def main():
     args = sys.argv[1:]
-    kv_heads, causal = 0, False
-    while args[:1] in (["--kv-heads"], ["--causal"]):
+    kv_heads, causal, configs = 0, False, []
+    while args[:1] in (["--kv-heads"], ["--causal"], ["--config"]):
         if args[0] == "--causal":
             causal, args = True, args[1:]
+        elif args[0] == "--config":
+            configs.append({k: int(v) for k, v in (kv.split("=") for kv in args[1].split(","))})
+            args = args[2:]
         else:
             kv_heads, args = int(args[1]), args[2:]
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -36,6 +43,21 @@ def main():
         out, lse = flashjit.flash_attn_func(q, k, v, causal=causal, return_lse=True)
         runs = {"flashjit": lambda: flashjit.flash_attn_backward(dout, q, k, v, out, lse,
                                                                   causal=causal)}
+        grads = {"flashjit": runs["flashjit"]()}
+        for config in configs:
+            name = "flashjit " + ",".join(f"{k}={v}" for k, v in config.items())
+            runs[name] = lambda c=config: flashjit.flash_attn_backward(
+                dout, q, k, v, out, lse, causal=causal, config=c)
+            try:
+                grads[name] = runs[name]()
+            except RuntimeError as e:
+                print(f"  {name}: {str(e).splitlines()[0]}")
+                del runs[name]
+                continue
+            diffs = (float((a.float() - b.float()).abs().max())
+                     for a, b in zip(grads[name], grads["flashjit"]))
+            print(f"  {name}: max diff from the default dq {next(diffs):.2e} "
+                  f"dk {next(diffs):.2e} dv {next(diffs):.2e}")
         qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
         dt = dout.transpose(1, 2)
         for name, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION),

@@ -26,8 +26,8 @@ std::string Config::summary() const {
   return fmt::format("block_m={} block_n={} waves={} stages={} q_in={} pad_k={}{}{}{}{}", block_m,
                      block_n, waves, stages, q_in_lds ? "lds" : "regs", pad_k,
                      mma_m ? fmt::format(" mma_m={}", mma_m) : "",
-                     dkdv_passes != 1 ? fmt::format(" dkdv_passes={}", dkdv_passes) : "",
-                     persistent ? " persistent" : "", prefetch_blocks ? " prefetch_blocks" : "");
+                     dkdv_passes == 2 ? " dkdv_passes=2" : "", persistent ? " persistent" : "",
+                     prefetch_blocks ? " prefetch_blocks" : "");
 }
 
 Status validate(const Config &c) {
@@ -58,9 +58,9 @@ Status validate(const Config &c) {
     return Status::error("config prefetch_blocks needs stages 2 (got stages {}): it issues the "
                          "next block's K and V tiles one iteration ahead",
                          c.stages);
-  if (c.dkdv_passes != 1 && c.dkdv_passes != 2)
-    return Status::error("config dkdv_passes = {} is not a dK/dV program: expected 1 (one loop) "
-                         "or 2 (dV's loop, then dK's)",
+  if (c.dkdv_passes < 0 || c.dkdv_passes > 2)
+    return Status::error("config dkdv_passes = {} is not a dK/dV program: expected 1 (one loop), "
+                         "2 (dV's loop, then dK's) or 0 (the lowering's choice)",
                          c.dkdv_passes);
   return Status::ok();
 }

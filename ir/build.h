@@ -22,7 +22,10 @@ struct Config {
   /// The backward's dK/dV program: 1 accumulates dK and dV in one loop over the
   /// query blocks; 2 runs two loops, dV's then dK's (S^T computed in both), so
   /// that only one of the two accumulators is live (lowering::backward_config
-  /// takes 2 where both would not fit the registers).
+  /// takes 2 where both would not fit the registers). 0 lets the lowering
+  /// choose for a given config (lowering::backward_dkdv_passes; the runtime
+  /// resolves it before building the program, and C and Python configs leave it
+  /// 0 unless they set it).
   int64_t dkdv_passes = 1;
   /// The forward with a producer warpgroup (stages 3) as a persistent kernel:
   /// a workgroup per SM (or as many as fit) walks the (query block, head,

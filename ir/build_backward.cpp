@@ -162,6 +162,9 @@ Params declare(Program &p, const AttentionSpec &spec, Kernel kernel) {
 Expected<Program> build(const AttentionSpec &spec, const Config &config, Kernel kernel) {
   FJ_RETURN_IF_ERROR(validate_backward(spec));
   FJ_RETURN_IF_ERROR(validate(config));
+  if (kernel != Kernel::dq && config.dkdv_passes == 0)
+    return Status::error("config dkdv_passes 0 (the lowering's choice) reached the dK/dV program "
+                         "unresolved: lowering::backward_dkdv_passes chooses 1 or 2");
   const KernelSignature sig = spec.signature();
   const DType dt = spec.dtype;
   const int64_t bm = config.block_m, bn = config.block_n;

@@ -45,7 +45,97 @@ void element_type(HipWriter &w, DType t) {
   w.blank();
 }
 
+/// The live registers per lane of the backward's loops, as backward_config
+/// counts them to choose blocks and the dK/dV program's passes.
+class LoopRegisters {
+public:
+  LoopRegisters(const AttentionSpec &spec, const Target &target, const ir::Config &config,
+                bool dkdv)
+      : target_(target), dkdv_(dkdv), dqk_(ir::padded(spec.head_dim_qk, config.pad_k)),
+        dv_(ir::padded(spec.head_dim_v, config.pad_k)), gfx11_(target.family == Family::gfx11),
+        cdna_(!target.is_nvidia() && target.family != Family::gfx11 &&
+              target.family != Family::gfx12) {
+    // Per-score modifiers hold registers of their own across the loop, which
+    // rdna_fits adds to its count. LLVM 22, head dim 64: gfx1201's dK/dV (32-key
+    // blocks) 191 VGPRs plain, with dropout 233 (its draws), a bool mask tensor
+    // 227, a 16-bit one 211, softcap 208; on gfx1100 those spilled 8-33 VGPRs at
+    // head dims 64 to 96. The dQ count is near LLVM's on gfx11 (250 VGPRs
+    // counted 256 at head dim 96), where the modifiers spilled 8-19, but high on
+    // gfx12 (187 counted 238 at 64), which did not spill with them: only gfx11's
+    // dQ counts them (docs/decisions.md, "RDNA's backward without spills").
+    const bool bool_mask = spec.mask == MaskType::boolean;
+    if (dkdv || gfx11_) {
+      if (spec.dropout_p > 0)
+        modifiers_ += dkdv ? 40 : 8;
+      if (spec.mask != MaskType::none)
+        modifiers_ += bool_mask ? (dkdv ? 32 : 16) : (dkdv ? 20 : 8);
+      if (spec.softcap > 0)
+        modifiers_ += dkdv ? 20 : 8;
+    }
+  }
+
+  // dK/dV: two passes (dV's loop, then dK's) where the one loop's live
+  // registers per lane -- dK and dV, S^T and dP^T, the row operands K and V
+  // where they are not in LDS -- pass the register budget (resources.h): that
+  // loop must spill. Measured on the H100: 1.8x at head dim 256 (288 by this
+  // count), 0.8x at 192 (224, fits), so only where the one loop cannot fit.
+  int64_t passes(const ir::Config &c) const {
+    if (!dkdv_)
+      return 1;
+    const double per_col = 16.0 / double(target_.wave_size); // f32 per lane and column, 16 rows
+    double regs = per_col * double(dqk_ + dv_ + 2 * c.block_n);
+    if (!c.q_in_lds) {
+      regs += per_col / 2 * double(dqk_ + dv_); // 16-bit operands, two per register
+      // CDNA (two query tiles a wave) holds the loop block's operands too: on
+      // gfx950 at head dims 224 and 256 (64-key blocks) LLVM 22 took 512 VGPRs
+      // and spilled 216 and 372 in one pass, none in two (442 and 500).
+      if (cdna_)
+        regs += double(c.block_n * (dqk_ + dv_)) / 64;
+    }
+    return regs > double(register_budget(target_)) ? 2 : 1;
+  }
+
+  // RDNA's loops (wave32 WMMA, 16 rows per wave): the VGPRs per lane that LLVM
+  // 22 allocates, fitted to its allocations on gfx1201 and gfx1100 (flashjit
+  // compile --kernel backward-dkdv|backward-dq --resources, head dims 64-128,
+  // 16-, 32- and 64-row blocks; docs/decisions.md, "RDNA's backward without
+  // spills"): the accumulators (dK and dV, one of them with two passes; dQ),
+  // about 2.6 per column of the loop's block (3 on gfx11) for S, dP and what the
+  // loop makes of them, the workgroup's rows as operands (K and V; Q and dO),
+  // and the loop's block as operands: a few tiles from LDS, or the whole block
+  // where it is not in LDS. gfx11 holds each 16-bit operand twice (its WMMA
+  // reads a row from both halves of the wave). Whether the loop with blocks of
+  // `bn` in `passes` passes fits the VGPRs by that count.
+  bool rdna_fits(int64_t bn, bool operands_in_lds, int64_t passes) const {
+    const double dup = gfx11_ ? 2.0 : 1.0;
+    const double acc = double(!dkdv_ ? dqk_ : passes == 2 ? std::max(dqk_, dv_) : dqk_ + dv_) / 2;
+    const double operands = operands_in_lds ? 8.0 * dup : double(bn * (dqk_ + dv_)) / 64 * dup;
+    const double per_column = gfx11_ ? 3.0 : 2.6;
+    const double regs =
+        acc + per_column * double(bn) + double(dqk_ + dv_) / 4 * dup + operands + modifiers_;
+    return regs <= double(target_.max_vgprs);
+  }
+
+  double modifiers() const { return modifiers_; }
+
+private:
+  const Target &target_;
+  bool dkdv_;
+  int64_t dqk_, dv_;
+  bool gfx11_, cdna_;
+  double modifiers_ = 0;
+};
+
 } // namespace
+
+int64_t backward_dkdv_passes(const AttentionSpec &spec, const Target &target,
+                             const ir::Config &config) {
+  const LoopRegisters regs(spec, target, config, true);
+  const bool rdna = target.family == Family::gfx11 || target.family == Family::gfx12;
+  if (rdna)
+    return regs.rdna_fits(config.block_n, config.q_in_lds, 1) ? 1 : 2;
+  return regs.passes(config);
+}
 
 ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::Config config,
                            bool dkdv) {
@@ -73,27 +163,8 @@ ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::
     return (operands_in_lds ? tile(bm, dqk, false) + tile(bm, dv, false) : 0) + copies * loop;
   };
   const bool rdna = target.family == Family::gfx11 || target.family == Family::gfx12;
-  const bool cdna = !target.is_nvidia() && !rdna;
-  // dK/dV: two passes (dV's loop, then dK's) where the one loop's live
-  // registers per lane -- dK and dV, S^T and dP^T, the row operands K and V
-  // where they are not in LDS -- pass the register budget (resources.h): that
-  // loop must spill. Measured on the H100: 1.8x at head dim 256 (288 by this
-  // count), 0.8x at 192 (224, fits), so only where the one loop cannot fit.
-  auto passes = [&](const ir::Config &c) -> int64_t {
-    if (!dkdv)
-      return 1;
-    const double per_col = 16.0 / double(target.wave_size); // f32 per lane and column, 16 rows
-    double regs = per_col * double(dqk + dv + 2 * c.block_n);
-    if (!c.q_in_lds) {
-      regs += per_col / 2 * double(dqk + dv); // 16-bit operands, two per register
-      // CDNA (two query tiles a wave) holds the loop block's operands too: on
-      // gfx950 at head dims 224 and 256 (64-key blocks) LLVM 22 took 512 VGPRs
-      // and spilled 216 and 372 in one pass, none in two (442 and 500).
-      if (cdna)
-        regs += double(c.block_n * (dqk + dv)) / 64;
-    }
-    return regs > double(register_budget(target)) ? 2 : 1;
-  };
+  const bool gfx11 = target.family == Family::gfx11;
+  const LoopRegisters regs(spec, target, config, dkdv);
   if (target.is_nvidia()) {
     // The first of the family's rules with a block of their own that fits
     // (sm90: warpgroup products); else the warp-wide mma.sync rules (the
@@ -108,7 +179,7 @@ ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::
         config.block_n = own->block_n;
         config.waves = own->waves;
         config.q_in_lds = own->q_in_lds;
-        config.dkdv_passes = passes(config);
+        config.dkdv_passes = regs.passes(config);
         return config;
       }
     }
@@ -116,44 +187,6 @@ ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::
     config.block_m = mma_sync.block_m;
     config.waves = mma_sync.waves;
   }
-  // RDNA's loops (wave32 WMMA, 16 rows per wave): the VGPRs per lane that LLVM
-  // 22 allocates, fitted to its allocations on gfx1201 and gfx1100 (flashjit
-  // compile --kernel backward-dkdv|backward-dq --resources, head dims 64-128,
-  // 16-, 32- and 64-row blocks; docs/decisions.md, "RDNA's backward without
-  // spills"): the accumulators (dK and dV, one of them with two passes; dQ),
-  // about 2.6 per column of the loop's block (3 on gfx11) for S, dP and what the
-  // loop makes of them, the workgroup's rows as operands (K and V; Q and dO),
-  // and the loop's block as operands: a few tiles from LDS, or the whole block
-  // where it is not in LDS. gfx11 holds each 16-bit operand twice (its WMMA
-  // reads a row from both halves of the wave).
-  // Per-score modifiers hold registers of their own across the loop, which the
-  // count above leaves out. LLVM 22, head dim 64: gfx1201's dK/dV (32-key
-  // blocks) 191 VGPRs plain, with dropout 233 (its draws), a bool mask tensor
-  // 227, a 16-bit one 211, softcap 208; on gfx1100 those spilled 8-33 VGPRs at
-  // head dims 64 to 96. The dQ count is near LLVM's on gfx11 (250 VGPRs
-  // counted 256 at head dim 96), where the modifiers spilled 8-19, but high on
-  // gfx12 (187 counted 238 at 64), which did not spill with them: only gfx11's
-  // dQ counts them (docs/decisions.md, "RDNA's backward without spills").
-  const bool gfx11 = target.family == Family::gfx11;
-  double modifiers = 0;
-  if (dkdv || gfx11) {
-    const bool bool_mask = spec.mask == MaskType::boolean;
-    if (spec.dropout_p > 0)
-      modifiers += dkdv ? 40 : 8;
-    if (spec.mask != MaskType::none)
-      modifiers += bool_mask ? (dkdv ? 32 : 16) : (dkdv ? 20 : 8);
-    if (spec.softcap > 0)
-      modifiers += dkdv ? 20 : 8;
-  }
-  auto rdna_fits = [&](int64_t bn, bool operands_in_lds, int64_t passes) {
-    const double dup = gfx11 ? 2.0 : 1.0;
-    const double acc = double(!dkdv ? dqk : passes == 2 ? std::max(dqk, dv) : dqk + dv) / 2;
-    const double operands = operands_in_lds ? 8.0 * dup : double(bn * (dqk + dv)) / 64 * dup;
-    const double per_column = gfx11 ? 3.0 : 2.6;
-    const double regs =
-        acc + per_column * double(bn) + double(dqk + dv) / 4 * dup + operands + modifiers;
-    return regs <= double(target.max_vgprs);
-  };
   // gfx12 at wide head dims: blocks of fewer rows (waves x 16) whose row
   // operands sit in LDS, with the widest of `key_blocks` the LDS holds, where
   // 64-row blocks spill (docs/decisions.md, "gfx12's dQ at wide head dims"). gfx11,
@@ -207,7 +240,7 @@ ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::
         ir::Config c = config;
         c.block_n = bn;
         c.q_in_lds = operands_in_lds;
-        if (rdna_fits(bn, operands_in_lds, 1)) {
+        if (regs.rdna_fits(bn, operands_in_lds, 1)) {
           c.dkdv_passes = 1;
           return c;
         }
@@ -216,14 +249,14 @@ ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::
           smallest = c;
       }
     if (smallest && dkdv) {
-      smallest->dkdv_passes = rdna_fits(smallest->block_n, smallest->q_in_lds, 1) ? 1 : 2;
+      smallest->dkdv_passes = regs.rdna_fits(smallest->block_n, smallest->q_in_lds, 1) ? 1 : 2;
       return *smallest;
     }
     // dQ where no block fits the count: on gfx11, or with modifiers, the
     // smallest block with the operands in LDS. The first to fit the LDS below
     // spilled more: gfx1100, head dim 160, 294 VGPRs (32-key blocks, operands
     // in registers) against 26; 128 with a bool mask 109 against 8.
-    if (smallest && (modifiers > 0 || gfx11))
+    if (smallest && (regs.modifiers() > 0 || gfx11))
       return *smallest;
   }
   for (bool operands_in_lds : {true, false})
@@ -233,13 +266,13 @@ ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::
       if (lds(config.block_m, bn, operands_in_lds, LdsLayout::padded_rows) <= target.lds_bytes) {
         config.block_n = bn;
         config.q_in_lds = operands_in_lds;
-        config.dkdv_passes = passes(config);
+        config.dkdv_passes = regs.passes(config);
         return config;
       }
     }
   config.block_n = 16; // the lowering says what does not fit
   config.q_in_lds = false;
-  config.dkdv_passes = passes(config);
+  config.dkdv_passes = regs.passes(config);
   return config;
 }
 

@@ -148,6 +148,11 @@ Expected<Lowered> lower_backward_sinks(const AttentionSpec &spec, const Target &
 /// (fewer registers, more workgroups per compute unit).
 ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::Config config,
                            bool dkdv);
+/// The passes of the dK/dV program with `config` (its block) on `target`:
+/// backward_config's register count, 2 where one loop's live values pass the
+/// budget. For a caller's config whose dkdv_passes is 0 (the lowering's choice).
+int64_t backward_dkdv_passes(const AttentionSpec &spec, const Target &target,
+                             const ir::Config &config);
 /// The scalars of all four backward kernels for `spec`'s shapes.
 ir::Bindings bind_backward_kernels(const AttentionSpec &spec);
 

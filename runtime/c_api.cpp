@@ -87,7 +87,8 @@ template <> struct Layouts<fj_spec> {
 };
 template <> struct Layouts<fj_options> {
   static constexpr std::array sizes{offsetof(fj_options, persistent),
-                                    offsetof(fj_options, prefetch_blocks), sizeof(fj_options)};
+                                    offsetof(fj_options, prefetch_blocks),
+                                    offsetof(fj_options, dkdv_passes), sizeof(fj_options)};
 };
 
 /// A caller's struct is one this library can read (include/flashjit/flashjit.h,
@@ -334,6 +335,14 @@ fj_error to_options(const fj_options *in, flashjit::Options *out) {
                     fmt::format("options.{} is {}: expected 0 or 1", f.name, v));
       f.into = v == 1;
     }
+    const int64_t passes =
+        in->struct_size > offsetof(fj_options, dkdv_passes) ? in->dkdv_passes : 0;
+    if (passes < 0 || passes > 2)
+      return fail(FJ_ERROR_INVALID_ARGUMENT,
+                  fmt::format("options.dkdv_passes is {}: expected 1 (one loop), 2 (dV's loop, "
+                              "then dK's) or 0 (the lowering's choice)",
+                              passes));
+    out->config->dkdv_passes = passes;
   }
   return FJ_OK;
 }

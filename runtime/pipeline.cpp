@@ -177,6 +177,8 @@ Expected<Generated> generate(const AttentionSpec &spec, std::string_view arch,
   }
   if (backward && !options.config)
     g.config = lowering::backward_config(spec, g.target, g.config, dkdv);
+  if (dkdv && g.config.dkdv_passes == 0) // a given config leaves the passes to the lowering
+    g.config.dkdv_passes = lowering::backward_dkdv_passes(spec, g.target, g.config);
   if (!backward)
     if (Status s = lowering::check_fits(spec, g.config, g.target, *choice); !s)
       return failed(failure, Failure::unsupported, s);

@@ -743,6 +743,43 @@ TEST(BackwardCdna, Gfx950HeadDim256TakesTwoPassesAndMatchesFloat64) {
   expect_emulated_gradients("gfx950", c, 45);
 }
 
+// A given config (C's fj_options, Python's config=) leaves dkdv_passes 0 unless
+// it sets it: the lowering then chooses by the same register count as its own
+// configs, so a head-dim-256 config does not run one loop that spills (it did:
+// 1, the C++ default, was what C and Python passed). A set value is kept; an
+// unresolved 0 never reaches the dK/dV program.
+TEST(BackwardConfig, GivenConfigsLeaveTheDkdvPassesToTheLowering) {
+  auto sm90 = lowering::parse_target("sm_90");
+  auto gfx950 = lowering::parse_target("gfx950");
+  ASSERT_TRUE(sm90 && gfx950);
+  const AttentionSpec d256 = make_spec(1, 2, 2, 300, 300, 256, 256, DType::bf16);
+  const AttentionSpec d64 = make_spec(1, 2, 2, 300, 300, 64, 64, DType::bf16);
+  ir::Config given{64, 32, 4, 2, true};
+  given.dkdv_passes = 0;
+  EXPECT_EQ(lowering::backward_dkdv_passes(d256, *sm90, given), 2);
+  EXPECT_EQ(lowering::backward_dkdv_passes(d64, *sm90, given), 1);
+  EXPECT_EQ(lowering::backward_dkdv_passes(d256, *gfx950, ir::Config{64, 64, 4, 1, false}), 2);
+  for (const int64_t passes : {0, 1, 2}) {
+    Options options;
+    options.config = given;
+    options.config->dkdv_passes = passes;
+    for (auto kind :
+         {pipeline::KernelKind::backward_dkdv_direct, pipeline::KernelKind::backward_dkdv}) {
+      auto g = pipeline::generate(d256, "sm_90", options, nullptr, kind);
+      ASSERT_TRUE(g) << g.status().message();
+      EXPECT_EQ(g->config.dkdv_passes, passes == 0 ? 2 : passes);
+      EXPECT_EQ(g->program.config.count("dkdv_passes") == 1, passes != 1);
+    }
+  }
+  auto unresolved = ir::build_backward_dkdv(d256, given);
+  ASSERT_FALSE(unresolved);
+  EXPECT_NE(unresolved.status().message().find("unresolved"), std::string::npos)
+      << unresolved.status().message();
+  ir::Config three = given;
+  three.dkdv_passes = 3;
+  EXPECT_NE(ir::validate(three).message().find("expected 1 (one loop), 2"), std::string::npos);
+}
+
 // RDNA's backward with per-score modifiers, which hold registers of their own:
 // backward_config counts them (docs/decisions.md, "RDNA's backward without
 // spills"), so LLVM spills nothing where the plain kernels spilled nothing

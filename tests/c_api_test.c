@@ -307,8 +307,8 @@ static void test_errors(void) {
     options.stages = 1;
     CHECK(fj_attention_create_ex(&spec, "emulator:gfx1201", &options, &attn) != FJ_OK);
     CHECK(strstr(fj_last_error(), "config prefetch_blocks needs stages 2 (got stages 1)") != NULL);
-    /* Each of fj_options' three layouts is read: the current one takes the
-     * block prefetch, the two older ones read prefetch_blocks (and the first
+    /* Each of fj_options' layouts is read: the current one takes the block
+     * prefetch, the two before prefetch_blocks read it (and the first
      * persistent) as 0, so stages 1 is valid there. */
     options.stages = 2;
     CHECK(fj_attention_create_ex(&spec, "emulator:gfx1201", &options, &attn) == FJ_OK);
@@ -327,6 +327,23 @@ static void test_errors(void) {
     fj_attention_destroy(attn);
     attn = NULL;
 #endif
+    /* dkdv_passes, appended after prefetch_blocks: 0 (the lowering's choice), 1
+     * or 2; a caller built before it reads 0. */
+    fj_options_init(&options);
+    CHECK(options.dkdv_passes == 0);
+    set_tiles(&options, 32, 2);
+    options.dkdv_passes = 3;
+    CHECK_ERROR(fj_attention_create_ex(&spec, "emulator:gfx1201", &options, &attn),
+                FJ_ERROR_INVALID_ARGUMENT,
+                "options.dkdv_passes is 3: expected 1 (one loop), 2 (dV's loop, then dK's) or 0");
+    CHECK(attn == NULL);
+#ifdef FLASHJIT_TEST_WITH_LLVM /* the emulator's device */
+    options.struct_size = (uint32_t)offsetof(fj_options, dkdv_passes);
+    CHECK(fj_attention_create_ex(&spec, "emulator:gfx1201", &options, &attn) == FJ_OK);
+    fj_attention_destroy(attn);
+    attn = NULL;
+#endif
+    options.struct_size = (uint32_t)sizeof(fj_options);
   }
 
   /* No GPU libraries on a CPU-only machine: the error names the paths tried. */

@@ -815,8 +815,9 @@ TEST(Cli, RunAndWarmupPrintJson) {
 }
 
 /// `compile --json`: LLVM's resource report as one JSON line, with the config
-/// (here the one `--dkdv-passes 2` and the other flags give the dK/dV kernel)
-/// and the rules that made the code.
+/// (here the one `--dkdv-passes 2` and the other flags give the dK/dV kernel,
+/// or the flags alone, the passes left to the lowering) and the rules that made
+/// the code.
 TEST(Cli, CompileJsonNamesTheConfig) {
   if (!have_llvm())
     GTEST_SKIP() << "this build has no in-process LLVM (FLASHJIT_WITH_LLVM=OFF)";
@@ -830,8 +831,21 @@ TEST(Cli, CompileJsonNamesTheConfig) {
             "block_m=64 block_n=16 waves=4 stages=1 q_in=lds pad_k=16 mma_m=16 dkdv_passes=2");
   EXPECT_EQ(report->at("rules"), "gfx12");
   EXPECT_EQ(report->at("vgpr_spill_count"), 0);
-  for (const char *bad : {"0", "3"})
+  for (const char *bad : {"-1", "3"})
     EXPECT_FALSE(config_from(flags({{"--dkdv-passes", bad}}))) << bad;
+  // Unset (0), the passes are the lowering's choice for the flags' block, as C's
+  // and Python's configs get: two where one loop cannot hold dK and dV (before,
+  // a block given without --dkdv-passes ran one loop, which spills there).
+  auto unset = config_from(flags({}));
+  ASSERT_TRUE(unset) << unset.status().message();
+  EXPECT_EQ(unset->dkdv_passes, 0);
+  Ran wide = run_tool("", "compile --arch gfx1201 --head-dim 256 --kernel backward-dkdv "
+                          "--block-m 16 --block-n 16 --waves 1 --q-in-lds --json");
+  ASSERT_EQ(wide.code, 0) << wide.out << wide.err;
+  auto chosen = json::parse(wide.out, &error);
+  ASSERT_TRUE(chosen) << error << "\n" << wide.out;
+  EXPECT_NE(chosen->at("config").get<std::string>().find("dkdv_passes=2"), std::string::npos)
+      << wide.out;
 }
 
 /// FLASHJIT_PROGRESS=1: warmup says on stderr as each kernel is ready (its

@@ -199,7 +199,8 @@ Expected<ir::Config> config_from(const Args &a, ir::Config base) {
   auto mm = a.get_int("--mma-m", c.mma_m);
   if (!mm)
     return mm.status();
-  auto passes = a.get_int("--dkdv-passes", c.dkdv_passes);
+  // Unset: 0, the lowering's choice for the config's block (as C and Python leave it).
+  auto passes = a.get_int("--dkdv-passes", 0);
   if (!passes)
     return passes.status();
   c.dkdv_passes = *passes;

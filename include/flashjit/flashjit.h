@@ -262,6 +262,12 @@ typedef struct fj_options {
    * (the default config says). Added after persistent; a caller built before
    * passes the shorter struct_size and reads 0. */
   int64_t prefetch_blocks;
+  /* The backward's dK/dV kernel: 1 accumulates dK and dV in one loop, 2 runs dV's
+   * loop then dK's (one accumulator live at a time), 0 lets the lowering choose
+   * by the registers the config's block needs. Ignored with block_m 0 (the
+   * default config says). Added after prefetch_blocks; a caller built before
+   * passes the shorter struct_size and reads 0. */
+  int64_t dkdv_passes;
 } fj_options;
 
 FJ_API void fj_options_init(fj_options *options);

@@ -99,7 +99,7 @@ class Options(_Sized):
         ("block_m", ctypes.c_int64), ("block_n", ctypes.c_int64), ("waves", ctypes.c_int64),
         ("stages", ctypes.c_int64), ("q_in_lds", ctypes.c_int64), ("pad_k", ctypes.c_int64),
         ("mma_m", ctypes.c_int64), ("persistent", ctypes.c_int64),
-        ("prefetch_blocks", ctypes.c_int64),
+        ("prefetch_blocks", ctypes.c_int64), ("dkdv_passes", ctypes.c_int64),
     ]
 
 

@@ -22,13 +22,13 @@ _REPEATS = {}
 MAX_REPEATS = 1024
 # The tuning knobs flash_attn_func(config=...) accepts (the config of flashjit emit's flags).
 CONFIG_KEYS = ("block_m", "block_n", "waves", "stages", "q_in_lds", "pad_k", "mma_m",
-               "persistent", "prefetch_blocks")
+               "persistent", "prefetch_blocks", "dkdv_passes")
 # Each knob's range (fj_options holds int64s; block_m 0 there would mean "the
-# default config", mma_m 0 "the lowering's choice"; q_in_lds, persistent and
-# prefetch_blocks are flags).
+# default config", mma_m and dkdv_passes 0 "the lowering's choice"; q_in_lds,
+# persistent and prefetch_blocks are flags).
 _CONFIG_RANGES = {"block_m": (1,), "block_n": (1,), "waves": (1,), "stages": (1,),
                   "q_in_lds": (0, 1), "pad_k": (0,), "mma_m": (0,), "persistent": (0, 1),
-                  "prefetch_blocks": (0, 1)}
+                  "prefetch_blocks": (0, 1), "dkdv_passes": (0, 2)}
 
 
 def version():
@@ -457,6 +457,7 @@ def _options(config):
         options.pad_k = tiles.get("pad_k", 16)
         options.persistent = tiles.get("persistent", 0)
         options.prefetch_blocks = tiles.get("prefetch_blocks", 0)
+        options.dkdv_passes = tiles.get("dkdv_passes", 0)
     return options
 
 

@@ -168,6 +168,8 @@ def test_issue18_finding12_window_size_out_of_range(window, name):
      r"config\['persistent'\].*0\.\.1"),
     ({"block_m": 64, "block_n": 32, "waves": 2, "stages": 2, "prefetch_blocks": 2},
      r"config\['prefetch_blocks'\].*0\.\.1"),
+    ({"block_m": 64, "block_n": 32, "waves": 2, "dkdv_passes": 3},
+     r"config\['dkdv_passes'\].*0\.\.2"),
 ])
 def test_issue18_finding12_config_out_of_range(config, message):
     q, k, v = inputs(np.random.default_rng(3), 1, 8, 8, 1, 1, 32, 32, "f16")

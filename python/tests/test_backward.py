@@ -9,10 +9,13 @@ that is 0 but for float64's rounding (rows that each see one key: a softmax over
 has none) has no relative error: there every element must be within 1e-3 of 0, the
 absolute term of FlashAttention's rule.
 """
+import re
+
 import numpy as np
 import pytest
 
 import flashjit
+from flashjit import api
 from reference import attention_grads, bf16_round
 
 ARCH = "gfx1201"
@@ -59,6 +62,32 @@ def test_gradients_match_float64(b, sq, sk, hq, hkv, d, dv, dtype, causal, windo
     want = attention_grads(q, k, v, dout, causal=causal, window_size=window)
     for name, got, ref in zip(("dq", "dk", "dv"), (dq, dk, dv_), want):
         check(name, got, ref, dtype)
+
+
+def test_a_given_config_takes_dkdv_passes_or_leaves_them_to_the_lowering():
+    """config["dkdv_passes"] reaches the dK/dV kernel (fj_options.dkdv_passes): 1 and 2
+    build different kernels and both match float64; a config without it (0) gets the
+    lowering's choice, one of the two, never a pass count the registers cannot hold
+    (before, C and Python configs always ran one loop: spills at head dim 256)."""
+    rng = np.random.default_rng(11)
+    q, k, v, dout = (make(rng, (1, 40, 2, 64), "bf16") for _ in range(4))
+    out, lse, _ = flashjit.flash_attn_func(q, k, v, causal=True, return_attn_probs=True,
+                                           arch=ARCH)
+    want = attention_grads(q, k, v, dout, causal=True)
+    names = {}
+    for passes in (0, 1, 2):
+        config = {"block_m": 32, "block_n": 16, "waves": 2, "stages": 1, "q_in_lds": 1}
+        if passes:
+            config["dkdv_passes"] = passes
+        grads = flashjit.flash_attn_backward(dout, q, k, v, out, lse, causal=True, arch=ARCH,
+                                             config=config)
+        for name, got, ref in zip(("dq", "dk", "dv"), grads, want):
+            check(f"{name} (dkdv_passes {passes})", got, ref, "bf16")
+        explained = [flashjit._lib.lib.fj_attention_explain(h).decode()
+                     for key, h in api._ATTENTIONS.items() if dict(key[2]) == config]
+        assert len(explained) == 1, explained
+        names[passes] = re.search(r"fa_bwd_dkdv_direct_\w+", explained[0]).group(0)
+    assert names[1] != names[2] and names[0] in (names[1], names[2]), names
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
