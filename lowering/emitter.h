@@ -323,6 +323,15 @@ private:
   // loop loads has two buffers; block kb + 1's copies start at the top of
   // iteration kb, right after the barrier that completes block kb's.
   bool plan_prefetch(const Op &loop);
+  // Copies at the top of each iteration (config stages >= 2 where neither
+  // plan_pipeline nor plan_prefetch applies: the second loop of the backward's
+  // two-pass dK/dV, whose buffers of one copy the first loop declared and which
+  // reads Q twice): every LDS tile and column vector of the loop's block is
+  // issued right after the barrier that frees the buffers, and each load waits
+  // for its own copy, so the copies' latencies overlap instead of adding up.
+  // In a pipelined loop (vectors_only) the column vectors (the backward's L and
+  // D), which the tile pipeline does not carry, start there.
+  bool plan_early_issue(const Op &loop, bool vectors_only);
   bool prefetch_blocks_ = false; // config prefetch_blocks: block prefetch before the tile pipeline
   void emit_prefetch_issue(const std::string &idx, const std::string &copy);
   void emit_prefetch_views(const std::vector<const Op *> &loads, const std::string &copy);
@@ -394,6 +403,7 @@ private:
   // producer warpgroup, whose first lane is already the only one there.
   std::string tma_issuer_ = "fj_thread_id() == 0";
   std::vector<const Op *> prefetch_loads_;     // the first load of each buffer, body order
+  std::vector<const Op *> early_loads_;        // plan_early_issue's: the first load of each buffer
   std::set<const Op *> prefetched_;            // every load the buffers serve
   std::map<std::string, int64_t> stage_elems_; // a prefetched buffer -> elements per copy
   void emit_copy(ValueId dst_name_of, const std::string &dst, ValueId src);

@@ -154,6 +154,30 @@ bool KernelEmitter::plan_prefetch(const Op &loop) {
   return true;
 }
 
+bool KernelEmitter::plan_early_issue(const Op &loop, bool vectors_only) {
+  early_loads_.clear();
+  if (stages() < 2 || std::any_of(loop.body.begin(), loop.body.end(),
+                                  [](const Op &op) { return op.kind == OpKind::For; }))
+    return false;
+  // The tiles' buffers first, then the vectors', in body order: the LDS layout of
+  // the loads' own order (a 16-byte vector before a 1024-byte aligned tile would
+  // pad the tile).
+  std::set<std::string> bufs;
+  for (const TileLayout layout : {TileLayout::mma_b, TileLayout::cols})
+    for (const Op &op : loop.body) {
+      if (op.kind != OpKind::Load || op.operands[0] != loop.region_args[0] ||
+          type(op.results[0]).layout != layout)
+        continue;
+      const std::string buf =
+          layout == TileLayout::cols ? register_vector_lds(op) : register_lds(op);
+      if (buf.empty() || free_bar_.count(buf) || (vectors_only && layout != TileLayout::cols))
+        continue;
+      if (bufs.insert(buf).second) // a later load of the buffer reads the same block again
+        early_loads_.push_back(&op);
+    }
+  return !early_loads_.empty();
+}
+
 // Starts the copies of block `idx` into copy `copy` of every prefetched buffer
 // (in a scope of the caller's: the views shadow the buffers' names).
 void KernelEmitter::emit_prefetch_issue(const std::string &idx, const std::string &copy) {
@@ -768,6 +792,8 @@ Status KernelEmitter::emit_for(const Op &op) {
       pipelined = plan_pipeline(op);
     if (!prefetch && !pipelined && !prefetch_blocks_)
       prefetch = plan_prefetch(op);
+    if (!prefetch)
+      plan_early_issue(op, /*vectors_only=*/pipelined);
   }
   if (pipelined) {
     w_.line("// Software pipeline: the first tile is in flight before the loop starts.");
@@ -845,6 +871,18 @@ Status KernelEmitter::emit_for(const Op &op) {
     predeclared_.clear();
     early_masks_.clear();
     deferred_wait_written_ = false;
+    if (!early_loads_.empty()) {
+      for (const Op *l : early_loads_) // the end of the last iteration may still read them
+        barrier_if_read(lds_name(*l));
+      w_.line("// This block's tiles and vectors: every copy starts here, each load waits for");
+      w_.line("// its own (plan_early_issue).");
+      for (const Op *l : early_loads_) {
+        if (type(l->results[0]).layout == TileLayout::cols)
+          emit_vector_issue(*l, kb);
+        else
+          emit_stage_issue(*l, kb);
+      }
+    }
     if (overlap_) {
       predeclared_.insert(op.body[overlap_->o_at].results[0]);
       return emit_overlapped(op);
@@ -879,6 +917,7 @@ Status KernelEmitter::emit_for(const Op &op) {
   staged_.clear();
   range_loop_ = nullptr;
   early_masks_.clear();
+  early_loads_.clear();
   const Op &y = op.body.back();
   if (prefetch || *producer)
     w_.line("fj_copy ^= 1;");

@@ -127,6 +127,12 @@ Status KernelEmitter::emit_load(const Op &op) {
   }
   if (buf.empty())
     return Status::error("{} rules: a #mma_b tile must feed mma_ab or mma_abt", rules_.name());
+  if (std::find(early_loads_.begin(), early_loads_.end(), &op) != early_loads_.end()) {
+    // Its copy started at the top of the iteration (plan_early_issue): wait for it.
+    finish_stage(op, buf);
+    staged_[buf] = idx;
+    return Status::ok();
+  }
   if (auto it = staged_.find(buf); it != staged_.end() && it->second == idx) {
     // The buffer already holds this block, staged the same way (the backward
     // reads Q, K and dO both as B^T and as B): read it again.
@@ -176,8 +182,12 @@ Status KernelEmitter::emit_vector_load(const Op &op) {
     lds_of_[op.results[0]] = buf;
     return Status::ok();
   }
-  barrier_if_read(buf);
-  emit_vector_issue(op, idx);
+  const bool early = std::find(early_loads_.begin(), early_loads_.end(), &op) !=
+                     early_loads_.end(); // started at the top of the iteration
+  if (!early) {
+    barrier_if_read(buf);
+    emit_vector_issue(op, idx);
+  }
   w_.line("fj_stage_wait();");
   w_.line("{}; // the {} vector is complete before any wave reads it", barrier(), t.name);
   read_since_barrier_.clear();

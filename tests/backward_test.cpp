@@ -862,8 +862,9 @@ TEST(BackwardEmulator, PrefetchedLoopsMatchFloat64) {
 
 // Config dkdv_passes 2 (taken where dK and dV would not both fit the registers,
 // lowering::backward_config): the dK/dV program runs dV's loop, then dK's. With
-// one buffer per tile and with stages 2; dropout draws the same mask in both
-// loops; softcap takes its derivative in dK's loop only.
+// one buffer per tile and with stages 2 (the copies of an iteration started at
+// its top: plan_early_issue); dropout draws the same mask in both loops; softcap
+// takes its derivative in dK's loop only.
 TEST(BackwardEmulator, TwoPassDkDvMatchesFloat64) {
   if (!runtime::emulator_available())
     GTEST_SKIP() << "this build has no emulator (FLASHJIT_WITH_LLVM=OFF)";
@@ -882,6 +883,11 @@ TEST(BackwardEmulator, TwoPassDkDvMatchesFloat64) {
         EXPECT_EQ(std::count_if(p->body.begin(), p->body.end(),
                                 [](const ir::Op &op) { return op.kind == ir::OpKind::For; }),
                   2);
+        auto l = lowering::lower(*p, *target);
+        ASSERT_TRUE(l) << l.status().message();
+        // With stages 2 the loops' L and D vectors, and dK's tiles (one buffer
+        // each, which dV's loop declared), start at the top of each iteration.
+        EXPECT_EQ(l->source.find("(plan_early_issue)") != std::string::npos, stages == 2);
         expect_emulated_gradients(arch, c, 35, config);
         if (HasFatalFailure())
           return;

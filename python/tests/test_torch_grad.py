@@ -243,6 +243,8 @@ def reference_grads(q, k, v, dout, causal, window, dtype, softcap=0.0, alibi_slo
     (1, 200, 333, 8, 2, 128, True, (-1, -1)),
     (1, 300, 100, 4, 1, 96, True, (-1, -1)),   # rows that see no key
     (2, 96, 96, 4, 2, 80, False, (32, 16)),
+    (1, 200, 333, 4, 4, 256, False, (-1, -1)),  # two-pass dK/dV, written directly
+    (1, 150, 260, 4, 2, 224, True, (-1, -1)),   # two-pass dK/dV per query head, reduced
 ])
 def test_gradients_match_the_reference_on_cuda(dtype, b, sq, sk, hq, hkv, d, causal, window):
     torch.manual_seed(sq + d)
