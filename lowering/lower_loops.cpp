@@ -874,8 +874,16 @@ Status KernelEmitter::emit_for(const Op &op) {
     if (!early_loads_.empty()) {
       for (const Op *l : early_loads_) // the end of the last iteration may still read them
         barrier_if_read(lds_name(*l));
-      w_.line("// This block's tiles and vectors: every copy starts here, each load waits for");
-      w_.line("// its own (plan_early_issue).");
+      const bool vectors = std::all_of(early_loads_.begin(), early_loads_.end(), [&](const Op *l) {
+        return type(l->results[0]).layout == TileLayout::cols;
+      });
+      if (vectors) {
+        w_.line("// This block's vectors (the tile pipeline carries its tiles): their copies");
+        w_.line("// start here, each load waits for its own (plan_early_issue).");
+      } else {
+        w_.line("// This block's tiles and vectors: every copy starts here, each load waits");
+        w_.line("// for its own (plan_early_issue).");
+      }
       for (const Op *l : early_loads_) {
         if (type(l->results[0]).layout == TileLayout::cols)
           emit_vector_issue(*l, kb);
