@@ -4,9 +4,11 @@ flushed before each call (as bench_backward.py). Shapes as bench_backward.py: B 
 tokens, H * D = 2048, bf16; --kv-heads N gives K and V N heads (GQA) instead of H. Each
 --config k=v,... (repeatable) times flashjit's backward with that config too (the same
 config for the dQ and dK/dV kernels, as flash_attn_backward(config=) passes it) and prints
-each gradient's largest difference from the default config's.
+each gradient's largest difference from the default config's. --dropout P runs every
+backward with dropout P (flashjit's with seed 1; SDPA's with its own draws).
 
-    python3 bench/backward_probe.py [--kv-heads N] [--causal] [--config k=v,...] S:D [...]
+    python3 bench/backward_probe.py [--kv-heads N] [--causal] [--dropout P] [--config k=v,...]
+        S:D [...]
     e.g. 1024:128 4096:64
 """
 import sys
@@ -20,10 +22,12 @@ from decode_probe import kernels  # noqa: E402  (each kernel's device time, L2 f
 
 def main():
     args = sys.argv[1:]
-    kv_heads, causal, configs = 0, False, []
-    while args[:1] in (["--kv-heads"], ["--causal"], ["--config"]):
+    kv_heads, causal, configs, dropout = 0, False, [], 0.0
+    while args[:1] in (["--kv-heads"], ["--causal"], ["--config"], ["--dropout"]):
         if args[0] == "--causal":
             causal, args = True, args[1:]
+        elif args[0] == "--dropout":
+            dropout, args = float(args[1]), args[2:]
         elif args[0] == "--config":
             configs.append({k: int(v) for k, v in (kv.split("=") for kv in args[1].split(","))})
             args = args[2:]
@@ -39,15 +43,17 @@ def main():
         q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(b, s, hk, d, device="cuda", dtype=torch.bfloat16) for _ in "kv")
         dout = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
-        print(f"== B={b} S={s} H={h}:{hk} D={d}{' causal' if causal else ''}")
-        out, lse = flashjit.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+        print(f"== B={b} S={s} H={h}:{hk} D={d}{' causal' if causal else ''}"
+              f"{f' dropout {dropout:g}' if dropout else ''}")
+        drop = dict(dropout_p=dropout, dropout_seed=1) if dropout else {}
+        out, lse = flashjit.flash_attn_func(q, k, v, causal=causal, return_lse=True, **drop)
         runs = {"flashjit": lambda: flashjit.flash_attn_backward(dout, q, k, v, out, lse,
-                                                                  causal=causal)}
+                                                                  causal=causal, **drop)}
         grads = {"flashjit": runs["flashjit"]()}
         for config in configs:
             name = "flashjit " + ",".join(f"{k}={v}" for k, v in config.items())
             runs[name] = lambda c=config: flashjit.flash_attn_backward(
-                dout, q, k, v, out, lse, causal=causal, config=c)
+                dout, q, k, v, out, lse, causal=causal, config=c, **drop)
             try:
                 grads[name] = runs[name]()
             except RuntimeError as e:
@@ -65,7 +71,7 @@ def main():
             try:
                 with sdpa_kernel(backend):
                     o = torch.nn.functional.scaled_dot_product_attention(
-                        qt, kt, vt, is_causal=causal, enable_gqa=hk != h)
+                        qt, kt, vt, is_causal=causal, enable_gqa=hk != h, dropout_p=dropout)
             except RuntimeError as e:
                 print(f"  {name}: not run ({str(e).splitlines()[0][:80]})")
                 continue
