@@ -118,13 +118,25 @@ public:
     // 128-key blocks at head dim 64 (3% ahead of 64) and 64-key blocks above
     // (10% ahead of 128 at head dims 96 and 128: two workgroups per SM fit);
     // dK/dV over 64-query blocks (32 was 13-33% slower), 32 above head dim
-    // 128, where 64 spills.
+    // 128, where 64 spills. dQ above head dim 128: two warpgroups of 128 rows
+    // over 32-key blocks, which share each K and V tile (the same LDS as one
+    // warpgroup's 64 rows over 64-key blocks: one workgroup per SM, now of eight
+    // warps, each with half the accumulator columns of S and dP). H200, B x S =
+    // 16k: the dQ kernel 7-11% faster at head dims 160 and 192 without causal,
+    // 0-7% causal, the same at 256 (1641 against 1643 us); ptxas: no spill at
+    // 208-256, where one warpgroup spilled 160-244 bytes at 224 and 240
+    // (bench/results/README.md, session 33).
     const int64_t d = padded_head_dim(spec);
     ir::Config c;
     c.block_m = 64;
     c.waves = 4;
     c.q_in_lds = true;
     c.block_n = dkdv ? (d <= 128 ? 64 : 32) : (d <= 64 ? 128 : 64);
+    if (!dkdv && d > 128 && d <= 256) {
+      c.block_m = 128;
+      c.waves = 8;
+      c.block_n = 32;
+    }
     return c;
   }
 

@@ -637,8 +637,9 @@ TEST(Lowering, Sm90TakesWarpgroupProductsWhereTheyFit) {
     EXPECT_EQ(b->lds_bytes, a->lds_bytes);
   }
   // The backward's programs on sm_90: the sm90 rules with their own block (one
-  // warpgroup of 64 rows, the row operands in LDS); on sm_80 the sm80 rules.
-  for (const int64_t d : {64, 80, 128, 256}) {
+  // warpgroup of 64 rows, the row operands in LDS; dQ above head dim 128 two
+  // warpgroups of 128 rows over 32-key blocks); on sm_80 the sm80 rules.
+  for (const int64_t d : {64, 80, 128, 192, 256}) {
     const AttentionSpec spec = spec_for(d, d, DType::bf16, /*causal=*/true);
     for (bool dkdv : {false, true}) {
       SCOPED_TRACE(fmt::format("head dim {}, {}", d, dkdv ? "dK/dV" : "dQ"));
@@ -650,10 +651,11 @@ TEST(Lowering, Sm90TakesWarpgroupProductsWhereTheyFit) {
         ASSERT_TRUE(l) << l.status().message();
         EXPECT_EQ(l->rules, t == &sm90 ? "sm90" : "sm80");
         if (t == &sm90) {
-          EXPECT_EQ(c.block_m, 64);
-          EXPECT_EQ(c.waves, 4);
+          const bool wide_dq = !dkdv && d > 128;
+          EXPECT_EQ(c.block_m, wide_dq ? 128 : 64);
+          EXPECT_EQ(c.waves, wide_dq ? 8 : 4);
           EXPECT_TRUE(c.q_in_lds);
-          EXPECT_EQ(c.block_n, dkdv ? (d <= 128 ? 64 : 32) : (d <= 64 ? 128 : 64));
+          EXPECT_EQ(c.block_n, dkdv ? (d <= 128 ? 64 : 32) : (d <= 64 ? 128 : wide_dq ? 32 : 64));
           EXPECT_EQ(c.stages, 2); // the next block prefetched
           // dK and dV in one loop where both fit the registers, else two passes.
           EXPECT_EQ(c.dkdv_passes, dkdv && d == 256 ? 2 : 1);
