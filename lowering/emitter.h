@@ -332,6 +332,10 @@ private:
   // In a pipelined loop (vectors_only) the column vectors (the backward's L and
   // D), which the tile pipeline does not carry, start there.
   bool plan_early_issue(const Op &loop, bool vectors_only);
+  // Whether `load`'s copy started at the top of the iteration (plan_early_issue).
+  bool issued_early(const Op &load) const {
+    return std::find(early_loads_.begin(), early_loads_.end(), &load) != early_loads_.end();
+  }
   bool prefetch_blocks_ = false; // config prefetch_blocks: block prefetch before the tile pipeline
   void emit_prefetch_issue(const std::string &idx, const std::string &copy);
   void emit_prefetch_views(const std::vector<const Op *> &loads, const std::string &copy);

@@ -127,7 +127,7 @@ Status KernelEmitter::emit_load(const Op &op) {
   }
   if (buf.empty())
     return Status::error("{} rules: a #mma_b tile must feed mma_ab or mma_abt", rules_.name());
-  if (std::find(early_loads_.begin(), early_loads_.end(), &op) != early_loads_.end()) {
+  if (issued_early(op)) {
     // Its copy started at the top of the iteration (plan_early_issue): wait for it.
     finish_stage(op, buf);
     staged_[buf] = idx;
@@ -182,9 +182,7 @@ Status KernelEmitter::emit_vector_load(const Op &op) {
     lds_of_[op.results[0]] = buf;
     return Status::ok();
   }
-  const bool early = std::find(early_loads_.begin(), early_loads_.end(), &op) !=
-                     early_loads_.end(); // started at the top of the iteration
-  if (!early) {
+  if (!issued_early(op)) {
     barrier_if_read(buf);
     emit_vector_issue(op, idx);
   }
