@@ -536,8 +536,9 @@ void philox_round(uint32_t c[4], const uint32_t k[2]) {
 
 } // namespace
 
-std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> c, std::array<uint32_t, 2> k) {
-  for (int r = 0; r < 10; ++r) {
+std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> c, std::array<uint32_t, 2> k,
+                                   int rounds) {
+  for (int r = 0; r < rounds; ++r) {
     if (r > 0) {
       k[0] += 0x9E3779B9u;
       k[1] += 0xBB67AE85u;
@@ -550,9 +551,9 @@ std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> c, std::array<uint
 std::array<uint32_t, 2> philox_key(uint64_t seed, uint64_t offset) {
   // Philox of (seed, offset) under a fixed key, so that every (seed, offset)
   // pair draws its own stream.
-  const std::array<uint32_t, 4> key = philox4x32_10(
-      {uint32_t(seed), uint32_t(seed >> 32), uint32_t(offset), uint32_t(offset >> 32)},
-      {0x2545F491u, 0x9E3779B9u});
+  const std::array<uint32_t, 4> key =
+      philox4x32({uint32_t(seed), uint32_t(seed >> 32), uint32_t(offset), uint32_t(offset >> 32)},
+                 {0x2545F491u, 0x9E3779B9u}, 10);
   return {key[0], key[1]};
 }
 
@@ -560,7 +561,7 @@ double philox_uniform(uint64_t seed, uint64_t offset, uint32_t b, uint32_t h, ui
                       uint32_t kv_idx) {
   // One draw of the counter serves 8 aligned keys of the query: 16 bits each.
   const std::array<uint32_t, 4> words =
-      philox4x32_10({kv_idx / kDrawKeys, q_idx, h, b}, philox_key(seed, offset));
+      philox4x32({kv_idx / kDrawKeys, q_idx, h, b}, philox_key(seed, offset), kDrawRounds);
   const uint32_t slot = kv_idx % kDrawKeys;
   return double((words[slot / 2] >> (16 * (slot % 2))) & 0xFFFFu) * 0x1p-16;
 }

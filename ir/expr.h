@@ -11,7 +11,7 @@
 //   - ! * / % + - < <= > >= == != && || ?:   with C's precedence and types
 //   min max abs exp log tanh                 functions
 //   uniform(seed, offset, b, h, q_idx, kv_idx)  a uniform draw in [0, 1) of six
-//                         integers (Philox-4x32-10; philox_uniform): dropout's
+//                         integers (Philox-4x32-7; philox_uniform): dropout's
 //
 // Integers stay integers (/ and % truncate as in C); any float operand makes an
 // operation float (f32 in the kernels, f64 in the reference). A comparison or
@@ -75,19 +75,27 @@ struct ExprContext {
 };
 double evaluate(const Expr &e, const ExprContext &c);
 
-/// Philox-4x32-10 (Random123's philox4x32_10) of a counter under a key.
-std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> counter, std::array<uint32_t, 2> key);
+/// Philox-4x32-R (Random123's philox4x32_R) of a counter under a key.
+std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> counter, std::array<uint32_t, 2> key,
+                                   int rounds);
 
 /// The arguments of `uniform`.
 constexpr int kUniformArgs = 6;
 /// The key of a kernel's draws: Philox-4x32-10 of (seed, offset) under a fixed key.
+/// The key is made once per kernel; the draws, one per 8 keys of each query
+/// and twice in a backward, take kDrawRounds.
 std::array<uint32_t, 2> philox_key(uint64_t seed, uint64_t offset);
 /// Keys per Philox draw: one draw's 128 bits give 8 aligned keys of a query
 /// 16 bits each, so a lane holding several of them draws once (lowering's
 /// ScoreMod groups its elements by draw).
 constexpr uint32_t kDrawKeys = 8;
+/// Rounds of a draw: 7, the fewest Random123's authors found Crush-resistant
+/// for Philox-4x32 (Salmon et al., SC'11; they ship 10 as a safety margin), and
+/// FlashAttention-2's. The draws were the dropout backward's largest cost
+/// (docs/decisions.md, "Keep bits and seven rounds").
+constexpr int kDrawRounds = 7;
 /// A uniform draw in [0, 1) with 16 random bits, a pure function of its
-/// arguments: Philox-4x32-10 (Salmon et al., SC'11) of the counter (kv_idx / 8,
+/// arguments: Philox-4x32-7 (Salmon et al., SC'11) of the counter (kv_idx / 8,
 /// q_idx, h, b) under philox_key(seed, offset) gives 4 words; key kv_idx takes
 /// 16-bit half kv_idx % 2 of word kv_idx % 8 / 2, over 2^16. fj_uniform in
 /// templates/attention_common.hip computes the same bits.

@@ -302,14 +302,24 @@ private:
     std::vector<std::vector<std::pair<int, int>>> draws;
     int lane_bits = 0;
     int sharing() const { return 1 << std::popcount(unsigned(lane_bits)); }
+    // Whether lanes that only compare the draws pass keep bits (8 per draw,
+    // fj_keep_bits) rather than the words: where 8 or more lanes share a draw,
+    // each holding one of its keys, for which the words pass 4 words per key
+    // (docs/decisions.md, "Keep bits and seven rounds").
+    bool keep_bits() const { return sharing() >= 8; }
   };
   // Rows are keys where `transposed` (the backward's S^T); col_tiles: the tile's
   // column fragments.
   DrawPlan draw_plan(bool transposed, int col_tiles) const;
   // The draws of `plan` for the uniform() calls `draws` (ScoreMod's score
   // function), then `element(c, e)` for each element of each draw, where
-  // fj_draw<i> holds draw i's words. q_idx, kv_idx: an element's positions in C.
+  // fj_draw<i> holds draw i's words. With `thresholds` (C text per draw, where
+  // the function only compares draw i >= thresholds[i]) fj_threshold<i> holds
+  // the threshold as an integer, and where plan.keep_bits() the sharing lanes
+  // pass keep bits instead of words, fj_keepword<i> at fj_keepbase<i>. q_idx,
+  // kv_idx: an element's positions in C.
   void emit_draws(const DrawPlan &plan, const std::vector<ir::Expr> &draws,
+                  const std::vector<std::string> &thresholds,
                   const std::function<std::string(const std::string &)> &names,
                   const std::string &q_idx, const std::string &kv_idx,
                   const std::function<void(int c, int e)> &element);

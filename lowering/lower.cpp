@@ -63,6 +63,50 @@ ir::Expr take_element_draws(ir::Expr e, std::vector<ir::Expr> &draws) {
   return e;
 }
 
+/// The name a draw's comparison `@draw<i> >= threshold` takes once emit_draws
+/// has made the draw keep bits.
+constexpr std::string_view kKeepVar = "@keep";
+
+/// Whether every read of draw @draw<i> in `e` is a comparison `@draw<i> >= x`,
+/// all with one x that is the same for every element; that x's C text in
+/// `thresholds[i]` (empty until found).
+bool draw_thresholds(const ir::Expr &e, std::vector<std::string> &thresholds,
+                     const std::function<std::string(const std::string &)> &names) {
+  auto draw_index = [](const ir::Expr &v) -> int {
+    if (v.kind != ir::Expr::Kind::var || !v.name.starts_with(kDrawVar))
+      return -1;
+    return std::stoi(v.name.substr(kDrawVar.size()));
+  };
+  if (e.kind == ir::Expr::Kind::binary && e.name == ">=" && draw_index(e.args[0]) >= 0 &&
+      !varies_per_element(e.args[1])) {
+    std::string &x = thresholds[size_t(draw_index(e.args[0]))];
+    const std::string text = ir::emit_c(e.args[1], names);
+    if (!x.empty() && x != text)
+      return false;
+    x = text;
+    return true;
+  }
+  if (draw_index(e) >= 0)
+    return false;
+  return std::ranges::all_of(
+      e.args, [&](const ir::Expr &a) { return draw_thresholds(a, thresholds, names); });
+}
+
+/// `e` with each `@draw<i> >= x` as variable @keep<i> (after draw_thresholds).
+ir::Expr take_draw_thresholds(ir::Expr e) {
+  if (e.kind == ir::Expr::Kind::binary && e.name == ">=" && e.args[0].kind == ir::Expr::Kind::var &&
+      e.args[0].name.starts_with(kDrawVar)) {
+    ir::Expr var;
+    var.kind = ir::Expr::Kind::var;
+    var.is_int = true;
+    var.name = std::string(kKeepVar) + e.args[0].name.substr(kDrawVar.size());
+    return var;
+  }
+  for (ir::Expr &a : e.args)
+    a = take_draw_thresholds(std::move(a));
+  return e;
+}
+
 /// The name a mask tensor's element takes in a score function once
 /// emit_mask_columns has loaded it (not a name the expression language
 /// accepts, so it cannot collide).
@@ -150,13 +194,17 @@ KernelEmitter::DrawPlan KernelEmitter::draw_plan(bool transposed, int col_tiles)
 }
 
 void KernelEmitter::emit_draws(const DrawPlan &plan, const std::vector<ir::Expr> &draws,
+                               const std::vector<std::string> &thresholds,
                                const std::function<std::string(const std::string &)> &names,
                                const std::string &q_idx, const std::string &kv_idx,
                                const std::function<void(int c, int e)> &element) {
   // One Philox draw serves 8 aligned keys of a query (ir::kDrawKeys). Each
   // lane draws plan.draws.size() / sharing of a round's draws; the lanes that
-  // hold the same draws (they differ in lane_bits) pass them round.
+  // hold the same draws (they differ in lane_bits) share them: as keep bits
+  // where `thresholds` are given and plan.keep_bits(), else by passing the
+  // draws' words round.
   const int sharing = plan.sharing(), own = int(plan.draws.size()) / sharing;
+  const bool keep_bits = !thresholds.empty() && plan.keep_bits();
   std::vector<int> bits; // the lane bits of lane_bits, low to high
   for (int bit = 1; bit <= plan.lane_bits; bit *= 2)
     if (plan.lane_bits & bit)
@@ -167,16 +215,24 @@ void KernelEmitter::emit_draws(const DrawPlan &plan, const std::vector<ir::Expr>
       lane |= (rank >> i & 1) ? bits[i] : 0;
     return lane;
   };
-  if (sharing > 1)
+  if (keep_bits)
+    w_.open("{{ // {} draw(s) per query and {} aligned keys; lanes differing in bits {:#x} hold "
+            "the same {} draws: each lane draws {}, makes each draw 8 keep bits, and they OR "
+            "their bits together",
+            draws.size(), ir::kDrawKeys, plan.lane_bits, plan.draws.size(), own);
+  else if (sharing > 1)
     w_.open("{{ // {} draw(s) per query and {} aligned keys; lanes differing in bits {:#x} hold "
             "the same {} draws, each lane draws {} and they pass them round",
             draws.size(), ir::kDrawKeys, plan.lane_bits, plan.draws.size(), own);
   else
     w_.open("{{ // {} draw(s) per query and {} aligned keys", draws.size(), ir::kDrawKeys);
-  for (size_t d = 0; d < draws.size(); ++d)
+  for (size_t d = 0; d < draws.size(); ++d) {
     w_.line("const fj_draw_key fj_key{} = fj_philox_key((unsigned long long)({}), (unsigned "
             "long long)({}));",
             d, ir::emit_c(draws[d].args[0], names), ir::emit_c(draws[d].args[1], names));
+    if (!thresholds.empty())
+      w_.line("const unsigned fj_threshold{} = fj_draw_threshold({});", d, thresholds[d]);
+  }
   if (sharing > 1) {
     // pext(lane, lane_bits): one shift and mask for a run of bits.
     const int low = std::countr_zero(unsigned(plan.lane_bits));
@@ -194,21 +250,23 @@ void KernelEmitter::emit_draws(const DrawPlan &plan, const std::vector<ir::Expr>
   open_query_tiles();
   w_.line("#pragma unroll");
   w_.open("for (int c0 = 0; c0 < {}; c0 += {}) {{", plan.col_tiles, plan.tiles);
+  // Keep bits: a 32-bit word holds 4 draws' bits, 8 each; `words` per own draw.
+  const int words = std::max(1, sharing / 4);
   for (size_t d = 0; d < draws.size(); ++d)
-    w_.line("fj_draw_words {};",
-            fmt::join(std::views::iota(0, own) | std::views::transform([&](int i) {
-                        return fmt::format("fj_own{}_{}", d, i);
-                      }),
-                      ", "));
+    for (int i = 0; i < own; ++i) {
+      if (keep_bits)
+        w_.line("unsigned fj_keep{}_{}[{}];", d, i, words);
+      else
+        w_.line("fj_draw_words fj_own{}_{};", d, i);
+    }
   for (int i = 0; i < own; ++i) {
     // This lane's draw i is the round's draw fj_rank + i * sharing: the position
     // of that draw's first element.
     w_.open("{{");
+    std::string fj_q = q_idx, fj_k = kv_idx;
     if (sharing == 1) {
       const auto [c, e] = plan.draws[size_t(i)].front();
       w_.line("const int c = c0 + {}, e = {};", c, e);
-      for (size_t d = 0; d < draws.size(); ++d)
-        w_.line("fj_own{}_{} = fj_draw(fj_key{}, {}, {}, {}, {});", d, i, d, b, h, q_idx, kv_idx);
     } else {
       w_.line("int fj_q = 0, fj_k = 0;");
       for (int r = 0; r < sharing; ++r) {
@@ -217,8 +275,28 @@ void KernelEmitter::emit_draws(const DrawPlan &plan, const std::vector<ir::Expr>
             "{{ const int c = c0 + {}, e = {}; if (fj_rank == {}) {{ fj_q = {}; fj_k = {}; }} }}",
             c, e, r, q_idx, kv_idx);
       }
-      for (size_t d = 0; d < draws.size(); ++d)
-        w_.line("fj_own{}_{} = fj_draw(fj_key{}, {}, {}, fj_q, fj_k);", d, i, d, b, h);
+      fj_q = "fj_q";
+      fj_k = "fj_k";
+    }
+    for (size_t d = 0; d < draws.size(); ++d) {
+      const std::string draw =
+          fmt::format("fj_draw(fj_key{}, {}, {}, {}, {})", d, b, h, fj_q, fj_k);
+      if (!keep_bits) {
+        w_.line("fj_own{}_{} = {};", d, i, draw);
+        continue;
+      }
+      // The 8 bits at 8 * (fj_rank % 4) of word fj_rank / 4; the sharing lanes
+      // OR them together within a word (a butterfly over the rank's low two
+      // bits), then each word comes from a lane of its ranks.
+      w_.line("unsigned fj_mine = fj_keep_bits({}, fj_threshold{}){};", draw, d,
+              sharing > 1 ? " << (8 * (fj_rank % 4))" : "");
+      for (int r = 1; r < std::min(sharing, 4); r *= 2)
+        w_.line("fj_mine |= fj_shfl_u32(fj_mine, lane, lane ^ {:#x});", lane_of(r));
+      if (words == 1)
+        w_.line("fj_keep{}_{}[0] = fj_mine;", d, i);
+      for (int word = 0; words > 1 && word < words; ++word)
+        w_.line("fj_keep{}_{}[{}] = fj_shfl_u32(fj_mine, lane, (lane & ~{:#x}) | {:#x});", d, i,
+                word, plan.lane_bits, lane_of(4 * word));
     }
     w_.close();
   }
@@ -229,15 +307,21 @@ void KernelEmitter::emit_draws(const DrawPlan &plan, const std::vector<ir::Expr>
       listed.push_back(fmt::format("({}, {})", c, e));
     w_.open("{{ // draw {} of the round: elements (c, e) {}", j, fmt::join(listed, " "));
     for (size_t d = 0; d < draws.size(); ++d) {
-      const std::string from = fmt::format("fj_own{}_{}", d, j / size_t(sharing));
+      const size_t rank = j % size_t(sharing), i = j / size_t(sharing);
+      if (keep_bits) {
+        // Draw j is rank j % sharing's draw i: its bits in fj_keep<d>_<i>.
+        w_.line("const unsigned fj_keepword{} = fj_keep{}_{}[{}];", d, d, i, rank / 4);
+        w_.line("const int fj_keepbase{} = {};", d, 8 * (rank % 4));
+        continue;
+      }
+      const std::string from = fmt::format("fj_own{}_{}", d, i);
       if (sharing == 1) {
         w_.line("const fj_draw_words &fj_draw{} = {};", d, from);
         continue;
       }
       // From the sharing lane of rank j % sharing.
       w_.line("fj_draw_words fj_draw{};", d);
-      w_.line("const int fj_from = (lane & ~{:#x}) | {:#x};", plan.lane_bits,
-              lane_of(int(j) % sharing));
+      w_.line("const int fj_from = (lane & ~{:#x}) | {:#x};", plan.lane_bits, lane_of(int(rank)));
       w_.line("#pragma unroll");
       w_.line("for (int w = 0; w < 4; ++w) fj_draw{}.w[w] = fj_shfl_u32({}.w[w], lane, fj_from);",
               d, from);
@@ -1092,6 +1176,7 @@ Status KernelEmitter::emit_op(const Op &op) {
         fmt::format("{} * kBlockM + local_row(qt, {})", qb, rules_.acc_row("e"));
     const std::string col = fmt::format("{} * kBlockN + c * kNTile + {}", kb, rules_.acc_col("e"));
     const std::string q_idx = transposed ? col : row, kv_idx = transposed ? row : col;
+    const DrawPlan plan = draw_plan(transposed, col_tiles(t.cols)); // where uniform() is read
     auto names = [&](const std::string &var) -> std::string {
       if (var == "score")
         return src + "[qt][c][e]";
@@ -1105,6 +1190,12 @@ Status KernelEmitter::emit_op(const Op &op) {
         return kv_idx;
       if (var.starts_with(kDrawVar)) // a draw of this element's own position
         return fmt::format("fj_draw_slot(fj_draw{}, {})", var.substr(kDrawVar.size()), kv_idx);
+      if (var.starts_with(kKeepVar)) { // that draw >= its threshold
+        const std::string d = var.substr(kKeepVar.size());
+        if (plan.keep_bits())
+          return fmt::format("fj_keep_bit(fj_keepword{}, fj_keepbase{}, {})", d, d, kv_idx);
+        return fmt::format("fj_draw_bits(fj_draw{}, {}) >= fj_threshold{}", d, kv_idx, d);
+      }
       if (var == kMaskVar)
         return mask_elem;
       if (var == "seqlen_q")
@@ -1132,7 +1223,15 @@ Status KernelEmitter::emit_op(const Op &op) {
                                 mask_reads);
       }
       std::vector<ir::Expr> draws; // uniform(seed, offset, b, h, q_idx, kv_idx) calls
-      const ir::Expr body = take_element_draws(*e, draws);
+      ir::Expr body = take_element_draws(*e, draws);
+      // Draws only compared with a threshold are compared as integers, and
+      // shared as keep bits where plan.keep_bits().
+      std::vector<std::string> thresholds(draws.size());
+      if (!draws.empty() && draw_thresholds(body, thresholds, names) &&
+          std::ranges::none_of(thresholds, &std::string::empty))
+        body = take_draw_thresholds(std::move(body));
+      else
+        thresholds.clear();
       // With draws, the elements go through emit_draws' own order: the tile's
       // mask elements are loaded first, whole.
       mask_elem = mask_var + (draws.empty() ? "[e]" : "_tile[qt][c][e]");
@@ -1163,10 +1262,9 @@ Status KernelEmitter::emit_op(const Op &op) {
         close_elements(t);
         return Status::ok();
       }
-      emit_draws(
-          draw_plan(transposed, col_tiles(t.cols)), draws, names, q_idx, kv_idx, [&](int c, int e) {
-            w_.line("{{ const int c = c0 + {}, e = {}; {}[qt][c][e] = {}; }}", c, e, dst, code);
-          });
+      emit_draws(plan, draws, thresholds, names, q_idx, kv_idx, [&](int c, int e) {
+        w_.line("{{ const int c = c0 + {}, e = {}; {}[qt][c][e] = {}; }}", c, e, dst, code);
+      });
       return Status::ok();
     };
     w_.line("{};", declare(op.results[0]));

@@ -75,15 +75,16 @@ template <int N, class T> FJ_DEVICE void fj_mask_run(const T *p, float *out) {
 }
 
 // ---- uniform draws (dropout) ----
-// Philox-4x32-10 as ir::philox_uniform computes it on the host, bit for bit: the
-// key is Philox of (seed, offset) under a fixed key (the same for every element
-// of a kernel: fj_philox_key, hoisted), and one draw of the counter
+// Philox-4x32 as ir::philox_uniform computes it on the host, bit for bit: the
+// key is Philox-4x32-10 of (seed, offset) under a fixed key (the same for every
+// element of a kernel: fj_philox_key, hoisted), and one 7-round draw
+// (ir::kDrawRounds) of the counter
 // (kv_idx / 8, q_idx, h, b) under it gives 8 aligned keys of the query 16 bits
 // each (fj_draw). Where a lane holds several keys of one draw, lowering
 // draws once and takes each key's bits from the words (fj_draw_slot).
-FJ_DEVICE void fj_philox10(unsigned c[4], unsigned k0, unsigned k1) {
+FJ_DEVICE void fj_philox(unsigned c[4], unsigned k0, unsigned k1, int rounds) {
 #pragma unroll
-  for (int r = 0; r < 10; ++r) {
+  for (int r = 0; r < rounds; ++r) {
     if (r > 0) {
       k0 += 0x9E3779B9u;
       k1 += 0xBB67AE85u;
@@ -103,7 +104,7 @@ struct fj_draw_key {
 FJ_DEVICE fj_draw_key fj_philox_key(unsigned long long seed, unsigned long long offset) {
   unsigned key[4] = {(unsigned)seed, (unsigned)(seed >> 32), (unsigned)offset,
                      (unsigned)(offset >> 32)};
-  fj_philox10(key, 0x2545F491u, 0x9E3779B9u);
+  fj_philox(key, 0x2545F491u, 0x9E3779B9u, 10);
   return {key[0], key[1]};
 }
 // The 4 words of the draw that holds key kv_idx of query q_idx.
@@ -113,15 +114,43 @@ struct fj_draw_words {
 FJ_DEVICE fj_draw_words fj_draw(fj_draw_key key, unsigned b, unsigned h, unsigned q_idx,
                                 unsigned kv_idx) {
   fj_draw_words d = {{kv_idx >> 3, q_idx, h, b}};
-  fj_philox10(d.w, key.k0, key.k1);
+  fj_philox(d.w, key.k0, key.k1, 7); // ir::kDrawRounds
   return d;
 }
-// Key kv_idx's draw in [0, 1) from its draw's words: 16-bit half kv_idx % 2 of
-// word kv_idx % 8 / 2. Selects, not an index, so the words stay in registers.
-FJ_DEVICE float fj_draw_slot(const fj_draw_words &d, unsigned kv_idx) {
+// Key kv_idx's 16 bits of its draw's words: half kv_idx % 2 of word
+// kv_idx % 8 / 2. Selects, not an index, so the words stay in registers.
+FJ_DEVICE unsigned fj_draw_bits(const fj_draw_words &d, unsigned kv_idx) {
   const unsigned lo = (kv_idx & 2u) ? d.w[1] : d.w[0], hi = (kv_idx & 2u) ? d.w[3] : d.w[2];
   const unsigned word = (kv_idx & 4u) ? hi : lo;
-  return (float)((word >> ((kv_idx & 1u) * 16u)) & 0xFFFFu) * 1.52587890625e-05f; // 2^-16
+  return (word >> ((kv_idx & 1u) * 16u)) & 0xFFFFu;
+}
+// Key kv_idx's draw in [0, 1).
+FJ_DEVICE float fj_draw_slot(const fj_draw_words &d, unsigned kv_idx) {
+  return (float)fj_draw_bits(d, kv_idx) * 1.52587890625e-05f; // 2^-16
+}
+// Where a draw is only compared, u >= x, it is compared as an integer:
+// u = bits * 2^-16 >= x exactly when bits >= ceil(x * 2^16) (a NaN x keeps
+// nothing, as the comparison). Keep bits: lanes that share a draw can pass 8
+// bits per draw instead of its words.
+FJ_DEVICE unsigned fj_draw_threshold(float x) {
+  if (!(x > 0.0f))
+    return x == x ? 0u : 0x10000u;
+  const float y = (x < 1.0f ? x : 1.0f) * 65536.0f; // exact: a power of two
+  const unsigned t = (unsigned)y;
+  return (float)t < y ? t + 1u : t;
+}
+// Bit s of the result: key s of the draw (16-bit half s % 2 of word s / 2) is
+// kept.
+FJ_DEVICE unsigned fj_keep_bits(const fj_draw_words &d, unsigned threshold) {
+  unsigned bits = 0;
+#pragma unroll
+  for (int s = 0; s < 8; ++s)
+    bits |= (unsigned)(((d.w[s >> 1] >> ((s & 1) * 16)) & 0xFFFFu) >= threshold) << s;
+  return bits;
+}
+// Whether key kv_idx is kept: its bit of the draw's 8 at `base` of `word`.
+FJ_DEVICE unsigned fj_keep_bit(unsigned word, int base, unsigned kv_idx) {
+  return (word >> (base + (int)(kv_idx & 7u))) & 1u;
 }
 FJ_DEVICE float fj_uniform(unsigned long long seed, unsigned long long offset, unsigned b,
                            unsigned h, unsigned q_idx, unsigned kv_idx) {

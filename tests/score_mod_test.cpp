@@ -107,15 +107,16 @@ TEST(ScoreExpr, FuzzDeepNestingAndLongChainsAreRefused) {
 }
 
 TEST(ScoreExpr, UniformIsPhiloxAndUniform) {
-  // Random123's known answers for philox4x32_10.
+  // Random123's known answers for philox4x32_10 (the draws take the same
+  // rounds, ir::kDrawRounds of them).
   using A4 = std::array<uint32_t, 4>;
-  EXPECT_EQ(ir::philox4x32_10({0, 0, 0, 0}, {0, 0}),
+  EXPECT_EQ(ir::philox4x32({0, 0, 0, 0}, {0, 0}, 10),
             (A4{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}));
-  EXPECT_EQ(ir::philox4x32_10({~0u, ~0u, ~0u, ~0u}, {~0u, ~0u}),
+  EXPECT_EQ(ir::philox4x32({~0u, ~0u, ~0u, ~0u}, {~0u, ~0u}, 10),
             (A4{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}));
-  EXPECT_EQ(
-      ir::philox4x32_10({0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0}),
-      (A4{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}));
+  EXPECT_EQ(ir::philox4x32({0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
+                           {0xa4093822, 0x299f31d0}, 10),
+            (A4{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}));
   // Draws in [0, 1): 1 in 5 below 0.2 over 2^16 elements, another offset another stream.
   int below = 0, same = 0;
   for (uint32_t i = 0; i < 256; ++i)
@@ -129,7 +130,8 @@ TEST(ScoreExpr, UniformIsPhiloxAndUniform) {
   EXPECT_NEAR(same / 65536.0, 0.8 * 0.8 + 0.2 * 0.2, 0.01); // independent patterns
   // One draw serves 8 aligned keys, 16 bits each: key 8 * 5 + 3 of query 6 is
   // the high half of word 1 of the counter (5, 6, h, b).
-  const std::array<uint32_t, 4> words = ir::philox4x32_10({5, 6, 3, 1}, ir::philox_key(42, 0));
+  const std::array<uint32_t, 4> words =
+      ir::philox4x32({5, 6, 3, 1}, ir::philox_key(42, 0), ir::kDrawRounds);
   EXPECT_EQ(ir::philox_uniform(42, 0, 1, 3, 6, 43), double(words[1] >> 16) / 65536.0);
   EXPECT_EQ(ir::philox_uniform(42, 0, 1, 3, 6, 40), double(words[0] & 0xFFFF) / 65536.0);
   // The keys of one draw are independent of each other: neighbours in one
@@ -163,8 +165,10 @@ TEST(ScoreExpr, UniformIsPhiloxAndUniform) {
 TEST(ScoreModLowering, DropoutDrawsOncePerEightKeysOnEveryFamily) {
   // How many Philox draws a lane makes per 8 accumulator elements is the
   // dropout's cost: the emitter shares each draw between the elements and the
-  // lanes that hold its 8 keys (KernelEmitter::draw_plan). Correctness of the
-  // exchange is the emulator cases' (dropout_* above, backward_test's).
+  // lanes that hold its 8 keys (KernelEmitter::draw_plan); where 8 lanes share
+  // a draw they pass each other 8 keep bits per draw (dropout only compares its
+  // draws), else the draw's words. Correctness of the exchange is the emulator
+  // cases' (dropout_* and uniform_* above, backward_test's).
   AttentionSpec spec = make_spec(1, 2, 2, 128, 128, 128, 128, DType::bf16);
   spec.dropout_p = 0.1;
   struct Want {
@@ -172,13 +176,14 @@ TEST(ScoreModLowering, DropoutDrawsOncePerEightKeysOnEveryFamily) {
     const char *forward, *dkdv; // the plan's comment, or "" for lane-local draws
   };
   const Want wants[] = {
-      {"sm_90", "lanes differing in bits 0x3 hold the same 4 draws, each lane draws 1",
-       "lanes differing in bits 0x1c hold the same 8 draws, each lane draws 1"},
-      {"gfx1201", "", "lanes differing in bits 0x7 hold the same 8 draws, each lane draws 1"},
-      {"gfx1100", "lanes differing in bits 0x10 hold the same 2 draws, each lane draws 1",
-       "lanes differing in bits 0x7 hold the same 8 draws, each lane draws 1"},
-      {"gfx942", "lanes differing in bits 0x20 hold the same 4 draws, each lane draws 2",
-       "lanes differing in bits 0x7 hold the same 8 draws, each lane draws 1"},
+      {"sm_90", "lanes differing in bits 0x3 hold the same 4 draws, each lane draws 1 and they",
+       "lanes differing in bits 0x1c hold the same 8 draws: each lane draws 1, makes"},
+      {"gfx1201", "",
+       "lanes differing in bits 0x7 hold the same 8 draws: each lane draws 1, makes"},
+      {"gfx1100", "lanes differing in bits 0x10 hold the same 2 draws, each lane draws 1 and they",
+       "lanes differing in bits 0x7 hold the same 8 draws: each lane draws 1, makes"},
+      {"gfx942", "lanes differing in bits 0x20 hold the same 4 draws, each lane draws 2 and they",
+       "lanes differing in bits 0x7 hold the same 8 draws: each lane draws 1, makes"},
   };
   for (const Want &want : wants) {
     SCOPED_TRACE(want.arch);
@@ -203,6 +208,18 @@ TEST(ScoreModLowering, DropoutDrawsOncePerEightKeysOnEveryFamily) {
                   std::string::npos);
     }
   }
+  // A draw read other than by `>= threshold` is passed round whole and turned
+  // into a float.
+  spec.dropout_p = 0;
+  spec.score_mod = "score + 0.5 * uniform(3, 1, b, h, q_idx, kv_idx)";
+  auto sm90 = lowering::parse_target("sm_90");
+  ASSERT_TRUE(sm90);
+  auto words = lowering::generate(spec, lowering::default_config(spec, *sm90), *sm90);
+  ASSERT_TRUE(words) << words.status().message();
+  EXPECT_NE(words->source.find("hold the same 4 draws, each lane draws 1 and they pass them round"),
+            std::string::npos);
+  EXPECT_NE(words->source.find("fj_draw_slot(fj_draw0"), std::string::npos);
+  EXPECT_EQ(words->source.find("fj_threshold0"), std::string::npos);
 }
 
 TEST(ScoreModSpec, ValidationNamesTheField) {
@@ -310,6 +327,12 @@ const ModCase kCases[] = {
      Alibi::none, "", "", false, MaskType::none, "", 0.5},
     {"dropout_bool_mask_sinks", 1, 4, 4, 33, 64, 64, DType::bf16, false, kNoWindow, 0, Alibi::none,
      "", "", true, MaskType::boolean, "bk", 0.1},
+    // A user's draws: compared with a threshold (as integers, as dropout's), and
+    // in arithmetic (as floats).
+    {"uniform_mask_mod_threshold", 1, 4, 2, 45, 80, 64, DType::bf16, true, kNoWindow, 0,
+     Alibi::none, "", "uniform(5, 2, b, h, q_idx, kv_idx) >= 0.3"},
+    {"uniform_score_mod_words", 2, 2, 1, 40, 70, 64, DType::f16, false, kNoWindow, 0, Alibi::none,
+     "score + 0.5 * uniform(3, 1, b, h, q_idx, kv_idx)", ""},
 };
 
 AttentionSpec spec_of(const ModCase &c) {

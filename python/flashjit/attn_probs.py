@@ -16,10 +16,11 @@ import math
 _M32 = 0xFFFFFFFF
 
 
-def _philox10(c, k0, k1):
-    """Philox-4x32-10 of counters c (4 int64 tensors holding uint32 values) under the
-    key (k0, k1): int64 products of two 32-bit values wrap, and their words are masked."""
-    for r in range(10):
+def _philox(c, k0, k1, rounds):
+    """Philox-4x32 (`rounds` rounds) of counters c (4 int64 tensors holding uint32 values)
+    under the key (k0, k1): int64 products of two 32-bit values wrap, and their words are
+    masked."""
+    for r in range(rounds):
         if r:
             k0, k1 = (k0 + 0x9E3779B9) & _M32, (k1 + 0xBB67AE85) & _M32
         p0, p1 = c[0] * 0xD2511F53, c[2] * 0xCD9E8D57
@@ -30,14 +31,14 @@ def _philox10(c, k0, k1):
 
 def _key(seed, offset):
     """The kernels' key: Philox of (seed, offset) under a fixed key (plain integers)."""
-    words = _philox10([seed & _M32, seed >> 32, offset & _M32, offset >> 32], 0x2545F491,
-                      0x9E3779B9)
+    words = _philox([seed & _M32, seed >> 32, offset & _M32, offset >> 32], 0x2545F491,
+                    0x9E3779B9, 10)
     return words[0], words[1]
 
 
 def kept(batch, heads, seqlen_q, seqlen_k, p, seed, device, offset=0, first_batch=0):
     """bool [batch, heads, seqlen_q, seqlen_k]: True where the kernels keep P[b, h, i, j]:
-    16 bits of the draw of (j // 8, i, h, b), half j % 2 of word j % 8 // 2, over 2^16,
+    16 bits of the 7-round draw of (j // 8, i, h, b), half j % 2 of word j % 8 // 2, over 2^16,
     compared in float32 with p (ir::philox_uniform); b counts from first_batch."""
     import torch
     k0, k1 = _key(seed, offset)
@@ -48,8 +49,8 @@ def kept(batch, heads, seqlen_q, seqlen_k, p, seed, device, offset=0, first_batc
     i = ar(seqlen_q).view(1, 1, -1, 1)
     g = ar(groups).view(1, 1, 1, -1)
     shape = (batch, heads, seqlen_q, groups)
-    words = _philox10([g.expand(shape), i.expand(shape), h.expand(shape), b.expand(shape)],
-                      k0, k1)
+    words = _philox([g.expand(shape), i.expand(shape), h.expand(shape), b.expand(shape)],
+                    k0, k1, 7)  # ir::kDrawRounds
     words = torch.stack(words, dim=-1)  # [b, h, i, group, word]
     halves = torch.stack([words & 0xFFFF, words >> 16], dim=-1)  # [..., word, half]
     bits = halves.reshape(batch, heads, seqlen_q, groups * 8)[..., :seqlen_k]

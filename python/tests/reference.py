@@ -4,13 +4,13 @@ import math
 import numpy as np
 
 
-def _philox10(c, k0, k1):
-    """Philox-4x32-10 (Random123) of counters c (4 uint64 arrays holding uint32 values)
-    under key (k0, k1), vectorized."""
+def _philox(c, k0, k1, rounds):
+    """Philox-4x32 with `rounds` rounds (Random123) of counters c (4 uint64 arrays holding
+    uint32 values) under key (k0, k1), vectorized."""
     M = np.uint64(0xFFFFFFFF)
     c = [np.asarray(x, dtype=np.uint64) & M for x in c]
     k0, k1 = np.uint64(k0) & M, np.uint64(k1) & M
-    for r in range(10):
+    for r in range(rounds):
         if r:
             k0, k1 = (k0 + np.uint64(0x9E3779B9)) & M, (k1 + np.uint64(0xBB67AE85)) & M
         p0 = np.uint64(0xD2511F53) * c[0]
@@ -21,14 +21,14 @@ def _philox10(c, k0, k1):
 
 def dropout_weights(p, seed, offset, b, h, sq, sk):
     """[b, h, sq, sk] float64: 0 where flashjit drops P[b, h, i, j], 1 / (1 - p) where it
-    keeps it, as ir::philox_uniform draws: Philox of (seed, offset) gives the key, of
-    (j // 8, i, h, b) 4 words, and key j takes 16-bit half j % 2 of word j % 8 // 2 over
+    keeps it, as ir::philox_uniform draws: Philox-4x32-10 of (seed, offset) gives the key,
+    Philox-4x32-7 of (j // 8, i, h, b) 4 words, and key j takes 16-bit half j % 2 of word j % 8 // 2 over
     2^16, compared in float32 with p."""
-    key = _philox10([seed & 0xFFFFFFFF, seed >> 32, offset & 0xFFFFFFFF, offset >> 32],
-                    0x2545F491, 0x9E3779B9)
+    key = _philox([seed & 0xFFFFFFFF, seed >> 32, offset & 0xFFFFFFFF, offset >> 32],
+                  0x2545F491, 0x9E3779B9, 10)
     B, H, I, J = np.meshgrid(np.arange(b), np.arange(h), np.arange(sq), np.arange(sk),
                              indexing="ij")
-    words = _philox10([J // 8, I, H, B], int(key[0]), int(key[1]))
+    words = _philox([J // 8, I, H, B], int(key[0]), int(key[1]), 7)
     slot = (J % 8).astype(np.uint64)
     word = np.choose((slot // np.uint64(2)).astype(np.intp), words)
     bits = (word >> (np.uint64(16) * (slot % np.uint64(2)))) & np.uint64(0xFFFF)

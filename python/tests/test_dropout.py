@@ -1,7 +1,7 @@
 """Dropout (issue 15): flash_attn_func / flash_attn_backward / scaled_dot_product_attention
 with dropout_p > 0 drop each attention weight with that probability after the softmax
 (its row sums and LSE are without dropout) and scale the kept ones by 1 / (1 - p); which
-ones is a Philox-4x32-10 draw of (dropout_seed, b, h, q_idx, kv_idx). The float64
+ones is a Philox-4x32-7 draw of (dropout_seed, b, h, q_idx, kv_idx). The float64
 reference (reference.py) draws the same elements with its own NumPy Philox. NumPy
 inputs run on the emulator, torch ones on CUDA. Tolerances: outputs as
 test_numpy_emulator.py (bf16 abs 3e-2, f16 4e-3), gradients within 1e-2 (f16) / 2e-2
