@@ -302,22 +302,35 @@ private:
     std::vector<std::vector<std::pair<int, int>>> draws;
     int lane_bits = 0;
     int sharing() const { return 1 << std::popcount(unsigned(lane_bits)); }
-    // Whether lanes that only compare the draws pass keep bits (8 per draw,
-    // fj_keep_bits) rather than the words: where 8 or more lanes share a draw,
-    // each holding one of its keys, for which the words pass 4 words per key
-    // (docs/decisions.md, "Keep bits and seven rounds").
-    bool keep_bits() const { return sharing() >= 8; }
+    // Where every lane reads one word of each draw, the same for every draw
+    // and a function of its rank among the sharing lanes: that word by rank.
+    std::vector<int> word_of_rank;
+    // How the sharing lanes pass their draws round (`compared`: the function
+    // only compares them with a threshold; docs/decisions.md, "Keep bits and
+    // seven rounds"):
+    //   keep_bits  8 keep bits per draw (fj_keep_bits), where 8 or more lanes
+    //              share a draw, each holding one of its keys;
+    //   one_word   each lane just the word it reads (word_of_rank): sharing - 1
+    //              shuffles per `sharing` draws;
+    //   words      every word of every draw, 4 shuffles per draw (or no
+    //              sharing: each lane draws for itself).
+    enum class Share { words, one_word, keep_bits };
+    Share share(bool compared) const {
+      if (compared && sharing() >= 8)
+        return Share::keep_bits;
+      return sharing() > 1 && !word_of_rank.empty() ? Share::one_word : Share::words;
+    }
   };
   // Rows are keys where `transposed` (the backward's S^T); col_tiles: the tile's
   // column fragments.
   DrawPlan draw_plan(bool transposed, int col_tiles) const;
   // The draws of `plan` for the uniform() calls `draws` (ScoreMod's score
   // function), then `element(c, e)` for each element of each draw, where
-  // fj_draw<i> holds draw i's words. With `thresholds` (C text per draw, where
-  // the function only compares draw i >= thresholds[i]) fj_threshold<i> holds
-  // the threshold as an integer, and where plan.keep_bits() the sharing lanes
-  // pass keep bits instead of words, fj_keepword<i> at fj_keepbase<i>. q_idx,
-  // kv_idx: an element's positions in C.
+  // by plan.share(!thresholds.empty()): fj_draw<i> holds draw i's words,
+  // fj_word<i> the word of it this lane reads, or fj_keepword<i> its keep bits
+  // at fj_keepbase<i>. `thresholds`: C text per draw, where the function only
+  // compares draw i >= thresholds[i], which fj_threshold<i> holds as an
+  // integer. q_idx, kv_idx: an element's positions in C.
   void emit_draws(const DrawPlan &plan, const std::vector<ir::Expr> &draws,
                   const std::vector<std::string> &thresholds,
                   const std::function<std::string(const std::string &)> &names,

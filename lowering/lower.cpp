@@ -107,6 +107,19 @@ ir::Expr take_draw_thresholds(ir::Expr e) {
   return e;
 }
 
+/// The bits of `x` under `mask`, packed from bit 0 (BMI2's pext).
+int pext(int x, int mask) {
+  int out = 0, i = 0;
+  for (int bit = 1; bit <= mask; bit *= 2) {
+    if (!(mask & bit))
+      continue;
+    if (x & bit)
+      out |= 1 << i;
+    ++i;
+  }
+  return out;
+}
+
 /// The name a mask tensor's element takes in a score function once
 /// emit_mask_columns has loaded it (not a name the expression language
 /// accepts, so it cannot collide).
@@ -180,14 +193,35 @@ KernelEmitter::DrawPlan KernelEmitter::draw_plan(bool transposed, int col_tiles)
     }
     return plan;
   };
+  // The one word of each draw a lane reads, where that is a function of its
+  // rank among the sharing lanes alone (pext(lane, lane_bits)).
+  auto word_of_rank = [&](const DrawPlan &plan) {
+    std::vector<int> words(size_t(plan.sharing()), -1);
+    for (int lane = 0; lane < lanes; ++lane) {
+      const int rank = pext(lane, plan.lane_bits);
+      for (const auto &draw : plan.draws)
+        for (auto [c, e] : draw) {
+          MatrixCoord x = rules_.acc_coord(lane, e);
+          x.col += c * rules_.n_tile();
+          const int word = (transposed ? x.row : x.col) % int(ir::kDrawKeys) / 2;
+          if (words[size_t(rank)] != -1 && words[size_t(rank)] != word)
+            return std::vector<int>{};
+          words[size_t(rank)] = word;
+        }
+    }
+    return words;
+  };
   // The fewest column tiles whose draws the sharing lanes can split evenly.
   DrawPlan one_tile = plan_of(1);
   one_tile.col_tiles = col_tiles;
   for (int tiles = 1; tiles <= 8 && col_tiles % tiles == 0; tiles *= 2) {
     DrawPlan plan = tiles == 1 ? one_tile : plan_of(tiles);
     plan.col_tiles = col_tiles;
-    if (plan.draws.size() % size_t(plan.sharing()) == 0)
+    if (plan.draws.size() % size_t(plan.sharing()) == 0) {
+      if (plan.sharing() > 1)
+        plan.word_of_rank = word_of_rank(plan);
       return plan;
+    }
   }
   one_tile.lane_bits = 0; // each lane draws for itself
   return one_tile;
@@ -200,11 +234,12 @@ void KernelEmitter::emit_draws(const DrawPlan &plan, const std::vector<ir::Expr>
                                const std::function<void(int c, int e)> &element) {
   // One Philox draw serves 8 aligned keys of a query (ir::kDrawKeys). Each
   // lane draws plan.draws.size() / sharing of a round's draws; the lanes that
-  // hold the same draws (they differ in lane_bits) share them: as keep bits
-  // where `thresholds` are given and plan.keep_bits(), else by passing the
-  // draws' words round.
+  // hold the same draws (they differ in lane_bits) share them as plan.share
+  // says.
   const int sharing = plan.sharing(), own = int(plan.draws.size()) / sharing;
-  const bool keep_bits = !thresholds.empty() && plan.keep_bits();
+  const DrawPlan::Share share = plan.share(!thresholds.empty());
+  const bool keep_bits = share == DrawPlan::Share::keep_bits;
+  const bool one_word = share == DrawPlan::Share::one_word;
   std::vector<int> bits; // the lane bits of lane_bits, low to high
   for (int bit = 1; bit <= plan.lane_bits; bit *= 2)
     if (plan.lane_bits & bit)
@@ -220,6 +255,12 @@ void KernelEmitter::emit_draws(const DrawPlan &plan, const std::vector<ir::Expr>
             "the same {} draws: each lane draws {}, makes each draw 8 keep bits, and they OR "
             "their bits together",
             draws.size(), ir::kDrawKeys, plan.lane_bits, plan.draws.size(), own);
+  else if (one_word)
+    w_.open("{{ // {} draw(s) per query and {} aligned keys; lanes differing in bits {:#x} hold "
+            "the same {} draws, each lane draws {} and they pass each other the word each "
+            "reads (word {} by rank)",
+            draws.size(), ir::kDrawKeys, plan.lane_bits, plan.draws.size(), own,
+            fmt::join(plan.word_of_rank, ", "));
   else if (sharing > 1)
     w_.open("{{ // {} draw(s) per query and {} aligned keys; lanes differing in bits {:#x} hold "
             "the same {} draws, each lane draws {} and they pass them round",
@@ -256,6 +297,10 @@ void KernelEmitter::emit_draws(const DrawPlan &plan, const std::vector<ir::Expr>
     for (int i = 0; i < own; ++i) {
       if (keep_bits)
         w_.line("unsigned fj_keep{}_{}[{}];", d, i, words);
+      else if (one_word)
+        w_.line("unsigned fj_recv{}_{}[{}]; // [x]: the word this lane reads of rank fj_rank ^ x's "
+                "draw",
+                d, i, sharing);
       else
         w_.line("fj_draw_words fj_own{}_{};", d, i);
     }
@@ -281,6 +326,32 @@ void KernelEmitter::emit_draws(const DrawPlan &plan, const std::vector<ir::Expr>
     for (size_t d = 0; d < draws.size(); ++d) {
       const std::string draw =
           fmt::format("fj_draw(fj_key{}, {}, {}, {}, {})", d, b, h, fj_q, fj_k);
+      if (one_word) {
+        // Round x: this lane's draw goes to the lane of rank fj_rank ^ x, as
+        // the one word that lane reads.
+        auto word_of = [&](const std::string &rank) {
+          bool identity = true;
+          for (size_t r = 0; r < plan.word_of_rank.size(); ++r)
+            identity = identity && plan.word_of_rank[r] == int(r);
+          if (identity)
+            return rank;
+          std::string chain = std::to_string(plan.word_of_rank.back());
+          for (int r = sharing - 2; r >= 0; --r)
+            chain = fmt::format("{} == {} ? {} : {}", rank, r, plan.word_of_rank[size_t(r)], chain);
+          return fmt::format("({})", chain);
+        };
+        w_.line("const fj_draw_words fj_mine = {};", draw);
+        for (int x = 0; x < sharing; ++x) {
+          const std::string word =
+              fmt::format("fj_pick_word(fj_mine, {})", word_of(fmt::format("(fj_rank ^ {})", x)));
+          if (x == 0)
+            w_.line("fj_recv{}_{}[0] = {};", d, i, word);
+          else
+            w_.line("fj_recv{}_{}[{}] = fj_shfl_u32({}, lane, lane ^ {:#x});", d, i, x, word,
+                    lane_of(x));
+        }
+        continue;
+      }
       if (!keep_bits) {
         w_.line("fj_own{}_{} = {};", d, i, draw);
         continue;
@@ -312,6 +383,10 @@ void KernelEmitter::emit_draws(const DrawPlan &plan, const std::vector<ir::Expr>
         // Draw j is rank j % sharing's draw i: its bits in fj_keep<d>_<i>.
         w_.line("const unsigned fj_keepword{} = fj_keep{}_{}[{}];", d, d, i, rank / 4);
         w_.line("const int fj_keepbase{} = {};", d, 8 * (rank % 4));
+        continue;
+      }
+      if (one_word) { // rank j % sharing's draw came in round (j % sharing) ^ fj_rank
+        w_.line("const unsigned fj_word{} = fj_pick(fj_recv{}_{}, {} ^ fj_rank);", d, d, i, rank);
         continue;
       }
       const std::string from = fmt::format("fj_own{}_{}", d, i);
@@ -1188,12 +1263,22 @@ Status KernelEmitter::emit_op(const Op &op) {
         return q_idx;
       if (var == "kv_idx")
         return kv_idx;
-      if (var.starts_with(kDrawVar)) // a draw of this element's own position
-        return fmt::format("fj_draw_slot(fj_draw{}, {})", var.substr(kDrawVar.size()), kv_idx);
+      if (var.starts_with(kDrawVar)) { // a draw of this element's own position
+        const std::string d = var.substr(kDrawVar.size());
+        if (plan.share(false) == DrawPlan::Share::one_word)
+          return fmt::format("fj_word_slot(fj_word{}, {})", d, kv_idx);
+        return fmt::format("fj_draw_slot(fj_draw{}, {})", d, kv_idx);
+      }
       if (var.starts_with(kKeepVar)) { // that draw >= its threshold
         const std::string d = var.substr(kKeepVar.size());
-        if (plan.keep_bits())
+        switch (plan.share(true)) {
+        case DrawPlan::Share::keep_bits:
           return fmt::format("fj_keep_bit(fj_keepword{}, fj_keepbase{}, {})", d, d, kv_idx);
+        case DrawPlan::Share::one_word:
+          return fmt::format("fj_word_bits(fj_word{}, {}) >= fj_threshold{}", d, kv_idx, d);
+        case DrawPlan::Share::words:
+          break;
+        }
         return fmt::format("fj_draw_bits(fj_draw{}, {}) >= fj_threshold{}", d, kv_idx, d);
       }
       if (var == kMaskVar)

@@ -165,10 +165,12 @@ TEST(ScoreExpr, UniformIsPhiloxAndUniform) {
 TEST(ScoreModLowering, DropoutDrawsOncePerEightKeysOnEveryFamily) {
   // How many Philox draws a lane makes per 8 accumulator elements is the
   // dropout's cost: the emitter shares each draw between the elements and the
-  // lanes that hold its 8 keys (KernelEmitter::draw_plan); where 8 lanes share
-  // a draw they pass each other 8 keep bits per draw (dropout only compares its
-  // draws), else the draw's words. Correctness of the exchange is the emulator
-  // cases' (dropout_* and uniform_* above, backward_test's).
+  // lanes that hold its 8 keys (KernelEmitter::draw_plan), which pass each
+  // other 8 keep bits per draw where 8 lanes share a draw (dropout only
+  // compares its draws), just the word each reads where that is one word
+  // (NVIDIA's quads), else the draws' words. Correctness of the exchange is
+  // the emulator cases' (dropout_* and uniform_* above, backward_test's) and,
+  // for NVIDIA's, the CUDA dropout tests (python/tests/test_dropout.py).
   AttentionSpec spec = make_spec(1, 2, 2, 128, 128, 128, 128, DType::bf16);
   spec.dropout_p = 0.1;
   struct Want {
@@ -176,7 +178,9 @@ TEST(ScoreModLowering, DropoutDrawsOncePerEightKeysOnEveryFamily) {
     const char *forward, *dkdv; // the plan's comment, or "" for lane-local draws
   };
   const Want wants[] = {
-      {"sm_90", "lanes differing in bits 0x3 hold the same 4 draws, each lane draws 1 and they",
+      {"sm_90",
+       "lanes differing in bits 0x3 hold the same 4 draws, each lane draws 1 and they pass each "
+       "other the word each reads (word 0, 1, 2, 3 by rank)",
        "lanes differing in bits 0x1c hold the same 8 draws: each lane draws 1, makes"},
       {"gfx1201", "",
        "lanes differing in bits 0x7 hold the same 8 draws: each lane draws 1, makes"},
@@ -208,18 +212,24 @@ TEST(ScoreModLowering, DropoutDrawsOncePerEightKeysOnEveryFamily) {
                   std::string::npos);
     }
   }
-  // A draw read other than by `>= threshold` is passed round whole and turned
-  // into a float.
+  // A draw read other than by `>= threshold` is turned into a float, from the
+  // words passed round (gfx1100) or the one word each lane reads (sm_90).
   spec.dropout_p = 0;
   spec.score_mod = "score + 0.5 * uniform(3, 1, b, h, q_idx, kv_idx)";
-  auto sm90 = lowering::parse_target("sm_90");
-  ASSERT_TRUE(sm90);
-  auto words = lowering::generate(spec, lowering::default_config(spec, *sm90), *sm90);
-  ASSERT_TRUE(words) << words.status().message();
-  EXPECT_NE(words->source.find("hold the same 4 draws, each lane draws 1 and they pass them round"),
-            std::string::npos);
-  EXPECT_NE(words->source.find("fj_draw_slot(fj_draw0"), std::string::npos);
-  EXPECT_EQ(words->source.find("fj_threshold0"), std::string::npos);
+  for (auto [arch, plan, slot] :
+       {std::tuple("gfx1100", "hold the same 2 draws, each lane draws 1 and they pass them round",
+                   "fj_draw_slot(fj_draw0"),
+        std::tuple("sm_90", "hold the same 4 draws, each lane draws 1 and they pass each other",
+                   "fj_word_slot(fj_word0")}) {
+    SCOPED_TRACE(arch);
+    auto target = lowering::parse_target(arch);
+    ASSERT_TRUE(target);
+    auto k = lowering::generate(spec, lowering::default_config(spec, *target), *target);
+    ASSERT_TRUE(k) << k.status().message();
+    EXPECT_NE(k->source.find(plan), std::string::npos);
+    EXPECT_NE(k->source.find(slot), std::string::npos);
+    EXPECT_EQ(k->source.find("fj_threshold0"), std::string::npos);
+  }
 }
 
 TEST(ScoreModSpec, ValidationNamesTheField) {
