@@ -734,9 +734,9 @@ Expected<Lowered> KernelEmitter::run() {
   if (producer_threads_ > 0 && producer_budget().blocks > 1) // what setmaxnreg shares out
     w_.line("FJ_GLOBAL FJ_WORKGROUP_SIZE_MIN_BLOCKS({}, {})", threads, producer_budget().blocks);
   else if (const int blocks = nvidia_min_blocks(); blocks > 1)
-    w_.line("FJ_GLOBAL FJ_WORKGROUP_SIZE_MIN_BLOCKS({}, {}) // {} blocks per SM, as without "
-            "sequences",
-            threads, blocks, blocks);
+    w_.line("FJ_GLOBAL FJ_WORKGROUP_SIZE_MIN_BLOCKS({}, {}) // {} blocks per SM, {}", threads,
+            blocks, blocks,
+            p_.sequences.empty() ? "the registers of the draws bounded" : "as without sequences");
   else
     w_.line("FJ_GLOBAL FJ_WORKGROUP_SIZE({})", threads);
   w_.line("void {}(", p_.name);
@@ -817,7 +817,16 @@ Expected<Lowered> KernelEmitter::run() {
 // 168, 2 blocks per SM against 3). With the bound they cost a few bytes of spill.
 // Not for paged tensors: their page lookups need the registers (the bound made
 // paged decode 1.1-1.15x slower on the H100, bench/results/README.md).
+//
+// And sm_90's dK/dV kernel with dropout where its LDS lets three workgroups
+// share an SM (head dims up to 64): the draws take it past 168 registers (176 at
+// 64, 227 at 48) and so to two; bounded to three it spills 8-40 bytes and ran 6%
+// faster at head dim 64 (docs/decisions.md, "Keep bits and seven rounds").
 int KernelEmitter::nvidia_min_blocks() const {
+  constexpr int64_t kReservedLdsPerBlock = 1024;
+  const int64_t by_lds = target_.lds_bytes_per_cu / (lds_bytes_ + kReservedLdsPerBlock);
+  if (target_.family == Family::sm90 && p_.tensor("dK") && p_.function("dropout") && by_lds >= 3)
+    return 3;
   const bool paged = std::any_of(p_.tensors.begin(), p_.tensors.end(),
                                  [](const ir::TensorParam &t) { return !t.pages.table.empty(); });
   if (!target_.is_nvidia() || p_.sequences.empty() || paged)
@@ -832,11 +841,10 @@ int KernelEmitter::nvidia_min_blocks() const {
   c.pad_k = pad_k_;
   c.q_in_lds = q_in_lds_;
   const ResourceEstimate e = estimate_resources(spec, c, rules_);
-  constexpr int64_t kRegistersPerSm = 65536, kGranule = 8, kReservedLdsPerBlock = 1024;
+  constexpr int64_t kRegistersPerSm = 65536, kGranule = 8;
   const int64_t regs = (e.loop_regs() + kReservedRegs + kGranule - 1) / kGranule * kGranule;
   const int64_t threads = waves_ * target_.wave_size;
   const int64_t by_regs = kRegistersPerSm / (regs * threads);
-  const int64_t by_lds = target_.lds_bytes_per_cu / (lds_bytes_ + kReservedLdsPerBlock);
   return int(std::max<int64_t>(1, std::min(by_regs, by_lds)));
 }
 
