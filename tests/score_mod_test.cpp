@@ -232,6 +232,27 @@ TEST(ScoreModLowering, DropoutDrawsOncePerEightKeysOnEveryFamily) {
   }
 }
 
+TEST(ScoreModLowering, Sm90DropoutDkdvKeepsThreeWorkgroupsPerSm) {
+  // The draws would take sm_90's dK/dV kernel past 168 registers where its LDS
+  // lets three workgroups share an SM (up to head dim 64): bounded to three
+  // (KernelEmitter::nvidia_min_blocks). At 128 the LDS allows two: no bound.
+  auto sm90 = lowering::parse_target("sm_90");
+  ASSERT_TRUE(sm90);
+  for (auto [d, dropout, bounded] : {std::tuple(64, 0.1, true), std::tuple(48, 0.2, true),
+                                     std::tuple(64, 0.0, false), std::tuple(128, 0.1, false)}) {
+    SCOPED_TRACE(testing::Message() << "head dim " << d << " dropout " << dropout);
+    AttentionSpec spec = make_spec(1, 2, 2, 128, 128, d, d, DType::bf16);
+    spec.dropout_p = dropout;
+    const ir::Config config = lowering::default_config(spec, *sm90);
+    auto program =
+        ir::build_backward_dkdv_direct(spec, lowering::backward_config(spec, *sm90, config, true));
+    ASSERT_TRUE(program) << program.status().message();
+    auto k = lowering::lower(*program, *sm90);
+    ASSERT_TRUE(k) << k.status().message();
+    EXPECT_EQ(k->source.find("FJ_WORKGROUP_SIZE_MIN_BLOCKS(128, 3)") != std::string::npos, bounded);
+  }
+}
+
 TEST(ScoreModSpec, ValidationNamesTheField) {
   AttentionSpec s = make_spec(1, 2, 2, 8, 8, 64, 64, DType::bf16);
   s.softcap = -1;
