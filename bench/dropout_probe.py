@@ -18,11 +18,15 @@ sys.path.insert(0, "python")
 import flashjit  # noqa: E402
 
 
-def median_ms(fn, iters=15):
+def median_ms(fn, iters=15, flush=None):
+    """The median ms of `iters` calls after 3; with `flush` (a large CUDA tensor) zeroed before
+    each, which evicts L2."""
     for _ in range(3):
         fn()
     times = []
     for _ in range(iters):
+        if flush is not None:
+            flush.zero_()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
