@@ -63,8 +63,9 @@ ir::Expr take_element_draws(ir::Expr e, std::vector<ir::Expr> &draws) {
   return e;
 }
 
-/// The name a draw's comparison `@draw<i> >= threshold` takes once emit_draws
-/// has made the draw keep bits.
+/// The name a draw's comparison `@draw<i> >= threshold` takes: the draw's 16
+/// bits compared with fj_threshold<i> as integers, or its keep bit, as
+/// emit_draws shares the draw (DrawPlan::share).
 constexpr std::string_view kKeepVar = "@keep";
 
 /// Whether every read of draw @draw<i> in `e` is a comparison `@draw<i> >= x`,
@@ -1318,7 +1319,7 @@ Status KernelEmitter::emit_op(const Op &op) {
       std::vector<ir::Expr> draws; // uniform(seed, offset, b, h, q_idx, kv_idx) calls
       ir::Expr body = take_element_draws(*e, draws);
       // Draws only compared with a threshold are compared as integers, and
-      // shared as keep bits where plan.keep_bits().
+      // may be shared as keep bits (DrawPlan::share).
       std::vector<std::string> thresholds(draws.size());
       if (!draws.empty() && draw_thresholds(body, thresholds, names) &&
           std::ranges::none_of(thresholds, &std::string::empty))
