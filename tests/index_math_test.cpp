@@ -4,13 +4,20 @@
 // blocks compare with (fj_visible_keys), the KV loop's and the dK/dV loop's
 // block ranges, and the full-block tests. Exhaustive over small lengths and
 // windows, causal and not: the emulator runs only the AMD rules, so this is
-// where the bounds form meets an independent truth before silicon.
+// where the bounds form meets an independent truth before silicon. Likewise
+// dropout's draws (fj_draw against ir::philox_uniform) and the helpers that
+// compare and pass them (integer thresholds, keep bits, one word each), which
+// NVIDIA's kernels use in ways no AMD layout does.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <vector>
 
 #include "ir/build.h"
+#include "ir/expr.h"
+
+#include <cmath>
+#include <limits>
 
 // What the template needs from a kernel's prelude, as host functions. The
 // tests call only the index math, which uses none of them.
@@ -133,6 +140,82 @@ TEST(IndexMath, BlockRangesAndFullBlocksMatchTheIr) {
                             causal_kernel::fj_block_unmasked, causal_kernel::fj_block_unmasked_t);
   expect_block_math_matches(false, plain_kernel::fj_kv_range, plain_kernel::fj_q_range,
                             plain_kernel::fj_block_unmasked, plain_kernel::fj_block_unmasked_t);
+}
+
+TEST(IndexMath, DrawsAreTheIrsPhiloxUniform) {
+  using namespace plain_kernel;
+  const std::array<uint32_t, 2> key = ir::philox_key(0x123456789ull, 77);
+  const fj_draw_key k = fj_philox_key(0x123456789ull, 77);
+  ASSERT_EQ(k.k0, key[0]);
+  ASSERT_EQ(k.k1, key[1]);
+  for (unsigned q : {0u, 1u, 5u, 4095u, 70000u})
+    for (unsigned kv = 0; kv < 64; ++kv) {
+      const fj_draw_words d = fj_draw(k, 3, 2, q, kv);
+      const double want = ir::philox_uniform(0x123456789ull, 77, 3, 2, q, kv);
+      ASSERT_EQ(double(fj_draw_slot(d, kv)), want) << "q " << q << " kv " << kv;
+      ASSERT_EQ(double(fj_draw_bits(d, kv)) / 65536.0, want);
+      // One word each: the word holding key kv, then its half.
+      const unsigned word = fj_pick_word(d, int(kv % 8 / 2));
+      ASSERT_EQ(fj_word_bits(word, kv), fj_draw_bits(d, kv));
+      ASSERT_EQ(fj_word_slot(word, kv), fj_draw_slot(d, kv));
+    }
+}
+
+TEST(IndexMath, DrawThresholdsCompareAsTheFloats) {
+  // bits >= fj_draw_threshold(x) exactly when bits * 2^-16 >= x (f32), for every
+  // 16-bit draw: at the grid points, between them, at the ends and beyond.
+  using namespace plain_kernel;
+  std::vector<float> xs = {0.0f,
+                           -0.0f,
+                           -1.0f,
+                           1.0f,
+                           1.5f,
+                           2.0f,
+                           1e30f,
+                           -1e30f,
+                           1e-40f,
+                           0.5f,
+                           0.1f,
+                           0.2f,
+                           0.9f,
+                           0.99999f,
+                           65535.0f / 65536.0f,
+                           1e-5f,
+                           1.0f / 65536.0f,
+                           std::nextafter(0.25f, 1.0f),
+                           std::nextafter(0.25f, 0.0f),
+                           std::numeric_limits<float>::infinity(),
+                           -std::numeric_limits<float>::infinity(),
+                           std::numeric_limits<float>::quiet_NaN()};
+  for (int i = 1; i < 40; ++i)
+    xs.push_back(float(i) / 41.0f);
+  for (float x : xs) {
+    const unsigned t = fj_draw_threshold(x);
+    for (unsigned bits = 0; bits < 65536; ++bits)
+      ASSERT_EQ(bits >= t, float(bits) * 1.52587890625e-05f >= x)
+          << "x " << x << " bits " << bits << " threshold " << t;
+  }
+}
+
+TEST(IndexMath, KeepBitsAreTheDrawsCompared) {
+  // fj_keep_bits' bit s is key s of the draw compared; fj_keep_bit reads a key's
+  // bit at any of a word's four bytes; fj_pick is the selected word.
+  using namespace plain_kernel;
+  const fj_draw_key k = fj_philox_key(5, 0);
+  for (unsigned q = 0; q < 50; ++q)
+    for (float x : {0.0f, 0.1f, 0.5f, 0.93f, 1.0f}) {
+      const fj_draw_words d = fj_draw(k, 0, 1, q, 8 * q);
+      const unsigned t = fj_draw_threshold(x);
+      const unsigned bits = fj_keep_bits(d, t);
+      ASSERT_EQ(bits >> 8, 0u);
+      for (int base = 0; base < 32; base += 8)
+        for (unsigned kv = 8 * q; kv < 8 * q + 8; ++kv)
+          ASSERT_EQ(fj_keep_bit(bits << base, base, kv), unsigned(fj_draw_bits(d, kv) >= t))
+              << "q " << q << " kv " << kv << " x " << x << " base " << base;
+    }
+  const unsigned words[4] = {11, 22, 33, 44};
+  for (int i = 0; i < 4; ++i)
+    ASSERT_EQ(fj_pick(words, i), words[i]);
 }
 
 } // namespace
