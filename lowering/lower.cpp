@@ -305,6 +305,17 @@ void KernelEmitter::emit_draws(const DrawPlan &plan, const std::vector<ir::Expr>
       else
         w_.line("fj_draw_words fj_own{}_{};", d, i);
     }
+  // The word the lane of rank `rank` (C text) reads, for one_word.
+  const bool word_is_rank =
+      std::ranges::equal(plan.word_of_rank, std::views::iota(0, int(plan.word_of_rank.size())));
+  auto word_of = [&](const std::string &rank) {
+    if (word_is_rank)
+      return rank;
+    std::string chain = std::to_string(plan.word_of_rank.back());
+    for (int r = sharing - 2; r >= 0; --r)
+      chain = fmt::format("{} == {} ? {} : {}", rank, r, plan.word_of_rank[size_t(r)], chain);
+    return fmt::format("({})", chain);
+  };
   for (int i = 0; i < own; ++i) {
     // This lane's draw i is the round's draw fj_rank + i * sharing: the position
     // of that draw's first element.
@@ -330,17 +341,6 @@ void KernelEmitter::emit_draws(const DrawPlan &plan, const std::vector<ir::Expr>
       if (one_word) {
         // Round x: this lane's draw goes to the lane of rank fj_rank ^ x, as
         // the one word that lane reads.
-        auto word_of = [&](const std::string &rank) {
-          bool identity = true;
-          for (size_t r = 0; r < plan.word_of_rank.size(); ++r)
-            identity = identity && plan.word_of_rank[r] == int(r);
-          if (identity)
-            return rank;
-          std::string chain = std::to_string(plan.word_of_rank.back());
-          for (int r = sharing - 2; r >= 0; --r)
-            chain = fmt::format("{} == {} ? {} : {}", rank, r, plan.word_of_rank[size_t(r)], chain);
-          return fmt::format("({})", chain);
-        };
         w_.line("const fj_draw_words fj_mine = {};", draw);
         for (int x = 0; x < sharing; ++x) {
           const std::string word =

@@ -36,7 +36,7 @@ template <> struct fj_word_of<16> {
 // loaded whole where `whole`, else element by element (the first `valid` of
 // them, the rest 0): the loads issued before a block's S product.
 template <int N, class T> union fj_mask_bits {
-  typename fj_word_of<N *int(sizeof(T))>::type word;
+  typename fj_word_of<N * int(sizeof(T))>::type word;
   T elems[N];
 };
 template <int N, class T>
@@ -117,37 +117,34 @@ FJ_DEVICE fj_draw_words fj_draw(fj_draw_key key, unsigned b, unsigned h, unsigne
   fj_philox(d.w, key.k0, key.k1, 7); // ir::kDrawRounds
   return d;
 }
-// Key kv_idx's 16 bits of its draw's words: half kv_idx % 2 of word
-// kv_idx % 8 / 2. Selects, not an index, so the words stay in registers.
-FJ_DEVICE unsigned fj_draw_bits(const fj_draw_words &d, unsigned kv_idx) {
-  const unsigned lo = (kv_idx & 2u) ? d.w[1] : d.w[0], hi = (kv_idx & 2u) ? d.w[3] : d.w[2];
-  const unsigned word = (kv_idx & 4u) ? hi : lo;
-  return (word >> ((kv_idx & 1u) * 16u)) & 0xFFFFu;
-}
-// Key kv_idx's draw in [0, 1).
-FJ_DEVICE float fj_draw_slot(const fj_draw_words &d, unsigned kv_idx) {
-  return (float)fj_draw_bits(d, kv_idx) * 1.52587890625e-05f; // 2^-16
-}
-// Where the lanes pass each other just the word each reads (DrawPlan::
-// Share::one_word): word i of a draw, and one of the words received, by
-// selects.
+// Word i of a draw, by selects, not an index, so the words stay in registers.
 FJ_DEVICE unsigned fj_pick_word(const fj_draw_words &d, int i) {
   const unsigned lo = (i & 1) ? d.w[1] : d.w[0], hi = (i & 1) ? d.w[3] : d.w[2];
   return (i & 2) ? hi : lo;
 }
+// Key kv_idx's 16 bits of the word of its draw that holds them (word
+// kv_idx % 8 / 2), and its draw in [0, 1).
+FJ_DEVICE unsigned fj_word_bits(unsigned word, unsigned kv_idx) {
+  return (word >> ((kv_idx & 1u) * 16u)) & 0xFFFFu;
+}
+FJ_DEVICE float fj_word_slot(unsigned word, unsigned kv_idx) {
+  return (float)fj_word_bits(word, kv_idx) * 1.52587890625e-05f; // 2^-16
+}
+// The same from the draw's four words.
+FJ_DEVICE unsigned fj_draw_bits(const fj_draw_words &d, unsigned kv_idx) {
+  return fj_word_bits(fj_pick_word(d, int(kv_idx >> 1 & 3u)), kv_idx);
+}
+FJ_DEVICE float fj_draw_slot(const fj_draw_words &d, unsigned kv_idx) {
+  return fj_word_slot(fj_pick_word(d, int(kv_idx >> 1 & 3u)), kv_idx);
+}
+// Where the lanes pass each other just the word each reads (DrawPlan::
+// Share::one_word): the word received in round i.
 template <int N> FJ_DEVICE unsigned fj_pick(const unsigned (&v)[N], int i) {
   unsigned r = v[0];
 #pragma unroll
   for (int k = 1; k < N; ++k)
     r = i == k ? v[k] : r;
   return r;
-}
-// Key kv_idx's 16 bits of the word of its draw that holds them, and its draw.
-FJ_DEVICE unsigned fj_word_bits(unsigned word, unsigned kv_idx) {
-  return (word >> ((kv_idx & 1u) * 16u)) & 0xFFFFu;
-}
-FJ_DEVICE float fj_word_slot(unsigned word, unsigned kv_idx) {
-  return (float)fj_word_bits(word, kv_idx) * 1.52587890625e-05f; // 2^-16
 }
 // Where a draw is only compared, u >= x, it is compared as an integer:
 // u = bits * 2^-16 >= x exactly when bits >= ceil(x * 2^16) (a NaN x keeps
@@ -165,8 +162,8 @@ FJ_DEVICE unsigned fj_draw_threshold(float x) {
 FJ_DEVICE unsigned fj_keep_bits(const fj_draw_words &d, unsigned threshold) {
   unsigned bits = 0;
 #pragma unroll
-  for (int s = 0; s < 8; ++s)
-    bits |= (unsigned)(((d.w[s >> 1] >> ((s & 1) * 16)) & 0xFFFFu) >= threshold) << s;
+  for (unsigned s = 0; s < 8; ++s)
+    bits |= (unsigned)(fj_draw_bits(d, s) >= threshold) << s;
   return bits;
 }
 // Whether key kv_idx is kept: its bit of the draw's 8 at `base` of `word`.
@@ -203,8 +200,8 @@ FJ_DEVICE bool fj_visible(int i, int j, int seqlen_q, int seqlen_k, int window_l
 // *lo > *hi), so a masked block compares each key with its row's two bounds
 // instead of evaluating fj_visible per score. (Per score, the run-time window
 // sizes' tests kept the sm90 forward's mixed blocks past its registers.)
-FJ_DEVICE void fj_visible_keys(int i, int seqlen_q, int seqlen_k, int window_left, int window_right,
-                               int *lo, int *hi) {
+FJ_DEVICE void fj_visible_keys(int i, int seqlen_q, int seqlen_k, int window_left,
+                               int window_right, int *lo, int *hi) {
   const int diag = i + (seqlen_k - seqlen_q);
   int first = 0, last = i < seqlen_q ? seqlen_k - 1 : -1;
   if (kCausal && diag < last)
@@ -243,8 +240,8 @@ FJ_DEVICE void fj_kv_range(int qb, int seqlen_q, int seqlen_k, int window_left, 
 
 // fj_kv_range for grouped rows (q_group rows per query position, seqlen_q
 // positions): the positions q block qb's rows hold.
-FJ_DEVICE void fj_kv_range_grouped(int qb, int q_group, int seqlen_q, int seqlen_k, int window_left,
-                                   int window_right, int *begin, int *end) {
+FJ_DEVICE void fj_kv_range_grouped(int qb, int q_group, int seqlen_q, int seqlen_k,
+                                   int window_left, int window_right, int *begin, int *end) {
   const int first = qb * kBlockM, rows = seqlen_q * q_group;
   const int last = (first + kBlockM < rows ? first + kBlockM : rows) - 1;
   fj_kv_span(first / q_group, last / q_group, seqlen_q, seqlen_k, window_left, window_right, begin,
@@ -309,8 +306,8 @@ FJ_DEVICE bool fj_block_unmasked(int qb, int kb, int seqlen_q, int seqlen_k, int
 FJ_DEVICE bool fj_block_unmasked_grouped(int qb, int kb, int q_group, int seqlen_q, int seqlen_k,
                                          int window_left, int window_right) {
   return fj_span_unmasked(qb * kBlockM / q_group, (qb * kBlockM + kBlockM - 1) / q_group,
-                          kb * kBlockN, kb * kBlockN + kBlockN - 1, seqlen_q, seqlen_k, window_left,
-                          window_right);
+                          kb * kBlockN, kb * kBlockN + kBlockN - 1, seqlen_q, seqlen_k,
+                          window_left, window_right);
 }
 
 // For the transposed tiles of the backward's dK/dV loop: KV block kb of
