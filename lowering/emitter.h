@@ -96,6 +96,42 @@ inline int64_t staged_tile_bytes(int64_t rows, int64_t cols, bool transposed,
   return (elems * 2 + 15) / 16 * 16;
 }
 
+/// The rows through which `store` writes a 16-bit output tile where the rules
+/// stage it (Rules::stages_output): 16 rows per wave, each `dim_v` elements
+/// padded to whole 16-byte runs plus 16 bytes where that makes a multiple of 32
+/// bytes, so that the 8 rows a wave's lanes write at once (rows g, columns 2t of
+/// the accumulator fragment) start 4 banks apart and the 32-bit writes of a wave
+/// meet 32 banks.
+inline int64_t output_stage_pitch(int64_t dim_v) {
+  int64_t words = (dim_v / 2 + 3) / 4 * 4;
+  if (words % 8 == 0)
+    words += 4;
+  return 2 * words;
+}
+inline int64_t output_stage_size(int64_t waves, int64_t dim_v) {
+  return waves * 16 * output_stage_pitch(dim_v) * 2;
+}
+/// Whether an output of these properties can be written as whole 16-byte runs
+/// of its rows: 16-bit elements, the head dim contiguous, rows 16-byte aligned,
+/// a head dim of whole runs.
+inline bool output_stage_applies(bool f32, bool unit_dim, int64_t row_align, int64_t dim_v) {
+  return !f32 && unit_dim && row_align >= 16 && dim_v % 8 == 0;
+}
+/// LDS bytes of the staging rows of their own beside `other_lds` bytes on `t`:
+/// output_stage_size, or 0 where they would not fit in a workgroup's LDS or
+/// would take a workgroup per compute unit away (1 KiB reserved per workgroup,
+/// as on NVIDIA, whose rules alone stage).
+inline int64_t output_stage_bytes(int64_t waves, int64_t dim_v, int64_t other_lds,
+                                  const Target &t) {
+  constexpr int64_t kReservedLdsPerBlock = 1024;
+  const int64_t bytes = output_stage_size(waves, dim_v);
+  const int64_t with = (other_lds + 15) / 16 * 16 + bytes;
+  if (with > t.lds_bytes || t.lds_bytes_per_cu / (with + kReservedLdsPerBlock) <
+                                t.lds_bytes_per_cu / (other_lds + kReservedLdsPerBlock))
+    return 0;
+  return bytes;
+}
+
 /// Where TMA copies a staged tile (KernelEmitter::tma_tile): the forward with
 /// a producer warpgroup (config stages 3), the backward, or the forward without one.
 enum class TmaUse { producer, backward, forward };
@@ -277,6 +313,13 @@ private:
   void emit_vector_issue(const Op &op, const std::string &idx);
   void finish_stage(const Op &op, const std::string &buf);
   Status emit_store(const Op &op);
+  /// emit_store's path through LDS rows (Rules::stages_output) for a 16-bit
+  /// #mma_acc tile `v` of `cols` columns.
+  void emit_staged_store(const ir::TensorParam &t, const std::string &v, int64_t cols,
+                         bool over_tiles);
+  /// LDS bytes the declarations after the body add (the barriers, the tile slots),
+  /// each at its alignment from `offset`: where O's staging rows would start.
+  int64_t tail_lds_end(int64_t offset) const;
   Status emit_for(const Op &op);
   // The block-range pass: narrows kv_begin / kv_end by the `for`'s `range`
   // function and defines fj_next_seen(from, &full), by which the loop skips the
@@ -480,6 +523,7 @@ private:
   int64_t block_m_ = 0, block_n_ = 0, q_tiles_ = 0, waves_ = 0, pad_k_ = 16;
   int m_tile_ = 16; // query rows of an accumulator fragment (Rules::m_tile)
   int lds_bytes_ = 0;
+  int64_t output_stage_bytes_ = 0; // lds_o, declared after the barriers (emit_staged_store)
   int64_t lds_copies_ =
       1; // copies of each LDS array declared now (2 while plan_prefetch registers)
   int scale_constants_ = 0;

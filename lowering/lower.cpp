@@ -731,6 +731,9 @@ Expected<Lowered> KernelEmitter::run() {
   if (ring_block_load_)
     declare_lds("int", "fj_ring_block", 2, 8, 8,
                 "per ring copy, its block's successor * 2 + whether the mask keeps it whole");
+  if (output_stage_bytes_ > 0)
+    declare_lds("fj_bits", "lds_o", output_stage_bytes_ / 2, output_stage_bytes_, 16,
+                "each wave's 16 rows of O on their way to memory as 16-byte runs");
   const int64_t threads = waves_ * target_.wave_size + producer_threads_;
   if (producer_threads_ > 0 && producer_budget().blocks > 1) // what setmaxnreg shares out
     w_.line("FJ_GLOBAL FJ_WORKGROUP_SIZE_MIN_BLOCKS({}, {})", threads, producer_budget().blocks);
@@ -811,6 +814,21 @@ Expected<Lowered> KernelEmitter::run() {
   return out;
 }
 
+// The offsets run() gives the declarations after the body, from `offset` on
+// (each 8-byte aligned, in run()'s order).
+int64_t KernelEmitter::tail_lds_end(int64_t offset) const {
+  auto add = [&](bool present, int64_t bytes) {
+    if (present)
+      offset = (offset + 7) / 8 * 8 + bytes;
+  };
+  add(tma_bars_ > 0, tma_bars_ * 8);
+  add(free_bars_ > 0, free_bars_ * 8);
+  add(dynamic_tiles_, 16);
+  add(dynamic_tiles_, 32);
+  add(ring_block_load_, 8);
+  return offset;
+}
+
 // NVIDIA, programs with sequences: the blocks per SM that the resource model
 // gives the loop's registers and the LDS (0: no bound). The per-batch starts and
 // lengths live across the KV loop; without a bound ptxas gives them registers of
@@ -841,7 +859,7 @@ int KernelEmitter::nvidia_min_blocks() const {
   c.waves = waves_;
   c.pad_k = pad_k_;
   c.q_in_lds = q_in_lds_;
-  const ResourceEstimate e = estimate_resources(spec, c, rules_);
+  const ResourceEstimate e = estimate_resources(spec, c, rules_, target_);
   constexpr int64_t kRegistersPerSm = 65536, kGranule = 8;
   const int64_t regs = (e.loop_regs() + kReservedRegs + kGranule - 1) / kGranule * kGranule;
   const int64_t threads = waves_ * target_.wave_size;

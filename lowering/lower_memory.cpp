@@ -517,6 +517,20 @@ Status KernelEmitter::emit_store(const Op &op) {
                          dtype_name(ty.dtype), dtype_name(t.dtype), t.name,
                          f32 ? ": convert it first" : "");
   w_.line("{} *{}_dst = {};", f32 ? "float" : "fj_bits", v, base);
+  // The forward's O where the rules stage it: through LDS rows of its own
+  // (lds_o, declared after the barriers, where the estimate counts it), or else
+  // over the tiles' LDS where a workgroup has one tile and the rows fit there.
+  if (rules_.stages_output() && t.name == "O" && len == 2 && runs.size() == 2 &&
+      output_stage_applies(f32, t.stride_dim == ir::Extent::constant(1), t.row_align, t.dim)) {
+    if (output_stage_bytes_ == 0)
+      output_stage_bytes_ = output_stage_bytes(waves_, ty.cols, tail_lds_end(lds_bytes_), target_);
+    const bool over_tiles = output_stage_bytes_ == 0 && producer_threads_ > 0 && !persistent_ &&
+                            output_stage_size(waves_, ty.cols) <= lds_bytes_;
+    if (output_stage_bytes_ > 0 || over_tiles) {
+      emit_staged_store(t, v, ty.cols, over_tiles);
+      return Status::ok();
+    }
+  }
   w_.line("#pragma unroll");
   w_.open("for (int qt = 0; qt < kQTiles; ++qt) {{");
   w_.line("#pragma unroll");
@@ -561,6 +575,49 @@ Status KernelEmitter::emit_store(const Op &op) {
   w_.close();
   w_.close();
   return Status::ok();
+}
+
+// Each wave writes its 16 rows of a query tile into its own rows of lds_o
+// (32-bit writes of the fragment's element pairs, 32 banks per write), then
+// reads them back as 16-byte runs, a lane per run, and stores whole rows: a
+// wave's 16-byte stores cover 512 contiguous bytes where its fragments covered
+// 16 bytes of each of 8 rows. Only the wave touches its rows: a wave barrier
+// orders the writes before the reads, and the next tile's writes after them.
+// `over_tiles`: the rows lie over the tiles' LDS, which a workgroup of one tile
+// (not persistent) no longer reads once every consumer has passed a barrier.
+void KernelEmitter::emit_staged_store(const ir::TensorParam &t, const std::string &v, int64_t cols,
+                                      bool over_tiles) {
+  const int64_t pitch = output_stage_pitch(cols), runs = t.dim / 8;
+  const std::vector<FragmentRun> frag = rules_.acc_runs();
+  if (over_tiles) { // the producer has left: the last product read the tiles
+    w_.line("fj_named_barrier(kThreads); // every consumer is past its last product");
+    w_.line("fj_bits *const lds_o = reinterpret_cast<fj_bits *>(fj_dynamic_lds); // over the "
+            "tiles");
+  }
+  w_.line("fj_bits *const {}_rows = lds_o + wave * {}; // this wave's 16 rows, {} apart", v,
+          16 * pitch, pitch);
+  w_.line("#pragma unroll");
+  w_.open("for (int qt = 0; qt < kQTiles; ++qt) {{");
+  w_.line("fj_wave_barrier(); // the wave's reads of its rows (the last tile's) are done");
+  w_.line("#pragma unroll");
+  w_.open("for (int c = 0; c < {}; ++c) {{", col_tiles(cols));
+  for (size_t r = 0; r < frag.size(); ++r)
+    w_.line("fj_lds_store2(&{0}_rows[({1}) * {2} + c * kNTile + {3}], {0}[qt][c][{4}], "
+            "{0}[qt][c][{5}]);",
+            v, frag[r].row, pitch, frag[r].col, 2 * r, 2 * r + 1);
+  w_.close();
+  w_.line("fj_wave_barrier(); // the wave's rows are in LDS");
+  w_.line("#pragma unroll");
+  w_.open("for (int k = 0; k < {}; ++k) {{ // 16 rows x {} runs of 8", (16 * runs + 31) / 32, runs);
+  w_.line("const int i = k * kWave + lane, r = i / {}, j = i % {};", runs, runs);
+  w_.line("const int row = query_row(qt, r);");
+  w_.open("if ({}row < {}) {{", 16 * runs % 32 ? fmt::format("i < {} && ", 16 * runs) : "",
+          seq_const(t));
+  w_.line("fj_bits *dst = {}_dst + {};", v, row_offset(t, "local_row(qt, r)", "row"));
+  w_.line("fj_global_store8(dst + j * 8, fj_lds_load8(&{}_rows[r * {} + j * 8]));", v, pitch);
+  w_.close();
+  w_.close();
+  w_.close();
 }
 
 namespace {

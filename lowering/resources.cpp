@@ -10,8 +10,8 @@ namespace flashjit::lowering {
 using emit::kKTile;
 using emit::staged_tile_bytes;
 
-ResourceEstimate estimate_resources(const AttentionSpec &spec, const ir::Config &c,
-                                    const Rules &r) {
+ResourceEstimate estimate_resources(const AttentionSpec &spec, const ir::Config &c, const Rules &r,
+                                    const Target &t, bool split_partials) {
   ResourceEstimate e;
   e.rules = r.name();
   e.dim_qk = ir::padded(spec.head_dim_qk, c.pad_k);
@@ -48,6 +48,10 @@ ResourceEstimate estimate_resources(const AttentionSpec &spec, const ir::Config 
         e.lds_barriers += 16 + 32;
     }
   }
+  // O's store through LDS rows (KernelEmitter::emit_store): its 16-bit tile.
+  if (!split_partials && r.stages_output() &&
+      emit::output_stage_applies(sig.f32_io, sig.unit_dim[3], sig.row_align, spec.head_dim_v))
+    e.lds_o = emit::output_stage_bytes(c.waves, e.dim_v, e.lds_bytes(), t);
   // Per query tile, the arrays the emitter declares: O and S as acc_elems() f32
   // per n_tile() columns, Q as the operand fragment's 16-bit elements per 16
   // head-dim entries, two to a register (gfx12: dim_v / 2 + dim_qk / 4 + block_n / 2).

@@ -30,7 +30,14 @@ struct ResourceEstimate {
   /// The transaction barriers of the tiles copied with TMA (8 bytes each; the
   /// sm90 rules, KernelEmitter::tma_tile), after the tiles.
   int64_t lds_barriers = 0;
-  int64_t lds_bytes() const { return lds_k + lds_v + lds_q + lds_barriers; }
+  /// The rows of their own through which the forward's store of O goes where the
+  /// rules stage it and they fit (Rules::stages_output, emit::output_stage_bytes),
+  /// after the rest at a 16-byte aligned offset; 0 where they lie over the tiles.
+  int64_t lds_o = 0;
+  int64_t lds_bytes() const {
+    const int64_t rest = lds_k + lds_v + lds_q + lds_barriers;
+    return lds_o ? (rest + 15) / 16 * 16 + lds_o : rest;
+  }
 
   // ---- registers per lane across the KV loop, over every query tile ----
   int64_t q_tiles = 0; ///< accumulator fragments of m_tile() queries per wave
@@ -46,14 +53,17 @@ inline constexpr int64_t kReservedRegs = 24;
 /// The most loop_regs() a config may need on `t`.
 inline int64_t register_budget(const Target &t) { return t.max_vgprs - kReservedRegs; }
 
-/// The estimate on given rules.
+/// The estimate on given rules for `target`; `split_partials`: of split-KV's
+/// first kernel (build_split_kv), whose f32 partial outputs have no lds_o.
 ResourceEstimate estimate_resources(const AttentionSpec &spec, const ir::Config &config,
-                                    const Rules &rules);
+                                    const Rules &rules, const Target &target,
+                                    bool split_partials = false);
 /// The estimate on the rules that `choice` and the config select for the spec's
 /// dtype on `target` (the ones check_fits and generate() take), or why none can.
 Expected<ResourceEstimate> estimate_resources(const AttentionSpec &spec, const ir::Config &config,
                                               const Target &target,
-                                              RulesChoice choice = RulesChoice::automatic);
+                                              RulesChoice choice = RulesChoice::automatic,
+                                              bool split_partials = false);
 
 /// Workgroups of a lowered kernel that one compute unit of `t` holds at once,
 /// by its LDS and waves alone (a GPU's driver also counts registers: the

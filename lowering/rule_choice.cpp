@@ -163,11 +163,12 @@ Expected<RulesChoice> parse_rules_choice(std::string_view name) {
 }
 
 Expected<ResourceEstimate> estimate_resources(const AttentionSpec &spec, const ir::Config &c,
-                                              const Target &t, RulesChoice choice) {
+                                              const Target &t, RulesChoice choice,
+                                              bool split_partials) {
   auto chosen = choose_rules(t, spec.dtype, choice, want_for(spec, c));
   if (!chosen)
     return chosen.status();
-  return estimate_resources(spec, c, *chosen->rules);
+  return estimate_resources(spec, c, *chosen->rules, t, split_partials);
 }
 
 Status check_fits(const AttentionSpec &spec, const ir::Config &c, const Target &t,

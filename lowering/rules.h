@@ -199,6 +199,10 @@ public:
   /// hold one row and keep those sizes in scalar registers, the bounds cost
   /// vector registers (gfx1201 head dim 128: 248 -> 256 and 2 spilled).
   virtual bool mask_by_row_bounds() const { return false; }
+  /// Whether the forward's `store` of O writes its tile through LDS rows as
+  /// whole 16-byte runs of each row (KernelEmitter::emit_staged_store) where
+  /// they fit (emit::output_stage_bytes); else the fragments go out directly.
+  virtual bool stages_output() const { return false; }
   /// The default tuning config for a spec (block sizes, waves, pipeline stages):
   /// 4 waves of 16 queries; block_n shrinks as the head dims grow.
   virtual ir::Config default_config(const AttentionSpec &spec) const;

@@ -170,7 +170,8 @@ Expected<Generated> generate(const AttentionSpec &spec, std::string_view arch,
     g.config.block_m = tile * g.config.waves;
     g.config.prefetch_blocks = spec.q_group > 1 && g.config.stages == 2;
     if (g.config.prefetch_blocks) { // else the tile pipeline
-      auto e = lowering::estimate_resources(spec, g.config, g.target, *choice);
+      auto e = lowering::estimate_resources(spec, g.config, g.target, *choice,
+                                            kind == KernelKind::split_partial);
       g.config.prefetch_blocks = e && g.target.lds_bytes_per_cu >= 2 * e->lds_bytes() &&
                                  lowering::check_fits(spec, g.config, g.target, *choice);
     }

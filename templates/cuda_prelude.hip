@@ -118,6 +118,9 @@ FJ_DEVICE fj_float4 fj_global_load_f32x4(const float *p) { return *(const fj_flo
 FJ_DEVICE fj_bits8 fj_lds_load8(const fj_bits *p) { return *(const fj_bits8 *)p; }
 FJ_DEVICE void fj_lds_store8(fj_bits *p, fj_bits8 v) { *(fj_bits8 *)p = v; }
 FJ_DEVICE void fj_lds_store1(fj_bits *p, fj_bits v) { *p = v; }
+FJ_DEVICE void fj_lds_store2(fj_bits *p, fj_bits a, fj_bits b) { *(fj_bits2 *)p = fj_bits2{a, b}; } // 4-byte aligned
+// The lanes of this warp meet here, their LDS writes visible to each other's reads.
+FJ_DEVICE void fj_wave_barrier() { __syncwarp(); }
 // Two 32-bit reads: elements p0[0..1] and p1[0..1].
 FJ_DEVICE fj_bits4 fj_lds_load2x2(const fj_bits *p0, const fj_bits *p1) {
   const fj_bits2 a = *(const fj_bits2 *)p0, b = *(const fj_bits2 *)p1;

@@ -3,6 +3,7 @@
 // lower, and every arch with its family's rules (simt only on AMD, when asked);
 // configs that do not fit fail with errors naming the limit and the value; the
 // launch geometry matches the kernel; a program whose masks disagree is rejected.
+#include "lowering/emitter.h"
 #include "lowering/lower.h"
 #include "lowering/resources.h"
 #include "lowering/rules.h"
@@ -349,6 +350,87 @@ TEST(Lowering, Sm90CopiesWithTmaWhatATensorMapDescribes) {
   }
 }
 
+// The sm90 forward writes O through 16 LDS rows per wave, as 16-byte runs of
+// whole rows, where its rows are such runs: rows of their own where they fit
+// beside the tiles without taking a workgroup per SM away, else over the tiles
+// once every consumer is past its last product (one tile per workgroup, a
+// producer); elsewhere the fragments go out directly.
+TEST(Lowering, Sm90StagesOThroughLdsRows) {
+  const Target sm90 = target("sm_90");
+  const std::string staged = "fj_global_store8(dst + j * 8, fj_lds_load8(&";
+  const std::string direct = "fj_global_store2(dst + d0, ";
+  const std::string over = "fj_bits *const lds_o = reinterpret_cast<fj_bits *>(fj_dynamic_lds);";
+  enum class Where { own_rows, over_tiles, direct };
+  struct Case {
+    const char *name;
+    AttentionSpec spec;
+    Where where;
+    int64_t waves, cols; // of O's staging rows
+    bool persistent = false;
+  };
+  AttentionSpec f32 = spec_for(128, 128, DType::bf16);
+  f32.f32_io = true;
+  AttentionSpec packed = spec_for(96, 96, DType::bf16, true);
+  packed.seqs.packed_q = packed.seqs.packed_k = true;
+  packed.seqs.total_q = 200;
+  packed.seqs.total_k = 400;
+  AttentionSpec odd = spec_for(100, 100, DType::f16); // rows of 200 bytes
+  const Case cases[] = {
+      {"128", spec_for(128, 128, DType::bf16), Where::own_rows, 8, 128},
+      {"64 causal (two workgroups per SM)", spec_for(64, 64, DType::f16, true), Where::own_rows, 4,
+       64},
+      {"72 (padded to 80 in registers)", spec_for(72, 72, DType::bf16), Where::own_rows, 8, 80},
+      {"256", spec_for(256, 256, DType::bf16), Where::over_tiles, 8, 256},
+      {"192 causal", spec_for(192, 192, DType::bf16, true), Where::over_tiles, 8, 192},
+      {"192, persistent", spec_for(192, 192, DType::bf16), Where::direct, 8, 0, true},
+      {"packed Q and K (stages 2: the rows would take a workgroup per SM away)", packed,
+       Where::direct, 4, 0},
+      {"f32 in memory", f32, Where::direct, 4, 0},
+      {"100 (rows of 200 bytes)", odd, Where::direct, 4, 0},
+  };
+  for (const Case &c : cases) {
+    SCOPED_TRACE(c.name);
+    ir::Config config = default_config(c.spec, sm90);
+    config.persistent = config.persistent || c.persistent;
+    EXPECT_EQ(config.waves, c.waves);
+    Expected<Lowered> l = generate(c.spec, config, sm90);
+    ASSERT_TRUE(l) << l.status().message();
+    ASSERT_EQ(l->rules, "sm90");
+    const std::string &k = l->kernel_text;
+    Expected<ResourceEstimate> e = estimate_resources(c.spec, config, sm90);
+    ASSERT_TRUE(e) << e.status().message();
+    EXPECT_EQ(e->lds_bytes(), l->lds_bytes);
+    const int64_t rows = c.where == Where::own_rows ? emit::output_stage_size(c.waves, c.cols) : 0;
+    EXPECT_EQ(e->lds_o, rows);
+    EXPECT_EQ(count(k, fmt::format("FJ_DYNAMIC_LDS_ARRAY(fj_bits, lds_o, {},", rows / 2)),
+              rows ? 1 : 0);
+    EXPECT_EQ(count(k, over), c.where == Where::over_tiles ? 1 : 0);
+    EXPECT_EQ(count(k, "fj_named_barrier(kThreads); // every consumer is past its last product"),
+              c.where == Where::over_tiles ? 1 : 0);
+    if (c.where == Where::direct) {
+      EXPECT_EQ(count(k, direct), c.spec.f32_io ? 0 : 2) << "rows g and g + 8";
+      EXPECT_EQ(count(k, staged), 0);
+      continue;
+    }
+    EXPECT_LE(emit::output_stage_size(c.waves, c.cols), l->lds_bytes);
+    EXPECT_EQ(count(k, staged), 1);
+    EXPECT_EQ(count(k, direct), 0);
+    EXPECT_EQ(count(k, "fj_wave_barrier();"), 2) << "before the writes and before the reads";
+    // Rows g and g + 8 of 8 columns per fragment, 32-bit writes 4 banks apart per row.
+    const int64_t pitch = emit::output_stage_pitch(c.cols);
+    EXPECT_EQ(pitch % 8, 0) << "16-byte runs";
+    EXPECT_EQ(pitch / 2 % 8, 4) << "rows g start 4 banks apart";
+    EXPECT_EQ(count(k, fmt::format("[(g + 8) * {} + c * kNTile + 2 * t]", pitch)), 1);
+  }
+  // sm_80's rules store the fragments directly.
+  const Target sm80 = target("sm_80");
+  Expected<Lowered> l80 = generate(spec_for(128, 128, DType::bf16),
+                                   default_config(spec_for(128, 128, DType::bf16), sm80), sm80);
+  ASSERT_TRUE(l80) << l80.status().message();
+  EXPECT_EQ(count(l80->kernel_text, "lds_o"), 0);
+  EXPECT_GT(count(l80->kernel_text, direct), 0);
+}
+
 // Config stages 3, the sm90 forward's default at head dim 128 where a tensor map
 // describes every tile: a producer warpgroup fills a ring of two K/V copies; the
 // consumers wait for each copy's fill and free it after the product that reads it.
@@ -386,7 +468,10 @@ TEST(Lowering, Sm90ProducerWarpgroupFillsARing) {
       << "only the consumers wait for Q, so the producer's first copies start beside it";
   Expected<ResourceEstimate> e = estimate_resources(spec, config, sm90);
   ASSERT_TRUE(e) << e.status().message();
-  EXPECT_EQ(l->lds_bytes, 32768 + 2 * (32768 + 32768) + 9 * 8) << "Q, two copies of K and V";
+  EXPECT_EQ(l->lds_bytes, 32768 + 2 * (32768 + 32768) + 9 * 8 + 8 + 8 * 16 * 272)
+      << "Q, two copies of K and V, 9 barriers; at a 16-byte offset O's staging rows: 16 per "
+         "wave of 128 columns and 8 more";
+  EXPECT_EQ(e->lds_o, 8 * 16 * 272);
   EXPECT_EQ(e->lds_bytes(), l->lds_bytes);
 
   // One consumer warpgroup of two query tiles: two workgroups per SM share the registers.
@@ -412,7 +497,9 @@ TEST(Lowering, Sm90ProducerWarpgroupFillsARing) {
     EXPECT_EQ(count(lp->kernel_text, fmt::format("TMA, {} panels of 64 columns", panels)), 3);
     Expected<ResourceEstimate> ep = estimate_resources(partial, c, sm90);
     ASSERT_TRUE(ep) << ep.status().message();
-    EXPECT_EQ(lp->lds_bytes, panels * 128 * (128 + 4 * c.block_n) + 9 * 8) << "Q, 2 K, 2 V";
+    const int64_t rest = panels * 128 * (128 + 4 * c.block_n) + 9 * 8;
+    EXPECT_EQ(lp->lds_bytes, (rest + 15) / 16 * 16 + emit::output_stage_size(8, ir::padded(d, 16)))
+        << "Q, 2 K, 2 V, 9 barriers, O's staging rows";
     EXPECT_EQ(ep->lds_bytes(), lp->lds_bytes);
   }
 
@@ -443,7 +530,9 @@ TEST(Lowering, Sm90ProducerWarpgroupFillsARing) {
   EXPECT_LT(read, km.find("fj_mbar_arrive(&fj_free_bar[", split)) << "before K is freed";
   Expected<ResourceEstimate> em = estimate_resources(masked, mc, sm90);
   ASSERT_TRUE(em) << em.status().message();
-  EXPECT_EQ(lm->lds_bytes, l->lds_bytes + 8) << "fj_ring_block: an int per ring copy";
+  EXPECT_EQ(count(km, "FJ_DYNAMIC_LDS_ARRAY(int, fj_ring_block, 2, 163912);"), 1)
+      << "an int per ring copy, after the barriers";
+  EXPECT_EQ(lm->lds_bytes, l->lds_bytes) << "within the 16-byte alignment of O's staging rows";
   EXPECT_EQ(em->lds_bytes(), lm->lds_bytes);
 
   // Split-KV's partial kernel has no producer: its default config keeps stages 2.

@@ -162,7 +162,8 @@ TEST(Resources, EstimateIsWhatTheKernelDeclares) {
     EXPECT_EQ(e->lds_k, lds({"lds_k", "lds_k_x2"}));
     EXPECT_EQ(e->lds_v, lds({"lds_v", "lds_vt", "lds_v_x2"}));
     EXPECT_EQ(e->lds_q, lds({"lds_q"}));
-    EXPECT_EQ(k.lds.size(), 2u + (config.q_in_lds ? 1 : 0));
+    EXPECT_EQ(e->lds_o, lds({"lds_o"})) << "O's staging rows";
+    EXPECT_EQ(k.lds.size(), 2u + (config.q_in_lds ? 1 : 0) + (e->lds_o ? 1 : 0));
     EXPECT_EQ(e->lds_bytes(), l->lds_bytes);
     // Registers across the KV loop: Q's operand fragments, S and the O product
     // (the loop-carried accumulator's shape), over every query tile.
