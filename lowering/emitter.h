@@ -117,15 +117,16 @@ inline int64_t output_stage_size(int64_t waves, int64_t dim_v) {
 inline bool output_stage_applies(bool f32, bool unit_dim, int64_t row_align, int64_t dim_v) {
   return !f32 && unit_dim && row_align >= 16 && dim_v % 8 == 0;
 }
+/// LDS the NVIDIA driver reserves per resident workgroup (occupancy counts).
+inline constexpr int64_t kReservedLdsPerBlock = 1024;
 /// LDS bytes of the staging rows of their own beside `other_lds` bytes on `t`:
 /// output_stage_size, or 0 where they would not fit in a workgroup's LDS or
-/// would take a workgroup per compute unit away (1 KiB reserved per workgroup,
+/// would take a workgroup per compute unit away (kReservedLdsPerBlock counted,
 /// as on NVIDIA, whose rules alone stage).
 inline int64_t output_stage_bytes(int64_t waves, int64_t dim_v, int64_t other_lds,
                                   const Target &t) {
-  constexpr int64_t kReservedLdsPerBlock = 1024;
   const int64_t bytes = output_stage_size(waves, dim_v);
-  const int64_t with = (other_lds + 15) / 16 * 16 + bytes;
+  const int64_t with = ir::padded(other_lds, 16) + bytes;
   if (with > t.lds_bytes || t.lds_bytes_per_cu / (with + kReservedLdsPerBlock) <
                                 t.lds_bytes_per_cu / (other_lds + kReservedLdsPerBlock))
     return 0;
@@ -317,8 +318,16 @@ private:
   /// #mma_acc tile `v` of `cols` columns.
   void emit_staged_store(const ir::TensorParam &t, const std::string &v, int64_t cols,
                          bool over_tiles);
-  /// LDS bytes the declarations after the body add (the barriers, the tile slots),
-  /// each at its alignment from `offset`: where O's staging rows would start.
+  /// The LDS arrays run() declares after the body, in order, each 8-byte aligned:
+  /// the barriers, the tile slots, the ring's block words.
+  struct TailLds {
+    const char *elem, *name;
+    int64_t count, bytes;
+    const char *what;
+  };
+  std::vector<TailLds> tail_lds() const;
+  /// Where those arrays end when they start at `offset`: where O's staging rows
+  /// of their own would start.
   int64_t tail_lds_end(int64_t offset) const;
   Status emit_for(const Op &op);
   // The block-range pass: narrows kv_begin / kv_end by the `for`'s `range`

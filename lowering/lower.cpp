@@ -717,20 +717,8 @@ Expected<Lowered> KernelEmitter::run() {
     params.push_back({map, KernelParam::Kind::tensor_map, ir::ScalarType::i64,
                       "const __grid_constant__ fj_tensor_map",
                       *p_.tensor(load->symbol_attr("tensor")), type(load->results[0]).rows});
-  if (tma_bars_ > 0)
-    declare_lds("unsigned long long", "fj_tma_bar", tma_bars_, tma_bars_ * 8, 8,
-                "the TMA copies' transaction barriers, one per buffer copy");
-  if (free_bars_ > 0)
-    declare_lds("unsigned long long", "fj_free_bar", free_bars_, free_bars_ * 8, 8,
-                "the ring copies' free barriers, one per copy: every consumer thread arrives");
-  if (dynamic_tiles_) {
-    declare_lds("long", "fj_tile_slot", 2, 16, 8, "the workgroup's next tiles, from the producer");
-    declare_lds("unsigned long long", "fj_tile_bar", 4, 32, 8,
-                "per tile slot: filled (the producer arrives), then read (every consumer thread)");
-  }
-  if (ring_block_load_)
-    declare_lds("int", "fj_ring_block", 2, 8, 8,
-                "per ring copy, its block's successor * 2 + whether the mask keeps it whole");
+  for (const TailLds &a : tail_lds())
+    declare_lds(a.elem, a.name, a.count, a.bytes, 8, a.what);
   if (output_stage_bytes_ > 0)
     declare_lds("fj_bits", "lds_o", output_stage_bytes_ / 2, output_stage_bytes_, 16,
                 "each wave's 16 rows of O on their way to memory as 16-byte runs");
@@ -814,18 +802,32 @@ Expected<Lowered> KernelEmitter::run() {
   return out;
 }
 
-// The offsets run() gives the declarations after the body, from `offset` on
-// (each 8-byte aligned, in run()'s order).
+std::vector<KernelEmitter::TailLds> KernelEmitter::tail_lds() const {
+  std::vector<TailLds> arrays;
+  if (tma_bars_ > 0)
+    arrays.push_back({"unsigned long long", "fj_tma_bar", tma_bars_, tma_bars_ * 8,
+                      "the TMA copies' transaction barriers, one per buffer copy"});
+  if (free_bars_ > 0)
+    arrays.push_back(
+        {"unsigned long long", "fj_free_bar", free_bars_, free_bars_ * 8,
+         "the ring copies' free barriers, one per copy: every consumer thread arrives"});
+  if (dynamic_tiles_) {
+    arrays.push_back(
+        {"long", "fj_tile_slot", 2, 16, "the workgroup's next tiles, from the producer"});
+    arrays.push_back(
+        {"unsigned long long", "fj_tile_bar", 4, 32,
+         "per tile slot: filled (the producer arrives), then read (every consumer thread)"});
+  }
+  if (ring_block_load_)
+    arrays.push_back(
+        {"int", "fj_ring_block", 2, 8,
+         "per ring copy, its block's successor * 2 + whether the mask keeps it whole"});
+  return arrays;
+}
+
 int64_t KernelEmitter::tail_lds_end(int64_t offset) const {
-  auto add = [&](bool present, int64_t bytes) {
-    if (present)
-      offset = (offset + 7) / 8 * 8 + bytes;
-  };
-  add(tma_bars_ > 0, tma_bars_ * 8);
-  add(free_bars_ > 0, free_bars_ * 8);
-  add(dynamic_tiles_, 16);
-  add(dynamic_tiles_, 32);
-  add(ring_block_load_, 8);
+  for (const TailLds &a : tail_lds())
+    offset = ir::padded(offset, 8) + a.bytes;
   return offset;
 }
 
@@ -842,7 +844,6 @@ int64_t KernelEmitter::tail_lds_end(int64_t offset) const {
 // 64, 227 at 48) and so to two; bounded to three it spills 8-40 bytes and ran 6%
 // faster at head dim 64 (docs/decisions.md, "Keep bits and seven rounds").
 int KernelEmitter::nvidia_min_blocks() const {
-  constexpr int64_t kReservedLdsPerBlock = 1024;
   const int64_t by_lds = target_.lds_bytes_per_cu / (lds_bytes_ + kReservedLdsPerBlock);
   if (target_.family == Family::sm90 && p_.tensor("dK") && p_.function("dropout") && by_lds >= 3)
     return 3;

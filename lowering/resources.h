@@ -36,7 +36,7 @@ struct ResourceEstimate {
   int64_t lds_o = 0;
   int64_t lds_bytes() const {
     const int64_t rest = lds_k + lds_v + lds_q + lds_barriers;
-    return lds_o ? (rest + 15) / 16 * 16 + lds_o : rest;
+    return lds_o ? ir::padded(rest, 16) + lds_o : rest;
   }
 
   // ---- registers per lane across the KV loop, over every query tile ----
