@@ -184,8 +184,10 @@ ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::
       }
     }
     const ir::Config mma_sync = rules.back()->default_config(spec);
-    config.block_m = mma_sync.block_m;
     config.waves = mma_sync.waves;
+    // 16 rows per warp above head dim 96: the forward's two tiles per warp
+    // there (Q in LDS) are measured for the forward only.
+    config.block_m = std::max(dqk, dv) > 96 ? 16 * config.waves : mma_sync.block_m;
   }
   // gfx12 at wide head dims: blocks of fewer rows (waves x 16) whose row
   // operands sit in LDS, with the widest of `key_blocks` the LDS holds, where

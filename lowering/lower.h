@@ -95,7 +95,8 @@ struct Lowered {
 /// tiles (CDNA: 32 and 16), those that prefer the spec, or those of `mma_m`
 /// queries when it is not 0 (then kept in the config). `producer`: the
 /// forward's config with a producer warpgroup where the rules have a faster one
-/// (Rules::producer_config); false for split-KV's partial kernel, which has none.
+/// (Rules::producer_config); false for the decode kernels (split-KV's partial
+/// kernel and decode), which have none: the rules' Rules::decode_config.
 ir::Config default_config(const AttentionSpec &spec, const Target &target,
                           RulesChoice choice = RulesChoice::automatic, int64_t mma_m = 0,
                           bool producer = true);

@@ -135,7 +135,9 @@ Expected<ChosenRules> choose_rules(const Target &t, DType dt, RulesChoice choice
 ir::Config default_config(const AttentionSpec &spec, const Target &target, RulesChoice choice,
                           int64_t mma_m, bool producer) {
   auto chosen = choose_rules(target, spec.dtype, choice, {.mma_m = mma_m, .spec = &spec});
-  ir::Config c = chosen ? chosen->rules->default_config(spec) : ir::Config{};
+  ir::Config c = !chosen    ? ir::Config{}
+                 : producer ? chosen->rules->default_config(spec)
+                            : chosen->rules->decode_config(spec);
   if (chosen && producer)
     c = chosen->rules->producer_config(spec).value_or(c);
   if (mma_m)

@@ -212,6 +212,9 @@ public:
   virtual std::optional<ir::Config> producer_config(const AttentionSpec &) const {
     return std::nullopt;
   }
+  /// The base config of the decode kernels (split-KV's partial kernel and
+  /// decode, whose rows the pipeline sets: one query tile per wave).
+  virtual ir::Config decode_config(const AttentionSpec &spec) const { return default_config(spec); }
   /// Whether these rules suit the spec when the family has several (its
   /// default config comes from the first that does, else from the last).
   virtual bool prefers(const AttentionSpec &) const { return true; }

@@ -137,28 +137,19 @@ public:
   bool early_mask_loads() const override { return true; }
   bool mask_by_row_bounds() const override { return true; }
   ir::Config default_config(const AttentionSpec &spec) const override {
-    // From a sweep on an H100 (bench/sweep_configs.py; bench/results/sweep_*.csv,
-    // S = 4096, causal and not), 4 warps and cp.async one tile ahead (stages 2):
-    //   head dim <= 96:  2 16-query tiles per warp, Q in registers, 64-key blocks;
-    //   <= 128:          1 tile per warp, Q in registers, 64-key blocks;
-    //   <= 256:          1 tile per warp, Q in shared memory, 64-key blocks
-    //                    (at most 99 KiB: every sm_8x/sm_90 block can opt into it);
-    //   above (unmeasured): the same with 16-key blocks, for the registers.
-    ir::Config c;
-    const int64_t d = padded_head_dim(spec);
-    c.waves = 4;
-    c.stages = 2;
-    c.pad_k = 16;
-    c.q_in_lds = d > 128;
-    c.block_m = (d <= 96 ? 32 : 16) * c.waves;
-    c.block_n = d <= 256 ? 64 : 16;
-    return c;
+    return config(spec, /*one_tile=*/false);
+  }
+  // Decode kernels take one query tile per wave, whose Q fits the registers up
+  // to head dim 128 (the block prefetch's second K/V copies fit beside it).
+  ir::Config decode_config(const AttentionSpec &spec) const override {
+    return config(spec, /*one_tile=*/true);
   }
   void emit_staging_helpers(HipWriter &) const override {} // cp.async in the prelude
 
   std::string_view prelude() const override { return templates::cuda_prelude; }
   /// Static shared memory stops at 48 KiB; dynamic goes to the SM's opt-in limit.
   bool dynamic_lds() const override { return true; }
+
   void emit_mma_wrapper(HipWriter &w, const MatrixInstr &mi, DType) const override {
     w.line("// {}: D = A * B + C, {}x{}x{}; A {} x {}, B {} x {}, C/D {} x f32 per lane.",
            mi.mnemonic, mi.m(), mi.n(), mi.k(), mi.layout->a_elems, mi.ab_elem_type,
@@ -174,6 +165,38 @@ public:
     w.line("      \"f\"(c[0]), \"f\"(c[1]), \"f\"(c[2]), \"f\"(c[3]));");
     w.line("return d;");
     w.close();
+  }
+
+private:
+  /// `one_tile`: one query tile per wave whatever the head dim.
+  static ir::Config config(const AttentionSpec &spec, bool one_tile) {
+    // From a sweep on an H100 (bench/sweep_configs.py; bench/results/sweep_*.csv,
+    // S = 4096, causal and not), 4 warps and cp.async one tile ahead (stages 2):
+    //   head dim <= 80:  2 16-query tiles per warp, Q in registers, 64-key blocks;
+    //   <= 128:          2 tiles per warp, Q in shared memory, 64-key blocks
+    //                    (FlashAttention-2's tile; Q's registers would spill);
+    //                    above 96 with per-score extras (dropout, a mask tensor
+    //                    or mask_mod, ALiBi, a score_mod) 1 tile per warp, Q in
+    //                    registers: 2 tiles spilled 8-108 bytes (ptxas 13.0, sm_80);
+    //   <= 256:          1 tile per warp, Q in shared memory, 64-key blocks
+    //                    (at most 99 KiB: every sm_8x/sm_90 block can opt into it);
+    //   above (unmeasured): the same with 16-key blocks, for the registers.
+    // H200, a FLASHJIT_SM80_RULES_ON_SM90 build (bench/results/README.md, session
+    // 36): with Q in shared memory head dim 96 5-14% and 128 12-18% faster than
+    // the registers' 2 tiles per warp (96, which spilled 88 bytes) and 1 (128).
+    ir::Config c;
+    const int64_t d = padded_head_dim(spec);
+    c.waves = 4;
+    c.stages = 2;
+    c.pad_k = 16;
+    const bool extras = spec.dropout_p > 0 || spec.mask != MaskType::none ||
+                        !spec.mask_mod.empty() || spec.alibi != Alibi::none ||
+                        !spec.score_mod.empty();
+    one_tile = one_tile || d > 128 || (extras && d > 96);
+    c.q_in_lds = d > 128 || (d > 80 && !one_tile);
+    c.block_m = (one_tile ? 16 : 32) * c.waves;
+    c.block_n = d <= 256 ? 64 : 16;
+    return c;
   }
 };
 

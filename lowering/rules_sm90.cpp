@@ -73,6 +73,11 @@ public:
     return c;
   }
 
+  // Decode kernels too take warpgroup products (Q in LDS), not the sm80 rules' one tile.
+  ir::Config decode_config(const AttentionSpec &spec) const override {
+    return default_config(spec);
+  }
+
   std::optional<ir::Config> producer_config(const AttentionSpec &spec) const override {
     // Where a producer warpgroup can copy every tile: from head dim 72 two
     // consumer warpgroups of one tile each, 128-key blocks up to head dim 128,

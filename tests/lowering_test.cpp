@@ -711,6 +711,7 @@ TEST(Lowering, Sm90TakesWarpgroupProductsWhereTheyFit) {
     // Q in registers: the sm80 rules, as on sm_80.
     ir::Config regs = default_config(spec, sm80);
     regs.q_in_lds = false;
+    regs.block_m = 16 * regs.waves; // one query tile per warp: Q's registers fit
     Expected<Lowered> a = generate(spec, regs, sm80), b = generate(spec, regs, sm90);
     ASSERT_TRUE(a) << a.status().message();
     ASSERT_TRUE(b) << b.status().message();
