@@ -122,13 +122,17 @@ inline constexpr int64_t kReservedLdsPerBlock = 1024;
 /// LDS bytes of the staging rows of their own beside `other_lds` bytes on `t`:
 /// output_stage_size, or 0 where they would not fit in a workgroup's LDS or
 /// would take a workgroup per compute unit away (kReservedLdsPerBlock counted,
-/// as on NVIDIA, whose rules alone stage).
-inline int64_t output_stage_bytes(int64_t waves, int64_t dim_v, int64_t other_lds,
-                                  const Target &t) {
+/// as on NVIDIA, whose rules alone stage), of at most `bound` resident where
+/// the registers allow no more (Rules::resident_workgroups; 0: no bound).
+inline int64_t output_stage_bytes(int64_t waves, int64_t dim_v, int64_t other_lds, const Target &t,
+                                  int64_t bound) {
+  auto resident = [&](int64_t lds) {
+    const int64_t n = t.lds_bytes_per_cu / (lds + kReservedLdsPerBlock);
+    return bound > 0 ? std::min(n, bound) : n;
+  };
   const int64_t bytes = output_stage_size(waves, dim_v);
   const int64_t with = ir::padded(other_lds, 16) + bytes;
-  if (with > t.lds_bytes || t.lds_bytes_per_cu / (with + kReservedLdsPerBlock) <
-                                t.lds_bytes_per_cu / (other_lds + kReservedLdsPerBlock))
+  if (with > t.lds_bytes || resident(with) < resident(other_lds))
     return 0;
   return bytes;
 }

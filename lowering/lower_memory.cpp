@@ -520,10 +520,11 @@ Status KernelEmitter::emit_store(const Op &op) {
   // The forward's O where the rules stage it: through LDS rows of its own
   // (lds_o, declared after the barriers, where the estimate counts it), or else
   // over the tiles' LDS where a workgroup has one tile and the rows fit there.
-  if (rules_.stages_output() && t.name == "O" && len == 2 && runs.size() == 2 &&
+  if (rules_.stages_output(t.dim) && t.name == "O" && len == 2 && runs.size() == 2 &&
       output_stage_applies(f32, t.stride_dim == ir::Extent::constant(1), t.row_align, t.dim)) {
     if (output_stage_bytes_ == 0)
-      output_stage_bytes_ = output_stage_bytes(waves_, ty.cols, tail_lds_end(lds_bytes_), target_);
+      output_stage_bytes_ = output_stage_bytes(waves_, ty.cols, tail_lds_end(lds_bytes_), target_,
+                                               rules_.resident_workgroups());
     const bool over_tiles = output_stage_bytes_ == 0 && producer_threads_ > 0 && !persistent_ &&
                             output_stage_size(waves_, ty.cols) <= lds_bytes_;
     if (output_stage_bytes_ > 0 || over_tiles) {

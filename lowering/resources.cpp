@@ -49,9 +49,9 @@ ResourceEstimate estimate_resources(const AttentionSpec &spec, const ir::Config 
     }
   }
   // O's store through LDS rows (KernelEmitter::emit_store): its 16-bit tile.
-  if (!split_partials && r.stages_output() &&
+  if (!split_partials && r.stages_output(spec.head_dim_v) &&
       emit::output_stage_applies(sig.f32_io, sig.unit_dim[3], sig.row_align, spec.head_dim_v))
-    e.lds_o = emit::output_stage_bytes(c.waves, e.dim_v, e.lds_bytes(), t);
+    e.lds_o = emit::output_stage_bytes(c.waves, e.dim_v, e.lds_bytes(), t, r.resident_workgroups());
   // Per query tile, the arrays the emitter declares: O and S as acc_elems() f32
   // per n_tile() columns, Q as the operand fragment's 16-bit elements per 16
   // head-dim entries, two to a register (gfx12: dim_v / 2 + dim_qk / 4 + block_n / 2).

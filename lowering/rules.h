@@ -199,10 +199,15 @@ public:
   /// hold one row and keep those sizes in scalar registers, the bounds cost
   /// vector registers (gfx1201 head dim 128: 248 -> 256 and 2 spilled).
   virtual bool mask_by_row_bounds() const { return false; }
-  /// Whether the forward's `store` of O writes its tile through LDS rows as
-  /// whole 16-byte runs of each row (KernelEmitter::emit_staged_store) where
-  /// they fit (emit::output_stage_bytes); else the fragments go out directly.
-  virtual bool stages_output() const { return false; }
+  /// Whether the forward's `store` of O (`dim_v` columns) writes its tile
+  /// through LDS rows as whole 16-byte runs of each row
+  /// (KernelEmitter::emit_staged_store) where they fit
+  /// (emit::output_stage_bytes); else the fragments go out directly.
+  virtual bool stages_output(int64_t dim_v) const { return false; }
+  /// The workgroups per compute unit the registers of these rules' kernels
+  /// allow at most, which LDS added below that bound costs none of; 0: none
+  /// known (the LDS alone counts).
+  virtual int64_t resident_workgroups() const { return 0; }
   /// The default tuning config for a spec (block sizes, waves, pipeline stages):
   /// 4 waves of 16 queries; block_n shrinks as the head dims grow.
   virtual ir::Config default_config(const AttentionSpec &spec) const;

@@ -133,6 +133,16 @@ public:
            key_tiles, dst, src, src);
   }
 
+  // O through 16 LDS rows per warp and 16-byte stores of whole rows, as the sm90
+  // rules (KernelEmitter::emit_staged_store), where the rows fit. H200, a
+  // FLASHJIT_SM80_RULES_ON_SM90 build (bench/results/README.md, session 36):
+  // 1-16% faster at head dims 64-192, 16-22% slower at 256 (its one tile per
+  // warp already at 254 registers).
+  bool stages_output(int64_t dim_v) const override { return dim_v <= 192; }
+  // 128 threads at 240-255 registers per thread (ptxas 13.0, the default
+  // configs from head dim 64 to 256; 168-176 at 136-176): two workgroups per SM.
+  int64_t resident_workgroups() const override { return 2; }
+
   bool v_transposed() const override { return false; }
   bool early_mask_loads() const override { return true; }
   bool mask_by_row_bounds() const override { return true; }

@@ -53,7 +53,9 @@ public:
   // On an H200 (session 35) the head-dim-128 forward at S = 1024 took 260 us,
   // 236 with O's stores skipped (a wrong result, to bound them) and 233 through
   // the rows (bench/results/README.md).
-  bool stages_output() const override { return true; }
+  bool stages_output(int64_t) const override { return true; }
+  // Register reallocation (setmaxnreg) and 128-384-thread workgroups: the LDS counts.
+  int64_t resident_workgroups() const override { return 0; }
 
   ir::Config default_config(const AttentionSpec &spec) const override {
     // From a sweep on an H100 (bench/sweep_configs.py --q-in lds; bench/results/

@@ -422,13 +422,30 @@ TEST(Lowering, Sm90StagesOThroughLdsRows) {
     EXPECT_EQ(pitch / 2 % 8, 4) << "rows g start 4 banks apart";
     EXPECT_EQ(count(k, fmt::format("[(g + 8) * {} + c * kNTile + 2 * t]", pitch)), 1);
   }
-  // sm_80's rules store the fragments directly.
+  // The sm80 rules stage O up to head dim 192 where the rows leave the two
+  // workgroups per SM their registers allow (Rules::resident_workgroups): at
+  // head dim 64 (27 KiB with the rows), not at 128 (Q in LDS: 85 KiB with them,
+  // one workgroup of sm_80's 164 KiB), nor at 256.
   const Target sm80 = target("sm_80");
-  Expected<Lowered> l80 = generate(spec_for(128, 128, DType::bf16),
-                                   default_config(spec_for(128, 128, DType::bf16), sm80), sm80);
-  ASSERT_TRUE(l80) << l80.status().message();
-  EXPECT_EQ(count(l80->kernel_text, "lds_o"), 0);
-  EXPECT_GT(count(l80->kernel_text, direct), 0);
+  for (int64_t d : {64, 128, 256}) {
+    SCOPED_TRACE(fmt::format("sm_80, head dim {}", d));
+    const AttentionSpec spec = spec_for(d, d, DType::bf16);
+    const ir::Config config = default_config(spec, sm80);
+    Expected<Lowered> l80 = generate(spec, config, sm80);
+    ASSERT_TRUE(l80) << l80.status().message();
+    auto e = estimate_resources(spec, config, sm80);
+    ASSERT_TRUE(e) << e.status().message();
+    if (d == 64) {
+      EXPECT_EQ(e->lds_o, emit::output_stage_size(config.waves, d));
+      EXPECT_EQ(count(l80->kernel_text, "_rows = lds_o + wave * "), 1);
+      EXPECT_EQ(count(l80->kernel_text, direct), 0);
+    } else {
+      EXPECT_EQ(e->lds_o, 0);
+      EXPECT_EQ(count(l80->kernel_text, "lds_o"), 0);
+      EXPECT_GT(count(l80->kernel_text, direct), 0);
+    }
+    EXPECT_EQ(l80->lds_bytes, e->lds_bytes());
+  }
 }
 
 // Config stages 3, the sm90 forward's default at head dim 128 where a tensor map
