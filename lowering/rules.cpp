@@ -22,18 +22,28 @@ struct RulesRow {
 
 // The rows of each family with matrix rules, preferred first. Every AMD target
 // can also be lowered by the simt rules (simt_rules_for, rules_simt.cpp).
+// clang-format off
 constexpr RulesRow kRulesTable[] = {
-    {Family::gfx11, gfx11_rules},    {Family::gfx12, gfx12_rules},  {Family::cdna2, cdna32_rules},
-    {Family::cdna2, cdna_rules},     {Family::cdna3, cdna32_rules}, {Family::cdna3, cdna_rules},
-    {Family::cdna4, cdna4_32_rules}, {Family::cdna4, cdna4_rules},  {Family::cdna4, cdna_rules},
+    {Family::gfx11, gfx11_rules},
+    {Family::gfx12, gfx12_rules},
+    {Family::cdna2, cdna32_rules},
+    {Family::cdna2, cdna_rules},
+    {Family::cdna3, cdna32_rules},
+    {Family::cdna3, cdna_rules},
+    {Family::cdna4, cdna4_32_rules},
+    {Family::cdna4, cdna4_rules},
+    {Family::cdna4, cdna_rules},
     {Family::sm80, sm80_rules},
-// Hopper: warpgroup products (wgmma) where the config has whole warpgroups
-// and Q in registers, else the sm80 rules (warp-wide mma.sync, ldmatrix).
-#ifndef FLASHJIT_SM80_RULES_ON_SM90 // a measurement build (CMakeLists.txt)
+    // Hopper: warpgroup products (wgmma) where the config has whole warpgroups
+    // and Q in LDS, else the sm80 rules (warp-wide mma.sync, ldmatrix). A
+    // measurement build (CMakeLists.txt, FLASHJIT_SM80_RULES_ON_SM90) keeps
+    // only the sm80 rules.
+#ifndef FLASHJIT_SM80_RULES_ON_SM90
     {Family::sm90, sm90_rules},
 #endif
     {Family::sm90, sm80_rules},
 };
+// clang-format on
 
 } // namespace
 
