@@ -448,6 +448,46 @@ TEST(Lowering, Sm90StagesOThroughLdsRows) {
   }
 }
 
+// The sm80 rules' forward defaults (rules_sm80.h): FlashAttention-2's tile of
+// two 16-row tiles per warp with Q in LDS from head dim 81 to 128, one tile with
+// Q in registers there for specs with per-score extras and for the decode
+// kernels (Rules::decode_config), one tile with Q in LDS above 128; the sm80
+// backward keeps 16 rows per warp above head dim 96.
+TEST(Lowering, Sm80DefaultsTakeTwoTilesWithQInLdsUpToHeadDim128) {
+  const Target sm80 = target("sm_80"), sm90 = target("sm_90");
+  struct Case {
+    int64_t d;
+    bool dropout, decode;
+    int64_t block_m;
+    bool q_in_lds;
+  };
+  const Case cases[] = {
+      {64, false, false, 128, false}, {80, false, false, 128, false}, {96, false, false, 128, true},
+      {96, true, false, 128, true},   {128, false, false, 128, true}, {128, true, false, 64, false},
+      {128, false, true, 64, false},  {192, false, false, 64, true},  {256, false, true, 64, true}};
+  for (const Case &c : cases) {
+    SCOPED_TRACE(fmt::format("head dim {}{}{}", c.d, c.dropout ? ", dropout" : "",
+                             c.decode ? ", decode" : ""));
+    AttentionSpec spec = spec_for(c.d, c.d, DType::bf16);
+    if (c.dropout)
+      spec.dropout_p = 0.1;
+    const ir::Config config =
+        default_config(spec, sm80, RulesChoice::automatic, 0, /*producer=*/!c.decode);
+    EXPECT_EQ(config.block_m, c.block_m);
+    EXPECT_EQ(config.waves, 4);
+    EXPECT_EQ(config.q_in_lds, c.q_in_lds);
+    EXPECT_TRUE(check_fits(spec, config, sm80)) << check_fits(spec, config, sm80).message();
+    if (!c.dropout && !c.decode) {
+      const ir::Config dq = backward_config(spec, sm80, config, /*dkdv=*/false);
+      EXPECT_EQ(dq.block_m, c.d > 96 ? 64 : 128);
+    }
+  }
+  // sm_90's decode kernels keep the sm90 rules' config (warpgroup products).
+  EXPECT_TRUE(default_config(spec_for(128, 128, DType::bf16), sm90, RulesChoice::automatic, 0,
+                             /*producer=*/false)
+                  .q_in_lds);
+}
+
 // Config stages 3, the sm90 forward's default at head dim 128 where a tensor map
 // describes every tile: a producer warpgroup fills a ring of two K/V copies; the
 // consumers wait for each copy's fill and free it after the product that reads it.
