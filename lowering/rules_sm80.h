@@ -139,8 +139,12 @@ public:
   // 1-16% faster at head dims 64-192, 16-22% slower at 256 (its one tile per
   // warp already at 254 registers).
   bool stages_output(int64_t dim_v) const override { return dim_v <= 192; }
-  // 128 threads at 240-255 registers per thread (ptxas 13.0, the default
-  // configs from head dim 64 to 256; 168-176 at 136-176): two workgroups per SM.
+  // 128 threads at 239-255 registers per thread (ptxas 13.0, sm_80, the default
+  // configs at head dims 64-128 and 160-256): two workgroups per SM. At 136-152
+  // (168-183 registers) three fit the registers and this bound is low: an A100's
+  // LDS holds those to two anyway, a 228 KiB SM (the measurement build) not.
+  // The resource model's register count (nvidia_min_blocks) would be the exact
+  // bound; unmeasured here.
   int64_t resident_workgroups() const override { return 2; }
 
   bool v_transposed() const override { return false; }
