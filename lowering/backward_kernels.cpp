@@ -233,6 +233,17 @@ ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::
     // dQ loop's fit is known with its operands in LDS only (with them in
     // registers LLVM needed fewer than this counts): elsewhere it keeps the
     // first block that fits the LDS, below.
+    // gfx11 holds each 16-bit operand twice: where the 64-row block's operands
+    // do not fit the LDS beside the loop's tiles, they do not fit its registers
+    // either (LLVM 22 with fj_pin, gfx1100: 48-228 VGPRs spilled by dK/dV at head
+    // dims 152-256, 72-377 by dQ at 176-256). Fewer rows with the operands in
+    // LDS and 16-key blocks instead: at most 1 spilled up to 256 (dQ at 224: 8).
+    auto gfx11_rows = [&](const ir::Config &c) {
+      if (!gfx11 || c.q_in_lds)
+        return c;
+      const int64_t passes = dkdv && !regs.rdna_fits(16, true, 1) ? 2 : 1;
+      return rows_in_lds({2, 1}, {16}, passes).value_or(c);
+    };
     std::optional<ir::Config> smallest;
     for (bool operands_in_lds : {true, false})
       for (int64_t bn : {64, 32, 16}) {
@@ -244,7 +255,7 @@ ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::
         c.q_in_lds = operands_in_lds;
         if (regs.rdna_fits(bn, operands_in_lds, 1)) {
           c.dkdv_passes = 1;
-          return c;
+          return gfx11_rows(c);
         }
         if (!smallest || bn < smallest->block_n ||
             (bn == smallest->block_n && operands_in_lds && !smallest->q_in_lds))
@@ -252,7 +263,7 @@ ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::
       }
     if (smallest && dkdv) {
       smallest->dkdv_passes = regs.rdna_fits(smallest->block_n, smallest->q_in_lds, 1) ? 1 : 2;
-      return *smallest;
+      return gfx11_rows(*smallest);
     }
     // dQ where no block fits the count: on gfx11, or with modifiers, the
     // smallest block with the operands in LDS. The first to fit the LDS below
@@ -260,6 +271,9 @@ ir::Config backward_config(const AttentionSpec &spec, const Target &target, ir::
     // in registers) against 26; 128 with a bool mask 109 against 8.
     if (smallest && (regs.modifiers() > 0 || gfx11))
       return *smallest;
+    if (gfx11 && !dkdv) // no 64-row block holds dQ's operands in LDS
+      if (auto c = rows_in_lds({2, 1}, {16}, 1))
+        return *c;
   }
   for (bool operands_in_lds : {true, false})
     for (int64_t bn : {64, 32, 16}) {

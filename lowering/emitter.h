@@ -415,7 +415,16 @@ private:
   bool issued_early(const Op &load) const {
     return std::find(early_loads_.begin(), early_loads_.end(), &load) != early_loads_.end();
   }
-  bool prefetch_blocks_ = false; // config prefetch_blocks: block prefetch before the tile pipeline
+  // Before a staging inside a loop on AMD (fj_stage8 loads and stores through
+  // registers, a branch per chunk): pins (fj_pin) each register value computed
+  // earlier in the iteration that a later op reads. Else LLVM's MachineSink moves
+  // the pure ops computing it (a product's matrix instructions) past the staging
+  // to their use, and the product's operand fragments stay live across the
+  // staging instead of its result (gfx1100, head dim 256 dK/dV: 201 VGPRs spilled).
+  void keep_live_values(const Op &load);
+  const Op *body_loop_ = nullptr; // the loop whose body is being written
+  std::set<ValueId> kept_;        // values keep_live_values pinned in this iteration
+  bool prefetch_blocks_ = false;  // config prefetch_blocks: block prefetch before the tile pipeline
   void emit_prefetch_issue(const std::string &idx, const std::string &copy);
   void emit_prefetch_views(const std::vector<const Op *> &loads, const std::string &copy);
   // Warp specialization (config stages 3, the sm90 forward): a producer

@@ -915,12 +915,17 @@ Status KernelEmitter::emit_for(const Op &op) {
     return Status::ok();
   };
   staged_.clear();
+  body_loop_ = &op;
+  kept_.clear();
   FJ_RETURN_IF_ERROR(body());
   w_ = saved;
   scale_constants_ = saved_scales;
   read_since_barrier_.insert(at_entry.begin(), at_entry.end());
   staged_.clear();
+  kept_.clear();
   FJ_RETURN_IF_ERROR(body());
+  body_loop_ = nullptr;
+  kept_.clear();
   predeclared_.clear();
   staged_.clear();
   range_loop_ = nullptr;

@@ -140,11 +140,53 @@ Status KernelEmitter::emit_load(const Op &op) {
     lds_of_[op.results[0]] = buf;
     return Status::ok();
   }
+  keep_live_values(op);
   barrier_if_read(buf);
   emit_stage_issue(op, idx);
   finish_stage(op, buf);
   staged_[buf] = idx;
   return Status::ok();
+}
+
+void KernelEmitter::keep_live_values(const Op &load) {
+  if (target_.is_nvidia() || body_loop_ == nullptr)
+    return;
+  const std::vector<Op> &body = body_loop_->body;
+  const auto at =
+      std::find_if(body.begin(), body.end(), [&](const Op &op) { return &op == &load; });
+  if (at == body.end())
+    return;
+  auto reads = [&](const Op &op, ValueId v) {
+    return std::find(op.operands.begin(), op.operands.end(), v) != op.operands.end() ||
+           consumer_of(v, op.body) != nullptr;
+  };
+  // The accumulators the iteration yields and what they are accumulated onto (a
+  // product's operand 2, e.g. O rescaled by the new row maximum) stay where LLVM
+  // puts them: they are live across the staging anyway, on CDNA in AGPRs, which
+  // the pin's VGPR operand would copy (gfx942's dK/dV at head dim 256 spilled;
+  // gfx1201's forward at 128 with a bool mask spilled 1 with O's rescale pinned).
+  std::set<ValueId> accumulators;
+  for (ValueId v : body.back().operands)
+    for (ValueId a = v; accumulators.insert(a).second;) {
+      const auto def = std::find_if(body.begin(), body.end(), [&](const Op &op) {
+        return std::find(op.results.begin(), op.results.end(), a) != op.results.end();
+      });
+      if (def == body.end() || (def->kind != OpKind::MmaAB && def->kind != OpKind::MmaABt))
+        break;
+      a = def->operands[2];
+    }
+  for (auto def = body.begin(); def != at; ++def)
+    for (ValueId v : def->results) {
+      if (type(v).is_index() || type(v).layout == TileLayout::mma_a || lds_of_.count(v) ||
+          kept_.count(v) || accumulators.count(v) ||
+          std::none_of(at + 1, body.end(), [&](const Op &op) { return reads(op, v); }))
+        continue;
+      if (kept_.empty())
+        w_.line("// Computed before this staging and read after it: pinned here (fj_pin).");
+      kept_.insert(v);
+      w_.line("#pragma unroll");
+      w_.line("for (auto &tile : {}) for (auto &fragment : tile) fj_pin(fragment);", name(v));
+    }
 }
 
 // A vector of one f32 per row of a dim = 0 tensor (the backward's L and D). As
@@ -183,6 +225,7 @@ Status KernelEmitter::emit_vector_load(const Op &op) {
     return Status::ok();
   }
   if (!issued_early(op)) {
+    keep_live_values(op);
     barrier_if_read(buf);
     emit_vector_issue(op, idx);
   }

@@ -92,6 +92,12 @@ FJ_DEVICE fj_bits16 fj_lds_load16(const fj_bits *p) {
 FJ_DEVICE void fj_lds_store8(fj_bits *p, fj_bits8 v) { *(fj_bits8 *)p = v; }
 FJ_DEVICE void fj_lds_store1(fj_bits *p, fj_bits v) { *p = v; }
 
+// ---- a value pinned where it is computed ----
+// An empty asm that reads and rewrites x: LLVM's MachineSink leaves it where it is,
+// so the ops computing x (a product's matrix instructions) are not sunk past the
+// code that follows to x's next use (KernelEmitter::keep_live_values).
+template <typename T> FJ_DEVICE void fj_pin(T &x) { asm("" : "+v"(x)); }
+
 // ---- operand halves (the CDNA 32x32 rules: 8-element fragments, two runs of 4) ----
 FJ_DEVICE fj_bits8 fj_concat4(fj_bits4 lo, fj_bits4 hi) {
   return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7);

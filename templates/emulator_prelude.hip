@@ -167,6 +167,9 @@ FJ_DEVICE fj_bits16 fj_lds_load16(const fj_bits *p) {
 FJ_DEVICE void fj_lds_store8(fj_bits *p, fj_bits8 v) { fj_emu_lds_store(p, &v, 16); }
 FJ_DEVICE void fj_lds_store1(fj_bits *p, fj_bits v) { fj_emu_lds_store(p, &v, 2); }
 
+// ---- a value pinned where it is computed (the AMDGPU prelude's; nothing to do here) ----
+template <typename T> FJ_DEVICE void fj_pin(T &) {}
+
 // ---- operand halves (the CDNA 32x32 rules: 8-element fragments, two runs of 4) ----
 FJ_DEVICE fj_bits8 fj_concat4(fj_bits4 lo, fj_bits4 hi) {
   return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7);
