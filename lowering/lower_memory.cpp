@@ -148,12 +148,12 @@ Status KernelEmitter::emit_load(const Op &op) {
   return Status::ok();
 }
 
-void KernelEmitter::keep_live_values(const Op &load) {
+void KernelEmitter::keep_live_values(const Op &branch) {
   if (target_.is_nvidia() || body_loop_ == nullptr)
     return;
   const std::vector<Op> &body = body_loop_->body;
   const auto at =
-      std::find_if(body.begin(), body.end(), [&](const Op &op) { return &op == &load; });
+      std::find_if(body.begin(), body.end(), [&](const Op &op) { return &op == &branch; });
   if (at == body.end())
     return;
   auto reads = [&](const Op &op, ValueId v) {
@@ -179,10 +179,10 @@ void KernelEmitter::keep_live_values(const Op &load) {
     for (ValueId v : def->results) {
       if (type(v).is_index() || type(v).layout == TileLayout::mma_a || lds_of_.count(v) ||
           kept_.count(v) || accumulators.count(v) ||
-          std::none_of(at + 1, body.end(), [&](const Op &op) { return reads(op, v); }))
+          std::none_of(at, body.end(), [&](const Op &op) { return reads(op, v); }))
         continue;
       if (kept_.empty())
-        w_.line("// Computed before this staging and read after it: pinned here (fj_pin).");
+        w_.line("// Computed before this branch and read from it on: pinned here (fj_pin).");
       kept_.insert(v);
       w_.line("#pragma unroll");
       w_.line("for (auto &tile : {}) for (auto &fragment : tile) fj_pin(fragment);", name(v));

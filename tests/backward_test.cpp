@@ -763,11 +763,13 @@ TEST(BackwardRdna, Gfx11WideHeadDimsTakeFewerRowsWithLdsOperands) {
 // On AMD a staging inside a loop runs through registers behind a branch per
 // chunk, and LLVM's MachineSink moves pure ops (a product's matrix instructions)
 // past it to their first use, keeping the product's operand fragments live across
-// the staging (gfx1100, head dim 256 dK/dV: 201 VGPRs spilled). keep_live_values
-// pins the f32 tiles computed before each such staging and read after it: in the
-// dK/dV loop before L's, dO's and D's stagings, never the accumulators the loop
-// yields nor a 16-bit operand. The forward (only P's operand and O's rescale live
-// across V's staging) and NVIDIA (asynchronous copies) pin nothing.
+// the staging (gfx1100, head dim 256 dK/dV: 201 VGPRs spilled); in the backward
+// it also moved the S^T product into the mask's branch. keep_live_values pins the
+// f32 tiles computed before each such staging (and the backward's mask) and read
+// from there on: in the dK/dV loop before the mask and L's, dO's and D's stagings,
+// never the accumulators the loop yields nor a 16-bit operand. The forward (only
+// P's operand and O's rescale live across V's staging; its mask not pinned) and
+// NVIDIA (asynchronous copies) pin nothing.
 TEST(BackwardRdna, ValuesLiveAcrossAStagingArePinnedOnAmdOnly) {
   const AttentionSpec spec = spec_of({"pins", 1, 2, 1, 40, 70, 80, 80, true});
   for (const char *arch : {"gfx1201", "gfx1100", "gfx942", "sm_80"}) {
@@ -784,10 +786,12 @@ TEST(BackwardRdna, ValuesLiveAcrossAStagingArePinnedOnAmdOnly) {
     const size_t first = src.find(pin);
     EXPECT_EQ(first != std::string::npos, amd);
     if (amd) {
-      // The scaled S^T, pinned before L's staging (its first in the loop).
-      const size_t l_stage = src.find("// IR: stage block qb of @L into");
-      EXPECT_LT(first, l_stage);
-      EXPECT_GT(first, src.find(" = for %qb"));
+      // S^T, pinned as the mask op starts (before its branch: the loop's first
+      // pin), and the scaled S^T before L's staging.
+      const size_t loop = src.find(" = for %qb"), mask = src.find("= mask ", loop),
+                   l_stage = src.find("// IR: stage block qb of @L into");
+      EXPECT_TRUE(loop < mask && mask < first && first < l_stage) << first;
+      EXPECT_LT(src.find(pin, first + 1), l_stage);
       // The yields copy the loop's new accumulators into its arguments
       // ("dv_i[qt][c][e] = t21[qt][c][e];"): those tiles are not pinned.
       const std::regex yielded(R"((\w+)_i\[qt\]\[c\]\[e\] = (t\d+)\[qt\]\[c\]\[e\];)");
