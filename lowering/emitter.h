@@ -418,11 +418,11 @@ private:
   // Before a staging inside a loop on AMD (fj_stage8 loads and stores through
   // registers, a branch per chunk), and the backward's mask (a branch on the
   // block) and score_mod ops (a mask tensor's loads branch): pins (fj_pin) each
-  // f32 tile computed earlier in the iteration that
-  // `branch` or a later op reads, but the yielded accumulators. Else LLVM's
-  // MachineSink moves the pure ops computing it (a product's matrix instructions)
-  // past the branch to their use, and the product's operand fragments stay live
-  // across it instead of its result (gfx1100, head dim 256 dK/dV: 201 VGPRs spilled).
+  // f32 tile computed earlier in the iteration that `branch` or a later op
+  // reads, but the yielded accumulators. Else LLVM's MachineSink moves the pure
+  // ops computing it (a product's matrix instructions) past the branch to their
+  // use, and the product's operand fragments stay live across it instead of its
+  // result (gfx1100, head dim 256 dK/dV: 201 VGPRs spilled).
   void keep_live_values(const Op &branch);
   const Op *body_loop_ = nullptr; // the loop whose body is being written
   std::set<ValueId> kept_;        // values keep_live_values pinned in this iteration

@@ -1271,8 +1271,7 @@ Status KernelEmitter::emit_op(const Op &op) {
     const std::string src = name(op.operands[0]), qb = name(op.operands[1]),
                       kb = name(op.operands[2]);
     const bool transposed = op.int_attr("transposed") != 0;
-    if (p_.tensor("dO") != nullptr)
-      keep_live_values(op); // a mask tensor's loads branch: as before the mask op
+    keep_live_values(op); // a mask tensor's loads branch (the backward's only)
     const std::string mask_var = "fj_mask_" + name(op.results[0]);
     std::string mask_elem; // @mask in C: this element of mask_var
     // Rows are queries of %op1's block and columns keys of %op2's, or the
@@ -1403,12 +1402,7 @@ Status KernelEmitter::emit_op(const Op &op) {
     const Type &t = type(op.results[0]);
     const bool transposed = op.int_attr("transposed") != 0;
     const std::string dst = name(op.results[0]), src = name(op.operands[0]);
-    // The backward's scores stay computed before the branch: MachineSink moved
-    // the S^T product into it (gfx1100, window 64 dK/dV at head dim 192: 144 VGPRs
-    // spilled, none pinned). The forward's pins there cost 8-44 VGPRs in 17 of 126
-    // kernels and saved no spill: it has none.
-    if (p_.tensor("dO") != nullptr)
-      keep_live_values(op);
+    keep_live_values(op); // the branch on the block (the backward's only)
     w_.line("{};", declare(op.results[0]));
     if (!q_group().empty())
       w_.open("if (fj_block_unmasked_grouped({}, {}, {}, {})) {{ // every pair of the block is "
